@@ -1,0 +1,20 @@
+# FindNCCL: the NCCL library and header (version parsed from nccl.h; no try_run).
+# Defines NCCL::NCCL, NCCL_FOUND, NCCL_VERSION.
+set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda)
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include targets/x86_64-linux/include)
+find_library(NCCL_LIBRARY NAMES nccl HINTS ${_nccl_hints} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 targets/x86_64-linux/lib)
+if(NCCL_INCLUDE_DIR AND EXISTS ${NCCL_INCLUDE_DIR}/nccl.h)
+  foreach(part MAJOR MINOR PATCH)
+    file(STRINGS ${NCCL_INCLUDE_DIR}/nccl.h _line REGEX "^#define NCCL_${part} +[0-9]+")
+    string(REGEX MATCH "[0-9]+$" NCCL_${part} "${_line}")
+  endforeach()
+  set(NCCL_VERSION ${NCCL_MAJOR}.${NCCL_MINOR}.${NCCL_PATCH})
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR VERSION_VAR NCCL_VERSION)
+if(NCCL_FOUND AND NOT TARGET NCCL::NCCL)
+  add_library(NCCL::NCCL UNKNOWN IMPORTED)
+  set_target_properties(NCCL::NCCL PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
+                        INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+endif()
+mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)

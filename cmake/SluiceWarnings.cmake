@@ -1,0 +1,5 @@
+# Warnings for sluice's own targets (tests, examples, benches, compiled parts),
+# linked PRIVATE; never global flags, never imposed on consumers.
+add_library(sluice_warnings INTERFACE)
+target_compile_options(sluice_warnings INTERFACE
+  $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor -Wno-missing-field-initializers>)

@@ -1,0 +1,116 @@
+#pragma once
+/// \file
+/// The sluice::error hierarchy. Every error names what it is about: the file or
+/// object, the tensor and the byte range, where they are known.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace sluice::inline v0 {
+
+/// A half-open byte range [begin, end) in a file or object.
+struct byte_range {
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  [[nodiscard]] std::uint64_t size() const noexcept { return end - begin; }
+  friend bool operator==(const byte_range&, const byte_range&) = default;
+};
+
+/// What an error is about. Empty fields are unknown / not applicable.
+struct error_context {
+  std::string file;                  ///< file path or s3://bucket/key
+  std::string tensor;                ///< tensor name
+  std::optional<byte_range> range;   ///< bytes within `file`
+};
+
+/// Base of every exception sluice throws. `what()` is a complete one-line
+/// message: "<detail> (file F, tensor T, bytes [b, e))".
+class error : public std::runtime_error {
+ public:
+  error(std::string detail, error_context ctx = {})
+      : std::runtime_error(compose(detail, ctx)), detail_(std::move(detail)), ctx_(std::move(ctx)) {}
+
+  [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
+  [[nodiscard]] const std::string& file() const noexcept { return ctx_.file; }
+  [[nodiscard]] const std::string& tensor() const noexcept { return ctx_.tensor; }
+  [[nodiscard]] const std::optional<byte_range>& range() const noexcept { return ctx_.range; }
+  [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
+
+ private:
+  static std::string compose(const std::string& detail, const error_context& c) {
+    std::string s = detail;
+    std::string where;
+    auto add = [&where](const std::string& part) {
+      if (!where.empty()) where += ", ";
+      where += part;
+    };
+    if (!c.file.empty()) add(fmt::format("file '{}'", c.file));
+    if (!c.tensor.empty()) add(fmt::format("tensor '{}'", c.tensor));
+    if (c.range) add(fmt::format("bytes [{}, {})", c.range->begin, c.range->end));
+    if (!where.empty()) s += " (" + where + ")";
+    return s;
+  }
+  std::string detail_;
+  error_context ctx_;
+};
+
+/// A checkpoint file (safetensors header, index) breaks a format rule.
+/// `rule()` is a short stable identifier of the violated rule, e.g. "header-length".
+class format_error : public error {
+ public:
+  format_error(std::string rule, std::string detail, error_context ctx = {})
+      : error(fmt::format("{}: {}", rule, detail), std::move(ctx)), rule_(std::move(rule)) {}
+  [[nodiscard]] const std::string& rule() const noexcept { return rule_; }
+
+ private:
+  std::string rule_;
+};
+
+/// The sharded index disagrees with itself or with the shards.
+class index_error : public format_error {
+ public:
+  using format_error::format_error;
+};
+
+/// Reading from storage failed (errno-style `code()`, 0 when not applicable).
+class io_error : public error {
+ public:
+  io_error(std::string detail, error_context ctx = {}, int code = 0)
+      : error(std::move(detail), std::move(ctx)), code_(code) {}
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// The storage returned fewer bytes than the checkpoint's headers promise
+/// (a truncated file or object).
+class truncated_error : public io_error {
+ public:
+  using io_error::io_error;
+};
+
+/// A load was stopped by request.
+class cancelled_error : public error {
+ public:
+  explicit cancelled_error(std::string detail = "load cancelled") : error(std::move(detail)) {}
+};
+
+/// An invalid option, topology or plan (caught before any I/O).
+class config_error : public error {
+ public:
+  using error::error;
+};
+
+/// A contract or reload rule was broken (see sluice/manifest/).
+class contract_error : public error {
+ public:
+  using error::error;
+};
+
+}  // namespace sluice::inline v0

@@ -1,0 +1,130 @@
+#pragma once
+/// \file
+/// A streaming safetensors writer: tensors are declared first, then their
+/// bytes are produced chunk by chunk, so files of any size are written with a
+/// bounded buffer.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sluice/error.hpp>
+#include <sluice/format/dtype.hpp>
+
+namespace sluice::inline v0::format {
+
+/// Fills `chunk` with the tensor's bytes starting at `offset` within the tensor.
+using fill_function = std::function<void(std::uint64_t offset, std::span<std::byte> chunk)>;
+
+class writer {
+ public:
+  /// `alignment`: the data section starts at a multiple of it (the header is
+  /// right-padded with spaces). 8 by default, as the reference writes.
+  explicit writer(std::uint64_t alignment = 8) : alignment_(alignment ? alignment : 1) {}
+
+  /// Declares a tensor whose bytes `fill` produces. Tensors are laid out in the
+  /// order they are added. Throws config_error for a duplicate name or a size
+  /// that is not a whole number of bytes.
+  writer& add(std::string name, dtype type, std::vector<std::uint64_t> shape, fill_function fill) {
+    if (names_.contains(name)) throw config_error(fmt::format("writer: tensor '{}' added twice", name));
+    std::uint64_t count = 1;
+    for (auto d : shape) count *= d;
+    const std::uint64_t nbits = count * bits(type);
+    if (nbits % 8) throw config_error(fmt::format("writer: tensor '{}' is not a whole number of bytes", name));
+    names_.emplace(name);
+    entries_.push_back({std::move(name), type, std::move(shape), offset_, offset_ + nbits / 8, std::move(fill)});
+    offset_ += nbits / 8;
+    return *this;
+  }
+
+  /// Declares a tensor with the given bytes (copied).
+  writer& add(std::string name, dtype type, std::vector<std::uint64_t> shape, std::span<const std::byte> bytes) {
+    auto data = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
+    add(std::move(name), type, std::move(shape), [data](std::uint64_t off, std::span<std::byte> out) {
+      std::memcpy(out.data(), data->data() + off, out.size());
+    });
+    return *this;
+  }
+
+  writer& metadata(std::string key, std::string value) {
+    metadata_[std::move(key)] = std::move(value);
+    return *this;
+  }
+
+  /// Tensor bytes declared so far.
+  [[nodiscard]] std::uint64_t data_size() const noexcept { return offset_; }
+
+  /// The header JSON, padded so that the data section is aligned.
+  [[nodiscard]] std::string header_json() const {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    if (!metadata_.empty()) j["__metadata__"] = metadata_;
+    for (const auto& e : entries_)
+      j[e.name] = {{"dtype", std::string(name(e.type))}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    std::string s = j.dump();
+    const std::uint64_t padded = (8 + s.size() + alignment_ - 1) / alignment_ * alignment_ - 8;
+    s.append(padded - s.size(), ' ');
+    return s;
+  }
+
+  /// Writes the file (replacing it). `chunk` bounds the buffer used for data.
+  /// Throws io_error on failure.
+  void write(const std::filesystem::path& path, std::size_t chunk = 8u << 20) const {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw io_error(fmt::format("cannot create: {}", std::strerror(errno)), {path.string()}, errno);
+    struct closer { int fd; ~closer() { ::close(fd); } } c{fd};
+    const std::string hdr = header_json();
+    std::vector<std::byte> buf(std::max<std::size_t>(chunk, 8 + hdr.size()));
+    const std::uint64_t n = hdr.size();
+    for (int i = 0; i < 8; ++i) buf[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+    std::memcpy(buf.data() + 8, hdr.data(), hdr.size());
+    write_all(fd, {buf.data(), 8 + hdr.size()}, path);
+    buf.resize(chunk);
+    for (const auto& e : entries_) {
+      for (std::uint64_t off = 0; off < e.end - e.begin;) {
+        const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, e.end - e.begin - off));
+        e.fill(off, {buf.data(), len});
+        write_all(fd, {buf.data(), len}, path);
+        off += len;
+      }
+    }
+  }
+
+ private:
+  static void write_all(int fd, std::span<const std::byte> data, const std::filesystem::path& path) {
+    while (!data.empty()) {
+      const auto w = ::write(fd, data.data(), data.size());
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw io_error(fmt::format("write failed: {}", std::strerror(errno)), {path.string()}, errno);
+      data = data.subspan(static_cast<std::size_t>(w));
+    }
+  }
+  struct entry {
+    std::string name;
+    dtype type;
+    std::vector<std::uint64_t> shape;
+    std::uint64_t begin, end;
+    fill_function fill;
+  };
+  std::uint64_t alignment_;
+  std::uint64_t offset_ = 0;
+  std::vector<entry> entries_;
+  std::set<std::string> names_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace sluice::inline v0::format

@@ -1,0 +1,73 @@
+#pragma once
+/// \file
+/// What a storage backend provides: metadata access to open a checkpoint
+/// (`catalog`, synchronous, headers and the index only) and the data path
+/// (`source`, asynchronous positional reads into caller memory).
+
+#include <atomic>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sluice/core/task.hpp>
+
+namespace sluice::inline v0 {
+
+/// Counters every source and catalog keeps (monotonic, thread-safe).
+struct io_counters {
+  std::atomic<std::uint64_t> bytes_read{0};      ///< payload bytes delivered to callers
+  std::atomic<std::uint64_t> requests{0};        ///< read operations / GETs issued
+  std::atomic<std::uint64_t> retries{0};         ///< retried operations (S3)
+  std::atomic<std::uint64_t> files_opened{0};    ///< files / objects opened or HEADed
+};
+
+/// Metadata access to a checkpoint location (a directory, an S3 prefix).
+/// Used only to open a checkpoint: list files, read the index, read the
+/// safetensors headers. Names are plain file names relative to the location.
+class catalog {
+ public:
+  virtual ~catalog() = default;
+  /// Human-readable location, e.g. "/data/ckpt" or "s3://bucket/prefix/".
+  [[nodiscard]] virtual std::string location() const = 0;
+  /// The full path or URI of one file, for messages and for sources.
+  [[nodiscard]] virtual std::string uri(const std::string& name) const = 0;
+  /// File names directly in the location (no recursion), sorted.
+  [[nodiscard]] virtual std::vector<std::string> list() = 0;
+  [[nodiscard]] virtual bool exists(const std::string& name) = 0;
+  /// Size in bytes; throws io_error if the file does not exist.
+  [[nodiscard]] virtual std::uint64_t size(const std::string& name) = 0;
+  /// Reads up to `length` bytes at `offset`; returns fewer only at end of file.
+  [[nodiscard]] virtual std::vector<std::byte> read(const std::string& name, std::uint64_t offset,
+                                                    std::uint64_t length) = 0;
+  /// Reads the first `length` bytes or the whole file if shorter. Backends with
+  /// expensive round trips (S3) may read more than needed and keep it; the
+  /// default is `read(name, 0, length)`.
+  [[nodiscard]] virtual std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) {
+    return read(name, 0, length);
+  }
+  /// Bytes this catalog has read so far (headers and index).
+  [[nodiscard]] std::uint64_t bytes_read() const noexcept { return counters_.bytes_read.load(); }
+  [[nodiscard]] const io_counters& counters() const noexcept { return counters_; }
+
+ protected:
+  io_counters counters_;
+};
+
+/// The data path: positional reads from the files of one checkpoint, addressed
+/// by file index (the checkpoint's shard index).
+///
+/// `read_at(file, offset, dst)` reads up to dst.size() bytes at `offset` into
+/// `dst` and returns the count; a short count is normal (callers resume), 0
+/// means end of file. I/O failures throw io_error naming the file and range.
+template <class S>
+concept source = requires(S& s, std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+  { s.read_at(file, offset, dst) } -> std::same_as<task<std::size_t>>;
+  { s.file_count() } -> std::convertible_to<std::size_t>;
+  { s.file_uri(file) } -> std::convertible_to<std::string>;
+  { s.counters() } -> std::same_as<const io_counters&>;
+};
+
+}  // namespace sluice::inline v0

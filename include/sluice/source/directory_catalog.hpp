@@ -1,0 +1,84 @@
+#pragma once
+/// \file
+/// A catalog over a local directory (pread for metadata; the data path is
+/// file_source, over io_uring).
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/error.hpp>
+#include <sluice/source/concepts.hpp>
+
+namespace sluice::inline v0 {
+
+class directory_catalog final : public catalog {
+ public:
+  explicit directory_catalog(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir_, ec))
+      throw io_error(fmt::format("not a directory{}", ec ? ": " + ec.message() : std::string{}), {dir_.string()}, ec.value());
+  }
+  [[nodiscard]] std::string location() const override { return dir_.string(); }
+  [[nodiscard]] std::string uri(const std::string& name) const override { return (dir_ / name).string(); }
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return dir_; }
+
+  [[nodiscard]] std::vector<std::string> list() override {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(dir_, ec); !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+      if (it->is_regular_file(ec)) out.push_back(it->path().filename().string());
+    if (ec) throw io_error(fmt::format("cannot list: {}", ec.message()), {dir_.string()}, ec.value());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  [[nodiscard]] bool exists(const std::string& name) override {
+    struct stat st{};
+    return ::stat(uri(name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  }
+  [[nodiscard]] std::uint64_t size(const std::string& name) override {
+    struct stat st{};
+    if (::stat(uri(name).c_str(), &st) != 0)
+      throw io_error(fmt::format("cannot stat: {}", std::strerror(errno)), {uri(name)}, errno);
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+  [[nodiscard]] std::vector<std::byte> read(const std::string& name, std::uint64_t offset, std::uint64_t length) override {
+    const auto p = uri(name);
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw io_error(fmt::format("cannot open: {}", std::strerror(errno)), {p}, errno);
+    counters_.files_opened.fetch_add(1, std::memory_order_relaxed);
+    std::vector<std::byte> buf(length);
+    std::uint64_t got = 0;
+    while (got < length) {
+      const auto r = ::pread(fd, buf.data() + got, length - got, static_cast<off_t>(offset + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        const int e = errno;
+        ::close(fd);
+        throw io_error(fmt::format("read failed: {}", std::strerror(e)), {p, "", byte_range{offset, offset + length}}, e);
+      }
+      if (r == 0) break;
+      got += static_cast<std::uint64_t>(r);
+    }
+    ::close(fd);
+    buf.resize(got);
+    counters_.bytes_read.fetch_add(got, std::memory_order_relaxed);
+    counters_.requests.fetch_add(1, std::memory_order_relaxed);
+    return buf;
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace sluice::inline v0
