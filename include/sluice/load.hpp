@@ -1,0 +1,153 @@
+#pragma once
+/// \file
+/// The one-call API: load a checkpoint into a sink through
+/// coalesce | fetch | stage | place, with memory bounded by the staging budget.
+///
+/// `load_async` runs on the caller's executor over any `source`; `load` is the
+/// blocking form for local checkpoints (io_uring file source, its own
+/// io_context). Both can be stopped through `load_options::stop`: the load
+/// then ends promptly with cancelled_error, every slot returned, every file
+/// closed.
+
+#include <utility>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/core/channel.hpp>
+#include <sluice/core/staging_pool.hpp>
+#include <sluice/core/task.hpp>
+#include <sluice/error.hpp>
+#include <sluice/sink/concepts.hpp>
+#include <sluice/source/concepts.hpp>
+#include <sluice/stages/coalesce.hpp>
+#include <sluice/stages/fetch.hpp>
+#include <sluice/stages/pipeline.hpp>
+#include <sluice/stages/place.hpp>
+#include <sluice/stages/stage.hpp>
+
+namespace sluice::inline v0 {
+
+/// Live progress of a load, readable from any thread.
+struct load_progress {
+  std::atomic<std::uint64_t> bytes_done{0};
+  std::atomic<std::uint64_t> tensors_done{0};
+  std::atomic<std::uint64_t> total_bytes{0};
+  std::atomic<std::uint64_t> total_tensors{0};
+};
+
+struct load_options {
+  std::size_t staging_budget = std::size_t{4} << 30;   ///< bytes of staging memory at most
+  std::uint64_t max_read = std::uint64_t{32} << 20;     ///< bytes per read request at most
+  unsigned queue_depth = 4;                             ///< reads in flight
+  unsigned threads = 1;                                 ///< io_context threads (blocking `load`)
+  unsigned ring_entries = 64;                           ///< io_uring SQ entries
+  int io = 0;                                           ///< 0 automatic, 1 O_DIRECT required, 2 buffered
+  bool poison = SLUICE_POISON_SLOTS;                    ///< poison released slots
+  bool register_buffers = true;                         ///< io_uring fixed buffers for the staging pool
+  std::stop_token stop;                                 ///< request a stop from any thread
+  load_progress* progress = nullptr;                    ///< updated as tensors are placed
+};
+
+/// What a load did.
+struct load_stats {
+  std::uint64_t tensors = 0;            ///< tensors delivered to the sink
+  std::uint64_t accepted = 0;           ///< of which the sink accepted
+  std::uint64_t tensor_bytes = 0;       ///< tensor bytes delivered
+  std::uint64_t bytes_read = 0;         ///< tensor bytes this process read from storage
+  std::uint64_t storage_bytes = 0;      ///< bytes the source delivered (incl. O_DIRECT alignment)
+  std::uint64_t header_bytes_read = 0;  ///< bytes read to open the checkpoint
+  std::uint64_t requests = 0;           ///< read requests after coalescing
+  std::uint64_t files_opened = 0;
+  std::size_t slot_size = 0;
+  std::size_t slots = 0;
+  std::size_t slots_used = 0;           ///< most slots leased at once
+  double seconds = 0;                   ///< wall time of the data path
+  stage_counters fetch;                 ///< reads in flight (busy time)
+  stage_counters place;                 ///< time in the sink
+};
+
+/// Bytes of slot needed for `max_read`-byte requests (room for O_DIRECT
+/// alignment of both ends).
+[[nodiscard]] constexpr std::size_t slot_size_for(std::uint64_t max_read) noexcept {
+  return static_cast<std::size_t>((max_read + 4095) / 4096 * 4096 + 2 * 4096);
+}
+
+/// Builds the jobs of a load: every tensor, with its direct destination where
+/// the sink offers one.
+template <sink Sink>
+[[nodiscard]] std::vector<tensor_job> plan_jobs(const checkpoint& ck, Sink& s) {
+  std::vector<tensor_job> jobs;
+  jobs.reserve(ck.tensors().size());
+  for (const auto& t : ck.tensors()) {
+    tensor_job j{&t, {}};
+    if constexpr (direct_sink<Sink>) j.direct = s.direct_destination(t);
+    jobs.push_back(j);
+  }
+  return jobs;
+}
+
+/// Loads `ck`'s tensors from `src` into `s`, on the calling coroutine's
+/// executor (keep it a strand or a one-thread io_context). `pool` is the
+/// staging budget; it must outlive the load.
+template <source Source, sink Sink>
+[[nodiscard]] task<load_stats> load_async(const checkpoint& ck, Source& src, Sink& s, staging_pool& pool,
+                                          load_options opt = {}) {
+  auto ex = co_await this_executor;
+  const auto t0 = std::chrono::steady_clock::now();
+  load_stats st;
+  st.header_bytes_read = ck.header_bytes_read();
+  st.slot_size = pool.slot_size();
+  st.slots = pool.slot_count();
+  const auto read_before = src.counters().bytes_read.load();
+  auto jobs = plan_jobs(ck, s);
+  if (opt.progress) {
+    opt.progress->total_bytes = ck.tensor_bytes();
+    opt.progress->total_tensors = ck.tensors().size();
+  }
+  const std::uint64_t max_read = std::min<std::uint64_t>(opt.max_read, pool.slot_size() - 2 * 4096);
+  auto fetcher = fetch<Source>(src, pool, {opt.queue_depth});
+  auto placer = place<Sink>(s);
+  const auto& fetch_counters = fetcher.counters();
+  const auto& place_counters = placer.counters();
+  auto pipeline = coalesce({max_read ? max_read : 4096}) | std::move(fetcher) | stage({wants_whole_tensors<Sink>()}) |
+                  std::move(placer);
+
+  auto consume = [&st, progress = opt.progress](const placement& p) {
+    if (!p.last) return;
+    st.tensors += 1;
+    st.accepted += p.accepted ? 1 : 0;
+    st.tensor_bytes += p.tensor->size;
+    if (progress) {
+      progress->bytes_done.fetch_add(p.tensor->size, std::memory_order_relaxed);
+      progress->tensors_done.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  co_await run_pipeline(pipeline, jobs, consume, opt.stop);
+  if constexpr (requires { s.finish(); }) s.finish();
+  st.bytes_read = fetch_counters.bytes;
+  st.storage_bytes = src.counters().bytes_read.load() - read_before;
+  st.requests = fetch_counters.items;
+  st.files_opened = src.counters().files_opened.load();
+  st.fetch = fetch_counters;
+  st.place = place_counters;
+  st.slots_used = pool.high_water();
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  co_return st;
+}
+
+}  // namespace sluice::inline v0

@@ -1,0 +1,43 @@
+#pragma once
+/// \file
+/// Sinks: where the place stage puts tensors.
+///
+/// A sink's `accept(view)` takes a view (a whole tensor, an ordered piece, a
+/// direct-placed tensor or a metadata-only probe view) and returns false when
+/// it declines the tensor. It may keep the view (and so its lease) as long as
+/// it needs the bytes; the slot is reused only after the last lease is gone.
+/// Optional members:
+/// - `std::span<std::byte> direct_destination(const tensor_ref&)`: a non-empty
+///   span makes the loader read the tensor straight into it (no staging copy);
+/// - `static constexpr bool whole_tensors`: deliver each tensor whole (the
+///   stage assembles multi-piece tensors) instead of as ordered pieces;
+/// - `void finish()`: called once after the last view.
+
+#include <concepts>
+#include <span>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/tensor_view.hpp>
+
+namespace sluice::inline v0 {
+
+template <class S>
+concept sink = requires(S& s, tensor_view v) {
+  { s.accept(std::move(v)) } -> std::same_as<bool>;
+};
+
+template <class S>
+concept direct_sink = sink<S> && requires(S& s, const tensor_ref& t) {
+  { s.direct_destination(t) } -> std::same_as<std::span<std::byte>>;
+};
+
+/// Whether a sink wants whole tensors (default: ordered pieces).
+template <class S>
+[[nodiscard]] constexpr bool wants_whole_tensors() noexcept {
+  if constexpr (requires { S::whole_tensors; })
+    return S::whole_tensors;
+  else
+    return false;
+}
+
+}  // namespace sluice::inline v0
