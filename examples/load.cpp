@@ -1,0 +1,182 @@
+// sluice-load: load a checkpoint (a directory or one .safetensors file) with a
+// live progress display and a summary. See --help.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sluice/sluice.hpp>
+
+#include "common/cli.hpp"
+
+namespace {
+
+using namespace sluice;
+using sluice_cli::human_bytes;
+
+constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
+  SOURCE                 checkpoint directory or .safetensors file
+  --staging SIZE         staging budget (default 4GiB); sizes take KiB/MiB/GiB suffixes
+  --max-read SIZE        bytes per read request (default 32MiB)
+  --queue-depth N        reads in flight (default 4)
+  --threads N            io_context threads (default 1)
+  --direct | --buffered  require O_DIRECT / always use the page cache (default: O_DIRECT when aligned)
+  --select REGEX         load only tensors whose name matches
+  --digest               print name, dtype, shape, sha256 per tensor (sorted by name)
+  --json                 print the summary as JSON on stdout
+  --json-out FILE        write the JSON summary to FILE
+  --no-progress          no progress display
+)";
+
+struct options {
+  std::string source;
+  load_options load;
+  std::string select, json_out;
+  bool digest = false, json = false, progress = true;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) throw config_error(fmt::format("{} needs a value", argv[i]));
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    } else if (a == "--staging") o.load.staging_budget = sluice_cli::parse_size(value(i));
+    else if (a == "--max-read") o.load.max_read = sluice_cli::parse_size(value(i));
+    else if (a == "--queue-depth") o.load.queue_depth = static_cast<unsigned>(std::stoul(value(i)));
+    else if (a == "--threads") o.load.threads = static_cast<unsigned>(std::stoul(value(i)));
+    else if (a == "--direct") o.load.io = 1;
+    else if (a == "--buffered") o.load.io = 2;
+    else if (a == "--select") o.select = value(i);
+    else if (a == "--digest") o.digest = true;
+    else if (a == "--json") o.json = true;
+    else if (a == "--json-out") o.json_out = value(i);
+    else if (a == "--no-progress") o.progress = false;
+    else if (!a.starts_with("--") && o.source.empty()) o.source = a;
+    else throw config_error(fmt::format("unknown argument '{}' (see --help)", a));
+  }
+  if (o.source.empty()) throw config_error("no SOURCE given (see --help)");
+  return o;
+}
+
+// Progress on a terminal: one line redrawn; otherwise a plain line every 2 s.
+class progress_display {
+ public:
+  progress_display(const load_progress& p, bool enabled) : p_(p) {
+    if (enabled) th_ = std::thread([this] { loop(); });
+  }
+  ~progress_display() { stop(); }
+  void stop() {
+    {
+      std::lock_guard g(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (th_.joinable()) th_.join();
+  }
+
+ private:
+  void loop() {
+    const bool tty = ::isatty(STDERR_FILENO);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock lk(mu_);
+    while (!cv_.wait_for(lk, tty ? std::chrono::milliseconds(200) : std::chrono::seconds(2), [&] { return done_; })) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double done = static_cast<double>(p_.bytes_done.load()), total = static_cast<double>(p_.total_bytes.load());
+      const double rate = s > 0 ? done / s : 0;
+      const double eta = rate > 0 ? (total - done) / rate : 0;
+      const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
+      const int filled = pct * 30 / 100;
+      auto line = fmt::format("[{:<30}] {:3d}%  {} / {}  {:.2f} GiB/s  ETA {:.0f}s  {}/{} tensors",
+                              std::string(static_cast<std::size_t>(filled), '#'), pct, human_bytes(done), human_bytes(total),
+                              rate / (1 << 30), eta, p_.tensors_done.load(), p_.total_tensors.load());
+      std::fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line.c_str());
+    }
+    if (tty) std::fprintf(stderr, "\r\033[K");
+  }
+  const load_progress& p_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread th_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  auto o = parse(argc, argv);
+  open_options oo;
+  if (!o.select.empty()) {
+    auto re = std::make_shared<std::regex>(o.select);
+    oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
+  }
+  const double cpu0 = sluice_cli::cpu_seconds();
+  auto ck = checkpoint::open(o.source, oo);
+  load_progress progress;
+  o.load.progress = &progress;
+  load_stats st;
+  digest_sink digests;
+  discard_sink discard;
+  {
+    progress_display display(progress, o.progress && !o.json);
+    st = o.digest ? load(ck, digests, o.load) : load(ck, discard, o.load);
+  }
+  const double cpu = sluice_cli::cpu_seconds() - cpu0;
+  const double gib = static_cast<double>(st.tensor_bytes) / (1 << 30);
+  nlohmann::ordered_json j = {
+      {"source", o.source},
+      {"shards", ck.shards().size()},
+      {"tensors", st.tensors},
+      {"tensor_bytes", st.tensor_bytes},
+      {"bytes_read", st.bytes_read},
+      {"storage_bytes", st.storage_bytes},
+      {"header_bytes_read", st.header_bytes_read},
+      {"files_opened", st.files_opened},
+      {"requests", st.requests},
+      {"seconds", st.seconds},
+      {"gib_per_s", st.seconds > 0 ? gib / st.seconds : 0},
+      {"cpu_seconds", cpu},
+      {"cpu_seconds_per_gib", gib > 0 ? cpu / gib : 0},
+      {"peak_rss_bytes", sluice_cli::peak_rss()},
+      {"staging", {{"budget", o.load.staging_budget}, {"slot_size", st.slot_size}, {"slots", st.slots}, {"slots_used", st.slots_used}}},
+      {"stages", {{"fetch", {{"requests", st.fetch.items}, {"bytes", st.fetch.bytes}, {"busy_seconds", st.fetch.busy_seconds}}},
+                  {"place", {{"views", st.place.items}, {"bytes", st.place.bytes}, {"busy_seconds", st.place.busy_seconds}}}}},
+  };
+  if (o.digest)
+    for (const auto& [name, d] : digests.digests()) std::printf("%s\n", d.line().c_str());
+  if (!o.json_out.empty()) {
+    std::ofstream f(o.json_out);
+    f << j.dump(2) << "\n";
+    if (!f) return sluice_cli::fail(fmt::format("cannot write '{}'", o.json_out));
+  }
+  if (o.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::fprintf(stderr, "loaded %llu tensors, %s from %zu shard(s) in %.2f s: %.2f GiB/s; %llu read requests; "
+                         "CPU %.2f s (%.2f s/GiB); peak RSS %s (staging %s, %zu of %zu slots used)\n",
+                 static_cast<unsigned long long>(st.tensors), human_bytes(static_cast<double>(st.tensor_bytes)).c_str(),
+                 ck.shards().size(), st.seconds, st.seconds > 0 ? gib / st.seconds : 0.0,
+                 static_cast<unsigned long long>(st.requests), cpu, gib > 0 ? cpu / gib : 0.0,
+                 human_bytes(static_cast<double>(sluice_cli::peak_rss())).c_str(),
+                 human_bytes(static_cast<double>(o.load.staging_budget)).c_str(), st.slots_used, st.slots);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  return sluice_cli::fail(e.what());
+}
