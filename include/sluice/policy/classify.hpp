@@ -1,0 +1,100 @@
+#pragma once
+/// \file
+/// Tensor classes from names: routed experts (expert index parsed from the
+/// name), shared/offloaded tables (by pattern and/or a size threshold) and
+/// replicated tensors (everything else); and which tensors are row-sliced
+/// under tensor parallelism. Patterns are ECMAScript regular expressions,
+/// searched (not matched) in the tensor's name.
+
+#include <cstdint>
+#include <optional>
+#include <regex>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <sluice/error.hpp>
+#include <sluice/policy/concepts.hpp>
+
+namespace sluice::inline v0::policy {
+
+/// The patterns a classifier uses.
+struct classify_options {
+  /// A routed expert's weight; capture group 1 is the expert index.
+  std::string expert_pattern = R"(mlp\.experts\.(\d+)\.)";
+  /// A shared (offloaded) table. Empty: no pattern.
+  std::string table_pattern;
+  /// Tensors of at least this many bytes are tables too (0: no threshold).
+  std::uint64_t table_min_bytes = 0;
+  /// Weights whose rows (dim 0) are split across TP ranks when TP > 1
+  /// (column-parallel layers: q/k/v, gate/up, and the vocabulary).
+  std::string row_sliced_pattern =
+      R"((q_proj|k_proj|v_proj|gate_proj|up_proj|embed_tokens|lm_head)\.weight$)";
+};
+
+/// Assigns tensor classes by name (and size). Copyable; the regexes are compiled once.
+class classifier {
+ public:
+  explicit classifier(classify_options o = {}) : opt_(std::move(o)) {
+    try {
+      expert_ = std::regex(opt_.expert_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.table_pattern.empty()) table_ = std::regex(opt_.table_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.row_sliced_pattern.empty())
+        row_ = std::regex(opt_.row_sliced_pattern, std::regex::ECMAScript | std::regex::optimize);
+    } catch (const std::regex_error& e) {
+      throw config_error(fmt::format("classifier: bad pattern: {}", e.what()));
+    }
+  }
+
+  /// The DeepSeek-style preset: `mlp.experts.N.` are routed experts;
+  /// `engram.N.table` / `engram.N.scale` are shared tables (the small
+  /// `engram.N.*.weight` tensors next to them stay ordinary).
+  [[nodiscard]] static classifier deepseek() {
+    classify_options o;
+    o.table_pattern = R"(engram\.\d+\.(table|scale)$)";
+    return classifier(std::move(o));
+  }
+
+  /// Fills `t.cls` and `t.expert` from its name and size.
+  void classify(tensor_info& t) const {
+    std::smatch m;
+    if (!opt_.table_pattern.empty() && std::regex_search(t.name, m, *table_)) {
+      t.cls = tensor_class::shared_table;
+      t.expert = -1;
+      return;
+    }
+    if (opt_.table_min_bytes && t.size >= opt_.table_min_bytes) {
+      t.cls = tensor_class::shared_table;
+      t.expert = -1;
+      return;
+    }
+    if (std::regex_search(t.name, m, *expert_) && m.size() > 1) {
+      t.cls = tensor_class::routed_expert;
+      t.expert = std::stoll(m[1].str());
+      return;
+    }
+    t.cls = tensor_class::replicated;
+    t.expert = -1;
+  }
+
+  /// A classified copy.
+  [[nodiscard]] tensor_info operator()(tensor_info t) const {
+    classify(t);
+    return t;
+  }
+
+  /// Whether TP ranks each take a contiguous block of this tensor's rows.
+  [[nodiscard]] bool row_sliced(const tensor_info& t) const {
+    return row_ && t.shape.size() >= 1 && t.shape[0] > 0 && std::regex_search(t.name, *row_);
+  }
+
+  [[nodiscard]] const classify_options& options() const noexcept { return opt_; }
+
+ private:
+  classify_options opt_;
+  std::optional<std::regex> expert_;
+  std::optional<std::regex> table_;
+  std::optional<std::regex> row_;
+};
+
+}  // namespace sluice::inline v0::policy

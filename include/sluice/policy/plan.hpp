@@ -1,0 +1,279 @@
+#pragma once
+/// \file
+/// The load plan: computed once from tensor metadata, a topology and an
+/// offload strategy; the run-time path (sluice/distributed.hpp) reads only the
+/// plan, so no policy template reaches a channel element type (STYLE §2.7).
+///
+/// For every tensor, in file order, the plan holds its owners, the byte
+/// ranges each reader reads (one range, or slices: cooperative tables,
+/// TP row blocks, tensors above `split_bytes`), each owner's destination,
+/// its place in the node's shared segment, and the window it is exchanged in.
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/error.hpp>
+#include <sluice/policy/classify.hpp>
+#include <sluice/policy/concepts.hpp>
+#include <sluice/policy/offload.hpp>
+#include <sluice/policy/reader_assignment.hpp>
+#include <sluice/policy/topology.hpp>
+
+namespace sluice::inline v0::policy {
+
+/// Knobs of plan computation.
+struct plan_options {
+  std::size_t local_size = 0;                          ///< ranks per node (0: the whole world is one node)
+  std::uint64_t window_bytes = std::uint64_t{256} << 20;  ///< bytes of non-shared tensors per exchange window
+  std::uint64_t split_bytes = std::uint64_t{64} << 20;    ///< replicated tensors above this are read in slices by several ranks
+  std::uint64_t slice_alignment = 4096;                ///< slice boundaries (within a tensor) are multiples of this
+  std::uint64_t segment_alignment = 4096;              ///< tables start at multiples of this in the shared segment
+};
+
+/// One read from storage: bytes [offset, offset + size) of a tensor, by `reader`.
+struct planned_read {
+  std::uint64_t offset = 0;  ///< within the tensor
+  std::uint64_t size = 0;
+  rank_t reader = 0;
+  bool exchanged = false;    ///< sent to the other owners by the window's collective
+};
+
+/// A tensor's plan.
+struct plan_entry {
+  std::size_t index = 0;            ///< position in the input tensor list (file order)
+  tensor_info info;
+  rank_set owners;
+  destination owner_destination = destination::device;  ///< where owners keep it
+  std::vector<planned_read> reads;  ///< disjoint, in offset order, tiling the tensor (per node for shared tables)
+  /// TP > 1 and row-sliced: byte range of the tensor each TP rank keeps (indexed by tp_rank).
+  std::vector<byte_range> tp_ranges;
+  std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
+  std::uint32_t window = 0;
+
+  [[nodiscard]] bool shared() const noexcept { return owner_destination == destination::shared_host; }
+};
+
+/// A computed plan (run-time data only). Models placement_policy.
+class load_plan {
+ public:
+  std::size_t tp = 1, dp = 1, ep = 1, world = 1, local_size = 1;
+  offload_kind offload = offload_kind::none;
+  std::uint64_t experts = 0;          ///< routed experts per layer (max index + 1)
+  std::vector<plan_entry> entries;    ///< in file order
+  std::uint32_t windows = 0;
+  std::uint64_t shared_bytes = 0;     ///< size of each node's shared segment
+  std::vector<std::uint64_t> read_bytes;  ///< storage bytes each rank reads
+
+  /// The node of a rank (ranks are grouped by host contiguously).
+  [[nodiscard]] std::size_t node_of(rank_t r) const noexcept { return r / local_size; }
+  [[nodiscard]] std::size_t nodes() const noexcept { return world / local_size; }
+
+  [[nodiscard]] const plan_entry& entry(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    if (it == by_name_.end()) throw config_error(fmt::format("plan: no tensor '{}'", name));
+    return entries[it->second];
+  }
+  [[nodiscard]] rank_set owners(const tensor_info& t) const { return entry(t.name).owners; }
+  /// The rank that reads the tensor's first byte (tensors read in slices have several readers).
+  [[nodiscard]] rank_t reader(const tensor_info& t) const {
+    const auto& e = entry(t.name);
+    return e.reads.empty() ? e.owners.members().front() : e.reads.front().reader;
+  }
+  [[nodiscard]] policy::destination destination(const tensor_info& t, rank_t r) const {
+    const auto& e = entry(t.name);
+    return e.owners.contains(r) ? e.owner_destination : destination::none;
+  }
+  /// Busiest reader's bytes over the mean.
+  [[nodiscard]] double read_imbalance() const {
+    const auto total = std::accumulate(read_bytes.begin(), read_bytes.end(), std::uint64_t{0});
+    if (total == 0) return 1.0;
+    const double mean = static_cast<double>(total) / static_cast<double>(read_bytes.size());
+    return static_cast<double>(*std::max_element(read_bytes.begin(), read_bytes.end())) / mean;
+  }
+  void index() {
+    by_name_.clear();
+    for (std::size_t i = 0; i < entries.size(); ++i) by_name_.emplace(entries[i].info.name, i);
+  }
+
+ private:
+  std::unordered_map<std::string, std::size_t> by_name_;
+};
+
+namespace detail {
+inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uint64_t begin, std::uint64_t size,
+                                                                        std::size_t parts, std::uint64_t align) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  std::uint64_t prev = 0;
+  for (std::size_t k = 1; k <= parts; ++k) {
+    std::uint64_t cut = k == parts ? size : size / parts * k + size % parts * k / parts;  // no overflow
+    if (k != parts && align > 1) cut = cut / align * align;
+    cut = std::max(cut, prev);
+    if (cut > prev) out.emplace_back(begin + prev, cut - prev);
+    prev = cut;
+  }
+  return out;
+}
+}  // namespace detail
+
+/// Computes the plan for `tensors` (metadata, file order; classes are
+/// assigned here by `cls`). Throws config_error for an inconsistent request.
+[[nodiscard]] inline load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls, std::size_t tp,
+                                         std::size_t dp, std::size_t ep, offload_kind off, const plan_options& opt = {}) {
+  const dynamic_topology topo(tp, dp, ep);  // validates
+  load_plan p;
+  p.tp = tp, p.dp = dp, p.ep = ep, p.world = topo.world_size(), p.offload = off;
+  p.local_size = opt.local_size ? opt.local_size : p.world;
+  if (p.world % p.local_size)
+    throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
+  p.read_bytes.assign(p.world, 0);
+  for (auto& t : tensors) {
+    cls.classify(t);
+    if (t.cls == tensor_class::routed_expert) p.experts = std::max<std::uint64_t>(p.experts, static_cast<std::uint64_t>(t.expert) + 1);
+  }
+  reader_balancer bal(p.world);
+  const auto everyone = rank_set::all(p.world);
+  struct pending { std::size_t entry, read; rank_set eligible; };
+  std::vector<pending> greedy;
+  p.entries.reserve(tensors.size());
+  std::uint64_t seg = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    plan_entry e;
+    e.index = i;
+    e.info = std::move(tensors[i]);
+    const auto size = e.info.size;
+    auto add_read = [&e](std::uint64_t at, std::uint64_t n) { e.reads.push_back({at, n, 0, false}); };
+    switch (e.info.cls) {
+      case tensor_class::routed_expert: {
+        const auto block = static_cast<std::size_t>(static_cast<std::uint64_t>(e.info.expert) * p.ep / p.experts);
+        e.owners = rank_set(p.world);
+        for (std::size_t r = block; r < p.world; r += p.ep) e.owners.insert(static_cast<rank_t>(r));
+        e.owner_destination = destination::device;
+        if (size) add_read(0, size);
+        break;
+      }
+      case tensor_class::shared_table:
+        e.owners = everyone;
+        e.owner_destination = off == offload_kind::none            ? destination::device
+                              : off == offload_kind::per_rank_host ? destination::host
+                                                                   : destination::shared_host;
+        break;
+      case tensor_class::replicated:
+        e.owners = everyone;
+        e.owner_destination = destination::device;
+        break;
+    }
+    if (e.info.cls != tensor_class::routed_expert && size) {
+      if (e.shared()) {
+        e.shared_offset = seg;
+        seg = (seg + size + opt.segment_alignment - 1) / opt.segment_alignment * opt.segment_alignment;
+        for (std::size_t n = 0; n < p.nodes(); ++n) {
+          const auto first = e.reads.size();
+          if (off == offload_kind::shared_cooperative) {
+            auto parts = detail::split_range(0, size, p.local_size, opt.slice_alignment);
+            // Slice k goes to local rank k (forced).
+            std::size_t k = 0;
+            for (auto [so, len] : parts) {
+              add_read(so, len);
+              e.reads.back().reader = static_cast<rank_t>(n * p.local_size + k++);
+            }
+          } else {
+            add_read(0, size);
+            rank_set node(p.world);
+            for (std::size_t r = 0; r < p.local_size; ++r) node.insert(static_cast<rank_t>(n * p.local_size + r));
+            greedy.push_back({i, first, node});
+          }
+        }
+      } else if (p.tp > 1 && cls.row_sliced(e.info) && e.info.shape[0] % p.tp == 0) {
+        const auto row = size / e.info.shape[0];
+        const auto rows = e.info.shape[0] / p.tp;
+        for (std::size_t k = 0; k < p.tp; ++k) {
+          e.tp_ranges.push_back({k * rows * row, (k + 1) * rows * row});
+          add_read(k * rows * row, rows * row);
+          // The TP rank that keeps this block is a natural reader; any rank may read it.
+          greedy.push_back({i, e.reads.size() - 1, everyone});
+        }
+      } else {
+        const std::size_t parts = size > opt.split_bytes ? p.world : 1;
+        for (auto [so, len] : detail::split_range(0, size, parts, opt.slice_alignment)) {
+          add_read(so, len);
+          greedy.push_back({i, e.reads.size() - 1, everyone});
+        }
+      }
+    }
+    p.entries.push_back(std::move(e));
+  }
+  p.shared_bytes = seg;
+  // Forced readers first: cooperative slices, then experts (an owner reads its own experts).
+  for (auto& e : p.entries)
+    if (e.shared() && off == offload_kind::shared_cooperative)
+      for (auto& r : e.reads) bal.charge(r.reader, r.size);
+  std::vector<std::size_t> experts;
+  for (std::size_t i = 0; i < p.entries.size(); ++i)
+    if (p.entries[i].info.cls == tensor_class::routed_expert && !p.entries[i].reads.empty()) experts.push_back(i);
+  std::stable_sort(experts.begin(), experts.end(),
+                   [&](auto a, auto b) { return p.entries[a].info.size > p.entries[b].info.size; });
+  for (auto i : experts) p.entries[i].reads[0].reader = bal.assign(p.entries[i].owners, p.entries[i].info.size);
+  // Then everything else, largest first, onto the least-loaded eligible rank.
+  std::stable_sort(greedy.begin(), greedy.end(), [&](const pending& a, const pending& b) {
+    return p.entries[a.entry].reads[a.read].size > p.entries[b.entry].reads[b.read].size;
+  });
+  for (auto& g : greedy) {
+    auto& r = p.entries[g.entry].reads[g.read];
+    r.reader = bal.assign(g.eligible, r.size);
+  }
+  // Exchange flags and windows.
+  std::uint64_t acc = 0;
+  for (auto& e : p.entries) {
+    for (auto& r : e.reads) {
+      r.exchanged = !e.shared() && !(e.owners.size() == 1 && e.owners.contains(r.reader));
+      p.read_bytes[r.reader] += r.size;
+    }
+    if (!e.shared()) {
+      if (acc > 0 && acc + e.info.size > opt.window_bytes) {
+        ++p.windows;
+        acc = 0;
+      }
+      acc += e.info.size;
+    }
+    e.window = p.windows;
+  }
+  p.windows += 1;
+  p.index();
+  return p;
+}
+
+/// Classified metadata of a checkpoint's tensors, in file order.
+[[nodiscard]] inline std::vector<tensor_info> tensor_infos(const checkpoint& ck) {
+  std::vector<tensor_info> v;
+  v.reserve(ck.tensors().size());
+  for (const auto& t : ck.tensors()) v.push_back(tensor_info::from(t));
+  return v;
+}
+
+/// The typed front end: `plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(...)`.
+template <class Topology, offload_strategy Offload>
+struct plan {
+  using topology_type = Topology;
+  using offload_type = Offload;
+  /// Computes the plan of `tensors` for `topo` (sizes static or dynamic).
+  [[nodiscard]] static load_plan compute(const Topology& topo, std::vector<tensor_info> tensors,
+                                         const classifier& cls = classifier::deepseek(), const plan_options& opt = {}) {
+    return make_plan(std::move(tensors), cls, topo.tp(), topo.dp(), topo.ep(), Offload::kind, opt);
+  }
+  [[nodiscard]] static load_plan compute(const Topology& topo, const checkpoint& ck,
+                                         const classifier& cls = classifier::deepseek(), const plan_options& opt = {}) {
+    return compute(topo, tensor_infos(ck), cls, opt);
+  }
+};
+
+static_assert(placement_policy<load_plan>);
+
+}  // namespace sluice::inline v0::policy

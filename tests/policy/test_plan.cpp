@@ -1,0 +1,157 @@
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <numeric>
+
+#include <sluice/policy/plan.hpp>
+#include <sluice/testing/generator.hpp>
+
+using namespace sluice;
+using namespace sluice::policy;
+
+namespace {
+// A DeepSeek-like tensor list, metadata only (the generator's plan; no bytes).
+std::vector<tensor_info> deepseek_like(std::uint64_t bytes = std::uint64_t{2} << 30) {
+  const auto p = testing::make_plan(testing::options_for_size(bytes));
+  std::vector<tensor_info> v;
+  for (const auto& t : p.tensors) v.push_back({t.name, t.size, t.shape});
+  return v;
+}
+
+std::uint64_t total(const std::vector<tensor_info>& v) {
+  return std::accumulate(v.begin(), v.end(), std::uint64_t{0}, [](auto a, const auto& t) { return a + t.size; });
+}
+
+// Reads tile every tensor exactly once (per node for shared tables).
+void require_reads_tile(const load_plan& p) {
+  for (const auto& e : p.entries) {
+    const std::size_t copies = e.shared() ? p.nodes() : 1;
+    std::uint64_t covered = 0, next = 0;
+    for (const auto& r : e.reads) {
+      if (next == e.info.size) next = 0;  // the next node's copy starts over
+      REQUIRE(r.offset == next);
+      next = r.offset + r.size;
+      covered += r.size;
+    }
+    REQUIRE(covered == e.info.size * copies);
+  }
+}
+}  // namespace
+
+TEST_CASE("a load plan models the placement policy concept", "[policy][plan]") {
+  STATIC_REQUIRE(placement_policy<load_plan>);
+  STATIC_REQUIRE(offload_strategy<offload::shared_host<offload::cooperative>>);
+  STATIC_REQUIRE(offload::shared_host<offload::single_reader>::kind == offload_kind::shared_single);
+}
+
+TEST_CASE("TP1/DP8/EP8: busiest reader reads at most 1.05x the mean, every offload", "[policy][plan][reader_assignment]") {
+  const auto tensors = deepseek_like();
+  for (auto off : {offload_kind::none, offload_kind::per_rank_host, offload_kind::shared_cooperative}) {
+    const auto p = make_plan(tensors, classifier::deepseek(), 1, 8, 8, off);
+    INFO("offload " << offload_name(off) << " imbalance " << p.read_imbalance());
+    REQUIRE(p.read_imbalance() <= 1.05);
+    REQUIRE(std::accumulate(p.read_bytes.begin(), p.read_bytes.end(), std::uint64_t{0}) == total(tensors));
+    require_reads_tile(p);
+  }
+}
+
+TEST_CASE("the typed plan front end gives the same plan as the run-time one", "[policy][plan]") {
+  const auto tensors = deepseek_like(64u << 20);
+  const auto a = plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(tp1_dp8_ep8{}, tensors);
+  const auto b = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative);
+  REQUIRE(a.read_bytes == b.read_bytes);
+  REQUIRE(a.windows == b.windows);
+}
+
+TEST_CASE("EP rank r owns experts [r*E/EP, (r+1)*E/EP) and reads them itself", "[policy][plan]") {
+  const auto tensors = deepseek_like();
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative);
+  REQUIRE(p.experts == 16);
+  std::size_t experts = 0;
+  for (const auto& e : p.entries) {
+    if (e.info.cls != tensor_class::routed_expert) {
+      REQUIRE(e.owners == rank_set::all(8));
+      continue;
+    }
+    ++experts;
+    const auto owner = static_cast<rank_t>(e.info.expert / 2);
+    REQUIRE(e.owners.members() == std::vector<rank_t>{owner});
+    REQUIRE(p.reader(e.info) == owner);
+    REQUIRE_FALSE(e.reads.front().exchanged);
+    REQUIRE(p.destination(e.info, owner) == destination::device);
+    REQUIRE(p.destination(e.info, (owner + 1) % 8) == destination::none);
+  }
+  REQUIRE(experts > 0);
+}
+
+TEST_CASE("shared tables: one slice per local rank (cooperative) or one reader (single)", "[policy][plan][offload]") {
+  const auto tensors = deepseek_like(64u << 20);
+  const auto coop = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative);
+  const auto single = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_single);
+  std::size_t tables = 0;
+  for (std::size_t i = 0; i < coop.entries.size(); ++i) {
+    const auto& c = coop.entries[i];
+    const auto& s = single.entries[i];
+    if (c.info.cls != tensor_class::shared_table) continue;
+    ++tables;
+    REQUIRE(c.shared());
+    REQUIRE(c.shared_offset % 4096 == 0);
+    REQUIRE(c.shared_offset + c.info.size <= coop.shared_bytes);
+    REQUIRE(c.reads.size() == 8);
+    for (std::size_t k = 0; k < 8; ++k) REQUIRE(c.reads[k].reader == k);
+    for (const auto& r : c.reads) REQUIRE_FALSE(r.exchanged);
+    REQUIRE(s.reads.size() == 1);
+    REQUIRE(coop.destination(c.info, 3) == destination::shared_host);
+  }
+  REQUIRE(tables == 4);  // 2 tables x (table, scale)
+  const auto per_rank = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::per_rank_host);
+  REQUIRE(per_rank.shared_bytes == 0);
+  REQUIRE(per_rank.entry("model.engram.0.table").owner_destination == destination::host);
+  REQUIRE(per_rank.entry("model.engram.0.table").reads.front().exchanged);
+}
+
+TEST_CASE("two nodes each read their own copy of a shared table", "[policy][plan][offload]") {
+  const auto tensors = deepseek_like(64u << 20);
+  plan_options o;
+  o.local_size = 4;
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative, o);
+  const auto& t = p.entry("model.engram.0.table");
+  REQUIRE(t.reads.size() == 8);
+  for (std::size_t k = 0; k < 8; ++k) REQUIRE(p.node_of(t.reads[k].reader) == k / 4);
+  require_reads_tile(p);
+  REQUIRE_THROWS_AS(make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::none, {3}), config_error);
+}
+
+TEST_CASE("TP2: row-sliced weights plan one contiguous row block per TP rank", "[policy][plan][topology]") {
+  const auto tensors = deepseek_like(64u << 20);
+  const auto p = make_plan(tensors, classifier::deepseek(), 2, 4, 8, offload_kind::shared_cooperative);
+  REQUIRE(p.world == 8);
+  const auto& q = p.entry("model.layers.0.self_attn.q_proj.weight");
+  REQUIRE(q.tp_ranges.size() == 2);
+  REQUIRE(q.tp_ranges[0].begin == 0);
+  REQUIRE(q.tp_ranges[0].end == q.info.size / 2);
+  REQUIRE(q.tp_ranges[1].end == q.info.size);
+  REQUIRE(q.reads.size() == 2);
+  REQUIRE(p.entry("model.layers.0.self_attn.o_proj.weight").tp_ranges.empty());
+  require_reads_tile(p);
+  REQUIRE(p.read_imbalance() <= 1.05);
+}
+
+TEST_CASE("windows cut the non-shared bytes in file order", "[policy][plan]") {
+  const auto tensors = deepseek_like(64u << 20);
+  plan_options o;
+  o.window_bytes = 1u << 20;
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::shared_single, o);
+  REQUIRE(p.windows > 1);
+  std::map<std::uint32_t, std::uint64_t> bytes;
+  std::uint32_t prev = 0;
+  for (const auto& e : p.entries) {
+    REQUIRE(e.window >= prev);
+    prev = e.window;
+    if (!e.shared()) bytes[e.window] += e.info.size;
+  }
+  for (auto [w, b] : bytes) {
+    INFO("window " << w);
+    if (b > o.window_bytes) REQUIRE(std::count_if(p.entries.begin(), p.entries.end(), [&](auto& e) { return e.window == w && !e.shared(); }) == 1);
+  }
+}

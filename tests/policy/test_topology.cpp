@@ -1,0 +1,65 @@
+#include <catch2/catch.hpp>
+
+#include <sluice/policy/classify.hpp>
+#include <sluice/policy/topology.hpp>
+
+using namespace sluice;
+using namespace sluice::policy;
+
+TEST_CASE("a static topology stores no sizes and derives rank coordinates", "[policy][topology]") {
+  STATIC_REQUIRE(tp1_dp8_ep8::is_static);
+  STATIC_REQUIRE(sizeof(tp1_dp8_ep8) == 1);
+  constexpr tp1_dp8_ep8 t;
+  STATIC_REQUIRE(t.world_size() == 8);
+  STATIC_REQUIRE(t.coords(5) == rank_coords{5, 0, 5, 5});
+  constexpr topology<2, 4, 4> t2;
+  STATIC_REQUIRE(t2.coords(5) == rank_coords{5, 1, 2, 1});
+  REQUIRE_THROWS_AS(t.coords(8), config_error);
+}
+
+TEST_CASE("a dynamic topology is checked at run time", "[policy][topology]") {
+  const dynamic_topology t(2, 4, 8);
+  REQUIRE(t.world_size() == 8);
+  REQUIRE(t.coords(7).tp_rank == 1);
+  REQUIRE(t.coords(7).dp_rank == 3);
+  REQUIRE_THROWS_WITH(dynamic_topology(1, 8, 3), Catch::Contains("EP=3 does not divide the world size TP*DP=8"));
+  REQUIRE_THROWS_AS(dynamic_topology(0, 8, 1), config_error);
+  REQUIRE_THROWS_AS((topology<1, dynamic, 8>(2, 8, 8)), config_error);
+  REQUIRE((topology<1, dynamic, 8>(1, 8, 8)).dp() == 8);
+}
+
+TEST_CASE("topologies parse from tp1,dp8,ep8 strings", "[policy][topology]") {
+  auto t = parse_topology("tp1,dp8,ep8");
+  REQUIRE(t.tp() == 1);
+  REQUIRE(t.dp() == 8);
+  REQUIRE(t.ep() == 8);
+  REQUIRE(t.to_string() == "tp1,dp8,ep8");
+  REQUIRE(parse_topology("dp4").world_size() == 4);
+  REQUIRE(parse_topology("dp4").ep() == 1);
+  REQUIRE_THROWS_WITH(parse_topology("tp1,xx8"), Catch::Contains("cannot parse 'xx8'"));
+  REQUIRE_THROWS_AS(parse_topology("tp1,dp8,ep3"), config_error);
+}
+
+TEST_CASE("the DeepSeek preset classifies experts, tables and the rest", "[policy][classify]") {
+  const auto c = classifier::deepseek();
+  auto e = c(tensor_info{"model.layers.3.mlp.experts.12.gate_proj.weight", 10, {4, 4}});
+  REQUIRE(e.cls == tensor_class::routed_expert);
+  REQUIRE(e.expert == 12);
+  REQUIRE(c(tensor_info{"model.layers.3.mlp.experts.7.down_proj.weight_scale_inv", 4, {1}}).expert == 7);
+  REQUIRE(c(tensor_info{"model.layers.3.mlp.shared_experts.gate_proj.weight", 4, {1}}).cls == tensor_class::replicated);
+  REQUIRE(c(tensor_info{"model.layers.3.mlp.gate.weight", 4, {1}}).cls == tensor_class::replicated);
+  REQUIRE(c(tensor_info{"model.engram.0.table", 4, {1}}).cls == tensor_class::shared_table);
+  REQUIRE(c(tensor_info{"model.engram.1.scale", 4, {1}}).cls == tensor_class::shared_table);
+  REQUIRE(c(tensor_info{"model.engram.1.norm.weight", 4, {1}}).cls == tensor_class::replicated);
+  REQUIRE(c.row_sliced(tensor_info{"model.layers.0.self_attn.q_proj.weight", 4, {2, 2}}));
+  REQUIRE_FALSE(c.row_sliced(tensor_info{"model.layers.0.self_attn.o_proj.weight", 4, {2, 2}}));
+}
+
+TEST_CASE("a size threshold makes any large tensor a table", "[policy][classify]") {
+  classify_options o;
+  o.table_min_bytes = 1000;
+  const classifier c(o);
+  REQUIRE(c(tensor_info{"big", 1000, {1000}}).cls == tensor_class::shared_table);
+  REQUIRE(c(tensor_info{"small", 999, {999}}).cls == tensor_class::replicated);
+  REQUIRE_THROWS_AS(classifier(classify_options{"(", "", 0, ""}), config_error);
+}
