@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -98,7 +99,8 @@ class checkpoint {
     c.shards_.reserve(shard_names.size());
     for (const auto& name : shard_names) {
       if (ix && !cat.exists(name))
-        throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", name), {ix->file});
+        throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", name),
+                          {ix->file, format::first_tensor_in(*ix, name)});
       c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
     }
     for (const auto& s : c.shards_) headers.emplace(s.name, &s.header);

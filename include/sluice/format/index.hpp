@@ -44,17 +44,36 @@ struct index {
   return !name.empty() && name != "." && name != ".." && name.find_first_of(std::string_view("/\\\0", 3)) == std::string_view::npos;
 }
 
+/// The first tensor (by name) that `ix` places in `shard`, or "" if none.
+[[nodiscard]] inline std::string first_tensor_in(const index& ix, std::string_view shard) {
+  for (const auto& [tensor, s] : ix.weight_map)
+    if (s == shard) return tensor;
+  return {};
+}
+
 /// Parses an index JSON. Throws index_error naming the file and the rule.
 [[nodiscard]] inline index parse_index(std::string_view text, const std::string& file) {
   using nlohmann::json;
   index ix;
   ix.file = file;
   json root;
+  // A tensor listed twice in weight_map is ambiguous (nlohmann keeps the last
+  // silently): count the keys of the top-level weight_map while parsing.
+  std::string top_key, duplicate;
+  std::set<std::string> seen;
   try {
-    root = json::parse(text);
+    root = json::parse(text, [&](int depth, json::parse_event_t ev, json& parsed) {
+      if (ev == json::parse_event_t::key && depth == 1) top_key = parsed.get<std::string>();
+      if (ev == json::parse_event_t::key && depth == 2 && top_key == "weight_map") {
+        auto k = parsed.get<std::string>();
+        if (!seen.insert(k).second && duplicate.empty()) duplicate = std::move(k);
+      }
+      return true;
+    });
   } catch (const json::exception& e) {
     throw index_error("index-json", fmt::format("index is not valid JSON: {}", e.what()), {file});
   }
+  if (!duplicate.empty()) throw index_error("duplicate-name", "weight_map lists the tensor twice", {file, duplicate});
   if (!root.is_object()) throw index_error("index-json", "index is not a JSON object", {file});
   auto wm = root.find("weight_map");
   if (wm == root.end() || !wm->is_object()) throw index_error("index-json", "index has no weight_map object", {file});
@@ -99,7 +118,8 @@ struct verify_options {
 inline void verify(const index& ix, const std::map<std::string, const header*>& headers, const verify_options& opt = {}) {
   for (const auto& shard : ix.shards())
     if (!headers.contains(shard))
-      throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", shard), {ix.file});
+      throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", shard),
+                        {ix.file, first_tensor_in(ix, shard)});
   for (const auto& [tensor, shard] : ix.weight_map) {
     const header* h = headers.at(shard);
     if (!h->find(tensor))

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -42,9 +43,14 @@ class writer {
   /// that is not a whole number of bytes.
   writer& add(std::string name, dtype type, std::vector<std::uint64_t> shape, fill_function fill) {
     if (names_.contains(name)) throw config_error(fmt::format("writer: tensor '{}' added twice", name));
+    if (name == "__metadata__") throw config_error("writer: '__metadata__' is not a tensor name");
     std::uint64_t count = 1;
-    for (auto d : shape) count *= d;
-    const std::uint64_t nbits = count * bits(type);
+    std::uint64_t nbits = 0;
+    for (auto d : shape)
+      if (__builtin_mul_overflow(count, d, &count))
+        throw config_error(fmt::format("writer: tensor '{}' has more than 2^64 elements", name));
+    if (__builtin_mul_overflow(count, std::uint64_t{bits(type)}, &nbits) || offset_ + nbits / 8 < offset_)
+      throw config_error(fmt::format("writer: tensor '{}' overflows 64-bit offsets", name));
     if (nbits % 8) throw config_error(fmt::format("writer: tensor '{}' is not a whole number of bytes", name));
     names_.emplace(name);
     entries_.push_back({std::move(name), type, std::move(shape), offset_, offset_ + nbits / 8, std::move(fill)});
@@ -84,6 +90,9 @@ class writer {
   /// Writes the file (replacing it). `chunk` bounds the buffer used for data.
   /// Throws io_error on failure.
   void write(const std::filesystem::path& path, std::size_t chunk = 8u << 20) const {
+    chunk = std::max<std::size_t>(chunk, 1);
+    for (const auto& e : entries_)
+      if (!e.fill && e.end > e.begin) throw config_error(fmt::format("writer: tensor '{}' has no fill function", e.name));
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) throw io_error(fmt::format("cannot create: {}", std::strerror(errno)), {path.string()}, errno);
     struct closer { int fd; ~closer() { ::close(fd); } } c{fd};

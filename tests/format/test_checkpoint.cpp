@@ -1,0 +1,203 @@
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "temp_dir.hpp"
+
+using namespace sluice;
+namespace gen = sluice::testing;
+using sluice_test::read_file;
+using sluice_test::temp_dir;
+
+namespace {
+
+std::string draft_prefix(const gen::generator_options& o, const std::string& model = "model.") {
+  return model + "layers." + std::to_string(o.layers) + ".";
+}
+
+std::uint64_t size_of(const std::filesystem::path& p) { return std::filesystem::file_size(p); }
+
+}  // namespace
+
+TEST_CASE("opening a multi-shard checkpoint reads the index and the shard headers, nothing else", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  const auto plan = gen::write_checkpoint(dir.path(), gen::generator_options{});
+  REQUIRE(plan.shards.size() >= 7);
+
+  directory_catalog cat(dir.path());
+  const auto ck = checkpoint::open(cat);
+  std::uint64_t expected = size_of(dir.path() / "model.safetensors.index.json");
+  for (const auto& s : ck.shards()) expected += s.header.header_bytes();
+  CHECK(ck.header_bytes_read() == expected);
+  CHECK(ck.header_bytes_read() == plan.header_bytes());
+  CHECK(cat.bytes_read() == expected);
+  CHECK(ck.shards().size() == plan.shards.size());
+  CHECK(ck.tensors().size() == plan.tensors.size());
+  CHECK(ck.tensor_bytes() == plan.total_size);
+  // Far less than the checkpoint: the data was not touched.
+  CHECK(ck.header_bytes_read() * 10 < plan.file_bytes());
+}
+
+TEST_CASE("tensors come in file order: shard order, then offset", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  const auto plan = gen::write_checkpoint(dir.path(), gen::generator_options{});
+  const auto ck = checkpoint::open(dir.path());
+  REQUIRE(ck.tensors().size() == plan.tensors.size());
+  for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
+    const auto& t = ck.tensors()[i];
+    const auto& p = plan.tensors[i];
+    CAPTURE(i, p.name);
+    CHECK(t.name == p.name);
+    CHECK(t.source_name == p.name);
+    CHECK(ck.shards()[t.shard].name == plan.shards[p.shard].name);
+    CHECK(t.offset == plan.shards[p.shard].header_bytes() + p.begin);
+    CHECK(t.size == p.size);
+    CHECK(t.type == p.type);
+    CHECK(t.shape == p.shape);
+    if (i > 0) {
+      const auto& prev = ck.tensors()[i - 1];
+      CHECK((prev.shard < t.shard || (prev.shard == t.shard && prev.offset + prev.size == t.offset)));
+    }
+  }
+}
+
+TEST_CASE("a tensor's bytes in the file are the generator's content function of (seed, name, offset)", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  gen::generator_options o;
+  o.seed = 42;
+  const auto plan = gen::write_checkpoint(dir.path(), o);
+  const auto ck = checkpoint::open(dir.path());
+  std::vector<std::vector<std::byte>> files;
+  for (const auto& s : ck.shards()) files.push_back(read_file(s.uri));
+  for (const auto& t : ck.tensors()) {
+    CAPTURE(t.name);
+    const auto expect = gen::tensor_bytes(o.seed, t.name, t.size);
+    REQUIRE(files[t.shard].size() >= t.offset + t.size);
+    CHECK(std::equal(expect.begin(), expect.end(), files[t.shard].begin() + static_cast<std::ptrdiff_t>(t.offset)));
+  }
+}
+
+TEST_CASE("selecting the draft module opens and reads only its three shards", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  const gen::generator_options o;
+  const auto plan = gen::write_checkpoint(dir.path(), o);
+  const auto prefix = draft_prefix(o);
+  std::set<std::uint32_t> draft_shards;
+  std::size_t draft_tensors = 0;
+  for (const auto& t : plan.tensors)
+    if (t.name.starts_with(prefix)) {
+      draft_shards.insert(t.shard);
+      ++draft_tensors;
+      CHECK(t.role == gen::tensor_role::draft);
+    }
+  REQUIRE(draft_shards.size() == 3);
+
+  directory_catalog cat(dir.path());
+  open_options opt;
+  opt.select = [&](std::string_view name) { return name.starts_with(prefix); };
+  const auto ck = checkpoint::open(cat, opt);
+  REQUIRE(ck.shards().size() == 3);
+  CHECK(ck.tensors().size() == draft_tensors);
+  std::uint64_t expected = size_of(dir.path() / "model.safetensors.index.json");
+  for (auto s : draft_shards) {
+    CHECK(std::any_of(ck.shards().begin(), ck.shards().end(), [&](const shard& x) { return x.name == plan.shards[s].name; }));
+    expected += plan.shards[s].header_bytes();
+  }
+  CHECK(ck.header_bytes_read() == expected);
+  CHECK(cat.counters().files_opened.load() == 1 + 2 * 3);  // the index; length + JSON per shard
+
+  // Selecting after a full open gives the same three shards, renumbered, in order.
+  const auto full = checkpoint::open(dir.path());
+  const auto sub = full.select([&](const tensor_ref& t) { return t.name.starts_with(prefix); });
+  REQUIRE(sub.shards().size() == 3);
+  REQUIRE(sub.tensors().size() == ck.tensors().size());
+  for (std::size_t i = 0; i < sub.tensors().size(); ++i) {
+    CHECK(sub.tensors()[i].name == ck.tensors()[i].name);
+    CHECK(sub.shards()[sub.tensors()[i].shard].name == ck.shards()[ck.tensors()[i].shard].name);
+  }
+}
+
+TEST_CASE("renaming the VL wrapper's prefix gives the plain model's names in the same order", "[checkpoint]") {
+  temp_dir plain_dir("plain"), vl_dir("vl");
+  gen::generator_options o;
+  (void)gen::write_checkpoint(plain_dir.path(), o);
+  o.vl_prefix = true;
+  (void)gen::write_checkpoint(vl_dir.path(), o);
+  const auto plain = checkpoint::open(plain_dir.path());
+  const std::vector<rename_rule> rules{{"model.language_model.", "model."}};
+
+  open_options opt;
+  opt.rename = rules;
+  const auto renamed_at_open = checkpoint::open(vl_dir.path(), opt);
+  const auto renamed_after = checkpoint::open(vl_dir.path()).rename(rules);
+  for (const auto* vl : {&renamed_at_open, &renamed_after}) {
+    REQUIRE(vl->tensors().size() == plain.tensors().size());
+    for (std::size_t i = 0; i < plain.tensors().size(); ++i) {
+      const auto& a = plain.tensors()[i];
+      const auto& b = vl->tensors()[i];
+      CAPTURE(i, a.name, b.source_name);
+      CHECK(b.name == a.name);
+      CHECK(b.offset == a.offset + (vl->shards()[b.shard].header.header_bytes() - plain.shards()[a.shard].header.header_bytes()));
+      CHECK((b.source_name == a.name || b.source_name == "model.language_model." + a.name.substr(6)));
+    }
+    REQUIRE(vl->find("model.embed_tokens.weight") != nullptr);
+    CHECK(vl->find("model.embed_tokens.weight")->source_name == "model.language_model.embed_tokens.weight");
+    CHECK(vl->find("lm_head.weight") != nullptr);
+  }
+}
+
+TEST_CASE("a rename that makes two tensors share a name is a config_error", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  (void)gen::write_checkpoint(dir.path(), gen::generator_options{});
+  const auto ck = checkpoint::open(dir.path());
+  CHECK_THROWS_AS(ck.rename({{"model.layers.0.", "model.layers.1."}}), config_error);
+}
+
+TEST_CASE("selecting a name the checkpoint lacks is a config_error naming it", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  (void)gen::write_checkpoint(dir.path(), gen::generator_options{});
+  const auto ck = checkpoint::open(dir.path());
+  const auto two = ck.select(std::set<std::string>{"lm_head.weight", "model.norm.weight"});
+  CHECK(two.tensors().size() == 2);
+  try {
+    (void)ck.select(std::set<std::string>{"lm_head.weight", "no.such.tensor"});
+    FAIL("accepted");
+  } catch (const config_error& e) {
+    CHECK(e.tensor() == "no.such.tensor");
+  }
+}
+
+TEST_CASE("one .safetensors file opens as a checkpoint of one shard", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  const auto plan = gen::write_checkpoint(dir.path(), gen::generator_options{});
+  const auto& s = plan.shards.back();
+  const auto ck = checkpoint::open(dir.path() / s.name);
+  REQUIRE(ck.shards().size() == 1);
+  CHECK(ck.tensors().size() == s.tensors.size());
+  CHECK(ck.header_bytes_read() == s.header_bytes());
+  CHECK(ck.tensor_bytes() == s.data_size);
+}
+
+TEST_CASE("a directory without an index opens model.safetensors, or else every *.safetensors file", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  const auto plan = gen::write_checkpoint(dir.path(), gen::generator_options{});
+  std::filesystem::remove(dir.path() / "model.safetensors.index.json");
+  const auto all = checkpoint::open(dir.path());
+  CHECK(all.shards().size() == plan.shards.size());
+  CHECK(all.tensors().size() == plan.tensors.size());
+  std::filesystem::copy_file(dir.path() / plan.shards[0].name, dir.path() / "model.safetensors");
+  const auto single = checkpoint::open(dir.path());
+  REQUIRE(single.shards().size() == 1);
+  CHECK(single.shards()[0].name == "model.safetensors");
+}
+
+TEST_CASE("a directory with no checkpoint in it is an io_error naming it", "[checkpoint]") {
+  temp_dir dir("empty");
+  CHECK_THROWS_AS(checkpoint::open(dir.path()), io_error);
+  CHECK_THROWS_AS(checkpoint::open(dir.path() / "missing"), io_error);
+}
