@@ -63,7 +63,7 @@ TEST_CASE("the typed plan front end gives the same plan as the run-time one", "[
   REQUIRE(a.windows == b.windows);
 }
 
-TEST_CASE("EP rank r owns experts [r*E/EP, (r+1)*E/EP) and reads them itself", "[policy][plan]") {
+TEST_CASE("EP rank r owns the r-th contiguous block of E/EP experts and reads them itself", "[policy][plan]") {
   const auto tensors = deepseek_like();
   const auto p = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative);
   REQUIRE(p.experts == 16);

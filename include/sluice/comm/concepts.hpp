@@ -1,0 +1,45 @@
+#pragma once
+/// \file
+/// The `communicator` concept: the few blocking collectives the distributed
+/// loader needs, over host memory. Blocking is deliberate (Gloo's and NCCL's
+/// host APIs are): the driver calls them between pipeline windows, never from
+/// a coroutine running on the io_context that does the I/O.
+///
+/// Every rank must issue the same collectives in the same order (the plan
+/// fixes it). A peer that dies or stalls makes the call throw `comm_error`
+/// within the communicator's timeout; it never hangs.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <sluice/error.hpp>
+
+namespace sluice::inline v0::comm {
+
+/// A collective failed: a peer disconnected, timed out, or reported an error.
+class comm_error : public error {
+ public:
+  using error::error;
+};
+
+/// Blocking host-memory collectives among `size()` ranks.
+/// - `broadcast(buf, root)`: root's `buf` is copied into every rank's `buf` (equal sizes);
+/// - `all_gather(in, out)`: `out` (size() x in.size() bytes) gets every rank's `in`, in rank order;
+/// - `all_gather_v(buf, counts)`: in place; rank r's `counts[r]` bytes sit at offset
+///   sum(counts[0..r)) of `buf` on entry (its own part) and everyone's on return;
+/// - `barrier()`.
+template <class C>
+concept communicator = requires(C& c, std::span<std::byte> buf, std::span<const std::byte> in, std::size_t root,
+                                std::span<const std::size_t> counts) {
+  { c.rank() } -> std::convertible_to<std::size_t>;
+  { c.size() } -> std::convertible_to<std::size_t>;
+  c.broadcast(buf, root);
+  c.all_gather(in, buf);
+  c.all_gather_v(buf, counts);
+  c.barrier();
+};
+
+}  // namespace sluice::inline v0::comm

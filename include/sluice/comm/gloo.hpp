@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// `comm::gloo`: host-memory collectives over Gloo's TCP transport (the
+/// sluice::gloo component; Gloo's headers stay in src/gloo). Rendezvous
+/// through a Gloo FileStore directory that every rank reaches (it must exist
+/// and be empty for each run). Every call and the rendezvous are bounded by
+/// `timeout`: a dead or stalled peer gives comm_error, not a hang.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <sluice/comm/concepts.hpp>
+#include <sluice/comm/store.hpp>
+
+namespace sluice::inline v0::comm {
+
+/// Settings of a Gloo communicator.
+struct gloo_options {
+  std::string store_dir;                      ///< FileStore directory (exists, empty per run)
+  std::string hostname = "127.0.0.1";         ///< address this rank listens on
+  std::chrono::milliseconds timeout{60000};   ///< rendezvous and every collective
+};
+
+/// A Gloo full-mesh context among `size` ranks. Move-only.
+class gloo {
+ public:
+  /// Connects to the other ranks (blocks until all arrive or `timeout`).
+  gloo(std::size_t rank, std::size_t size, const gloo_options& opt);
+  /// From rank_info (RANK, WORLD_SIZE, SLUICE_STORE_DIR, SLUICE_COMM_TIMEOUT_MS).
+  explicit gloo(const rank_info& who);
+  gloo(gloo&&) noexcept;
+  gloo& operator=(gloo&&) noexcept;
+  ~gloo();
+
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  void broadcast(std::span<std::byte> buf, std::size_t root);
+  void all_gather(std::span<const std::byte> in, std::span<std::byte> out);
+  void all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts);
+  void barrier();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  std::size_t rank_ = 0;
+  std::size_t size_ = 1;
+};
+
+static_assert(communicator<gloo>);
+
+}  // namespace sluice::inline v0::comm

@@ -1,0 +1,117 @@
+#pragma once
+/// \file
+/// `memory::shared_host`: one host-memory segment per node, mapped by every
+/// local rank (the home of offloaded tables, read once per node).
+///
+/// The segment is a memfd: it has no name in /dev/shm, so nothing is left
+/// behind when ranks crash — the memory is freed when the last mapping goes.
+/// The creator publishes `handle()` ("/proc/<pid>/fd/<fd>"); the other local
+/// ranks `attach` it while the creator still holds the fd (the driver puts a
+/// barrier between attach and `close_handle()`). Page-aligned; the mapping
+/// is MAP_SHARED, so a byte written by any rank is seen by all.
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include <sluice/error.hpp>
+
+namespace sluice::inline v0::memory {
+
+/// A mapping of the node's shared segment. Copies share the mapping; it is
+/// unmapped when the last copy (and the last lease from `keep()`) goes.
+class shared_host {
+ public:
+  shared_host() = default;
+
+  /// Creates a zero-filled segment of `size` bytes and maps it. Throws io_error.
+  [[nodiscard]] static shared_host create(std::size_t size, std::string_view name = "sluice-shared") {
+    const int fd = ::memfd_create(std::string(name).c_str(), MFD_CLOEXEC);
+    if (fd < 0) throw io_error(fmt::format("memfd_create failed: {}", std::strerror(errno)), {std::string(name)}, errno);
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      const int e = errno;
+      ::close(fd);
+      throw io_error(fmt::format("cannot size the shared segment to {} bytes: {}", size, std::strerror(e)), {std::string(name)}, e);
+    }
+    shared_host s;
+    s.map_ = std::make_shared<mapping>(fd, size, true);
+    return s;
+  }
+
+  /// Maps the segment that `handle` names (see handle()); `size` must be its size. Throws io_error.
+  [[nodiscard]] static shared_host attach(std::string_view handle, std::size_t size) {
+    const std::string path(handle);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) throw io_error(fmt::format("cannot open the shared segment: {}", std::strerror(errno)), {path}, errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != size) {
+      ::close(fd);
+      throw io_error(fmt::format("the shared segment has {} bytes, expected {}", st.st_size, size), {path});
+    }
+    shared_host s;
+    s.map_ = std::make_shared<mapping>(fd, size, false);
+    s.map_->close_fd();  // the mapping keeps the memory; the fd is not needed
+    return s;
+  }
+
+  /// "/proc/<pid>/fd/<fd>": how other local processes attach (while the creator holds the fd).
+  [[nodiscard]] std::string handle() const {
+    if (!map_ || map_->fd < 0) throw config_error("shared segment: no handle (not the creator, or closed)");
+    return fmt::format("/proc/{}/fd/{}", ::getpid(), map_->fd);
+  }
+  /// The creator drops its descriptor (after every rank attached): from now on only mappings hold the memory.
+  void close_handle() noexcept {
+    if (map_) map_->close_fd();
+  }
+  /// The mapped bytes (page-aligned start).
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept {
+    return map_ ? std::span<std::byte>(map_->data, map_->size) : std::span<std::byte>{};
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return map_ ? map_->size : 0; }
+  /// Shared ownership of the mapping (for leases of views into it).
+  [[nodiscard]] std::shared_ptr<void> keep() const noexcept { return map_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return map_ != nullptr; }
+
+ private:
+  struct mapping {
+    mapping(int f, std::size_t n, bool creator) : fd(f), size(n) {
+      if (n == 0) return;
+      void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+      if (p == MAP_FAILED) {
+        const int e = errno;
+        ::close(f);
+        fd = -1;
+        throw io_error(fmt::format("cannot map {} bytes of the shared segment: {}", n, std::strerror(e)), {}, e);
+      }
+      data = static_cast<std::byte*>(p);
+      if (creator) ::madvise(p, n, MADV_HUGEPAGE);  // a hint; THP for shmem may be off
+    }
+    mapping(const mapping&) = delete;
+    mapping& operator=(const mapping&) = delete;
+    ~mapping() {
+      if (data) ::munmap(data, size);
+      close_fd();
+    }
+    void close_fd() noexcept {
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+    int fd = -1;
+    std::size_t size = 0;
+    std::byte* data = nullptr;
+  };
+  std::shared_ptr<mapping> map_;
+};
+
+}  // namespace sluice::inline v0::memory
