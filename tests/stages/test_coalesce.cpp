@@ -1,0 +1,102 @@
+// tests for <sluice/stages/coalesce.hpp> and <sluice/stages/pipeline.hpp>
+#include <utility>
+
+#include <map>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <sluice/stages/coalesce.hpp>
+#include <sluice/stages/pipeline.hpp>
+
+#include "support/coro.hpp"
+
+using namespace sluice;
+
+namespace {
+// Tensors laid out back to back in `files` shards.
+std::vector<tensor_ref> layout(const std::vector<std::pair<std::uint32_t, std::uint64_t>>& shard_and_size) {
+  std::vector<tensor_ref> v;
+  std::map<std::uint32_t, std::uint64_t> next;
+  for (auto [shard, size] : shard_and_size) {
+    tensor_ref t;
+    t.name = "t" + std::to_string(v.size());
+    t.shard = shard;
+    t.offset = next[shard] + 64;
+    t.size = size;
+    next[shard] += size;
+    v.push_back(t);
+  }
+  return v;
+}
+
+std::vector<read_request> coalesced(const std::vector<tensor_ref>& ts, std::uint64_t max_read,
+                                    std::span<std::byte> direct_for_last = {}) {
+  std::vector<tensor_job> jobs;
+  for (const auto& t : ts) jobs.push_back({&t, {}});
+  if (!direct_for_last.empty()) jobs.back().direct = direct_for_last;
+  coalesce c({max_read});
+  std::vector<read_request> out;
+  sluice_test::run(run_pipeline(c, jobs, [&](read_request r) { out.push_back(std::move(r)); }));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("adjacent tensors of one file merge up to max_read", "[stages][coalesce]") {
+  auto ts = layout({{0, 100}, {0, 200}, {0, 300}, {0, 500}});
+  auto rs = coalesced(ts, 600);
+  REQUIRE(rs.size() == 2);
+  REQUIRE(rs[0].offset == ts[0].offset);
+  REQUIRE(rs[0].length == 600);
+  REQUIRE(rs[0].pieces.size() == 3);
+  REQUIRE(rs[1].length == 500);
+}
+
+TEST_CASE("tensors of different files never share a request", "[stages][coalesce]") {
+  auto ts = layout({{0, 100}, {1, 100}, {1, 100}});
+  auto rs = coalesced(ts, 1 << 20);
+  REQUIRE(rs.size() == 2);
+  REQUIRE(rs[0].file == 0);
+  REQUIRE(rs[1].file == 1);
+  REQUIRE(rs[1].pieces.size() == 2);
+}
+
+TEST_CASE("a tensor larger than max_read is split into ordered chunks", "[stages][coalesce]") {
+  auto ts = layout({{0, 10}, {0, 2500}, {0, 10}});
+  auto rs = coalesced(ts, 1000);
+  REQUIRE(rs.size() == 5);  // [t0] [t1 0..1000) [1000..2000) [2000..2500) [t2]
+  REQUIRE(rs[1].pieces[0].tensor_offset == 0);
+  REQUIRE(rs[2].pieces[0].tensor_offset == 1000);
+  REQUIRE(rs[3].pieces[0].length == 500);
+  std::uint64_t covered = 0;
+  for (const auto& r : rs)
+    for (const auto& p : r.pieces) covered += p.length;
+  REQUIRE(covered == 2520);
+}
+
+TEST_CASE("thousands of tiny tensors coalesce into a few requests", "[stages][coalesce]") {
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> spec(5000, {0, 100});
+  auto ts = layout(spec);
+  auto rs = coalesced(ts, 64 << 10);
+  REQUIRE(rs.size() == 8);  // 500,000 bytes / 65,536 per request (655 tensors each)
+  std::size_t pieces = 0;
+  for (const auto& r : rs) pieces += r.pieces.size();
+  REQUIRE(pieces == 5000);
+}
+
+TEST_CASE("a tensor with a direct destination gets requests of its own", "[stages][coalesce]") {
+  auto ts = layout({{0, 100}, {0, 2000}});
+  std::vector<std::byte> dst(2000);
+  auto rs = coalesced(ts, 1500, dst);
+  REQUIRE(rs.size() == 3);
+  REQUIRE(rs[0].direct.empty());
+  REQUIRE(rs[1].direct.data() == dst.data());
+  REQUIRE(rs[2].direct.data() == dst.data() + 1500);
+}
+
+TEST_CASE("zero-size tensors ride along with their neighbours", "[stages][coalesce]") {
+  auto ts = layout({{0, 100}, {0, 0}, {0, 100}});
+  auto rs = coalesced(ts, 1 << 20);
+  REQUIRE(rs.size() == 1);
+  REQUIRE(rs[0].pieces.size() == 3);
+}

@@ -1,0 +1,278 @@
+// tests for <sluice/load.hpp>, <sluice/load_file.hpp>, the fetch/stage/place
+// stages and the sinks, end to end over io_uring.
+#include <utility>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <thread>
+#include <variant>
+#include <stop_token>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include <sluice/sluice.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "support/coro.hpp"
+
+using namespace sluice;
+
+namespace {
+
+// sha256 of every tensor, computed by Python from the files alone (an
+// independent parser and hash), as "name -> hex".
+std::map<std::string, std::string> python_digests(const std::filesystem::path& dir) {
+  const std::string script =
+      "import hashlib,json,struct,os,sys\n"
+      "d=sys.argv[1]\n"
+      "for f in sorted(os.listdir(d)):\n"
+      "  if not f.endswith('.safetensors'): continue\n"
+      "  b=open(os.path.join(d,f),'rb').read(); n=struct.unpack('<Q',b[:8])[0]; h=json.loads(b[8:8+n])\n"
+      "  for k,v in h.items():\n"
+      "    if k=='__metadata__': continue\n"
+      "    s,e=v['data_offsets']; print(k, hashlib.sha256(b[8+n+s:8+n+e]).hexdigest())\n";
+  const auto py = dir / "digest.py";
+  std::FILE* f = std::fopen(py.c_str(), "w");
+  std::fputs(script.c_str(), f);
+  std::fclose(f);
+  std::map<std::string, std::string> out;
+  std::FILE* p = ::popen(("/usr/bin/python3 " + py.string() + " " + dir.string()).c_str(), "r");
+  REQUIRE(p);
+  char name[1024], hex[128];
+  while (std::fscanf(p, "%1023s %127s", name, hex) == 2) out[name] = hex;
+  REQUIRE(::pclose(p) == 0);
+  std::filesystem::remove(py);
+  return out;
+}
+
+testing::generator_options small_model() {
+  testing::generator_options o;
+  o.layers = 3;
+  o.experts = 4;
+  o.hidden = 256;
+  o.engram_rows = 4096;
+  o.max_shard_bytes = 1 << 20;
+  return o;
+}
+
+load_options small_staging() {
+  load_options o;
+  o.staging_budget = 1 << 20;  // 3 slots of 256 KiB + alignment room
+  o.max_read = 256 << 10;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("every tensor's digest equals an independent hash of the files", "[stages][load]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  digest_sink d;
+  auto st = load(ck, d, small_staging());
+  auto expected = python_digests(dir.path);
+  REQUIRE(d.digests().size() == expected.size());
+  for (const auto& [name, dg] : d.digests()) {
+    INFO(name);
+    REQUIRE(dg.sha256 == expected.at(name));
+  }
+  REQUIRE(st.tensors == ck.tensors().size());
+  REQUIRE(st.bytes_read == ck.tensor_bytes());
+  REQUIRE(st.slots_used <= st.slots);
+}
+
+TEST_CASE("O_DIRECT, buffered and multi-threaded loads deliver the same bytes", "[stages][load][concurrent]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  digest_sink a, b, c;
+  auto o = small_staging();
+  o.io = 2;
+  (void)load(ck, a, o);
+  o.io = 0;
+  o.queue_depth = 8;
+  (void)load(ck, b, o);
+  o.threads = 3;
+  o.register_buffers = false;
+  (void)load(ck, c, o);
+  REQUIRE(a.digests().size() == ck.tensors().size());
+  for (const auto& [name, dg] : a.digests()) {
+    REQUIRE(b.digests().at(name).sha256 == dg.sha256);
+    REQUIRE(c.digests().at(name).sha256 == dg.sha256);
+  }
+}
+
+TEST_CASE("a checkpoint four times the staging budget loads within the budget", "[stages][load]") {
+  sluice_test::scratch_dir dir;
+  auto plan = testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  auto o = small_staging();
+  REQUIRE(ck.tensor_bytes() >= 4 * o.staging_budget);
+  discard_sink s;
+  auto st = load(ck, s, o);
+  REQUIRE(s.bytes() == ck.tensor_bytes());
+  REQUIRE(st.slots_used * st.slot_size <= o.staging_budget);
+}
+
+TEST_CASE("multi-chunk tensors arrive as ordered pieces or whole, by the sink's choice", "[stages][load]") {
+  sluice_test::scratch_dir dir;
+  format::writer w;
+  auto big = testing::tensor_bytes(7, "big", 1'000'003);
+  auto tiny = testing::tensor_bytes(7, "tiny", 3);
+  w.add("scalar", format::dtype::F32, {}, testing::tensor_bytes(7, "scalar", 4));
+  w.add("big", format::dtype::U8, {1'000'003}, big);
+  w.add("empty", format::dtype::BF16, {0, 5}, std::span<const std::byte>{});
+  w.add("tiny", format::dtype::U8, {3}, tiny);
+  w.write(dir.path / "model.safetensors");
+  auto ck = checkpoint::open(dir.path);
+  auto o = small_staging();
+
+  std::vector<std::pair<std::string, std::uint64_t>> pieces;
+  std::vector<std::byte> assembled;
+  auto piecewise = [&](tensor_view v) {
+    pieces.emplace_back(v.name(), v.offset);
+    if (v.name() == "big") assembled.insert(assembled.end(), v.bytes.begin(), v.bytes.end());
+    return true;
+  };
+  struct piece_sink {
+    decltype(piecewise)& f;
+    bool accept(tensor_view v) { return f(std::move(v)); }
+  } ps{piecewise};
+  (void)load(ck, ps, o);
+  REQUIRE(assembled == big);
+  std::size_t big_pieces = 0;
+  for (auto& [n, off] : pieces) big_pieces += n == "big";
+  REQUIRE(big_pieces == 4);  // 1,000,003 bytes in 256 KiB chunks
+
+  std::map<std::string, std::vector<std::byte>> whole;
+  auto loader = [&](tensor_view v) {
+    REQUIRE(v.whole());
+    whole[v.name()].assign(v.bytes.begin(), v.bytes.end());
+  };
+  callback_sink<decltype(loader)> cs(loader);
+  (void)load(ck, cs, o);
+  REQUIRE(whole.at("big") == big);
+  REQUIRE(whole.at("tiny") == tiny);
+  REQUIRE(whole.at("empty").empty());
+  REQUIRE(whole.at("scalar").size() == 4);
+}
+
+TEST_CASE("a host sink reads large tensors straight into aligned caller memory", "[stages][load][sink]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  const tensor_ref* biggest = &ck.tensors().front();
+  for (const auto& t : ck.tensors())
+    if (t.size > biggest->size) biggest = &t;
+  auto dst = lease::allocate(biggest->size, 4096);
+  host_sink h({.allocate = true, .direct_min_bytes = 64 << 10});
+  h.set_destination(biggest->name, dst.bytes());
+  auto st = load(ck, h, small_staging());
+  REQUIRE(st.tensors == ck.tensors().size());
+  const auto expect = testing::tensor_bytes(1, biggest->source_name, biggest->size);
+  REQUIRE(std::memcmp(dst.bytes().data(), expect.data(), expect.size()) == 0);
+  for (const auto& t : ck.tensors()) {
+    auto got = h.get(t.name);
+    REQUIRE(got.size() == t.size);
+    const auto e = testing::tensor_bytes(1, t.source_name, t.size);
+    REQUIRE(std::equal(got.begin(), got.end(), e.begin(), e.end()));
+  }
+}
+
+TEST_CASE("a shard truncated after opening fails naming the file, tensor and bytes", "[stages][load][errors]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  const auto& victim = ck.shards().back();
+  const auto size = std::filesystem::file_size(victim.uri);
+  std::filesystem::resize_file(victim.uri, size - 1000);
+  discard_sink s;
+  try {
+    (void)load(ck, s, small_staging());
+    FAIL("no error");
+  } catch (const truncated_error& e) {
+    REQUIRE(e.file() == victim.uri);
+    REQUIRE_FALSE(e.tensor().empty());
+    REQUIRE(e.range());
+    REQUIRE(e.range()->end > size - 1000);
+  }
+}
+
+TEST_CASE("a header truncated on disk is rejected at open", "[stages][load][errors]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  const auto shard = dir.path / "model-00001-of-" ;
+  for (auto& e : std::filesystem::directory_iterator(dir.path))
+    if (e.path().extension() == ".safetensors") {
+      std::filesystem::resize_file(e.path(), 100);
+      break;
+    }
+  REQUIRE_THROWS_AS(checkpoint::open(dir.path), format_error);
+}
+
+TEST_CASE("a load stopped mid-way ends promptly with every slot returned", "[stages][load][cancel]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  std::stop_source stop;
+  struct stopping_sink {
+    std::stop_source* stop;
+    int seen = 0;
+    bool accept(tensor_view) {
+      if (++seen == 20) stop->request_stop();
+      return true;
+    }
+  } s{&stop};
+  auto o = small_staging();
+  o.stop = stop.get_token();
+  REQUIRE_THROWS_AS(load(ck, s, o), cancelled_error);
+  REQUIRE(s.seen < static_cast<int>(ck.tensors().size()));
+}
+
+TEST_CASE("a stop requested from another thread ends the load", "[stages][load][cancel][concurrent]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  std::stop_source stop;
+  struct slow_sink {
+    bool accept(tensor_view) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      return true;
+    }
+  } s;
+  auto o = small_staging();
+  o.stop = stop.get_token();
+  o.threads = 2;
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    stop.request_stop();
+  });
+  REQUIRE_THROWS_AS(load(ck, s, o), cancelled_error);
+  stopper.join();
+}
+
+TEST_CASE("an error thrown by the sink stops the load and is rethrown", "[stages][load][errors]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  auto loader = [n = 0](tensor_view v) mutable -> bool {
+    if (++n == 5) throw config_error("engine refused", {"", v.name()});
+    return true;
+  };
+  callback_sink<decltype(loader)> cs(loader);
+  REQUIRE_THROWS_AS(load(ck, cs, small_staging()), config_error);
+}
+
+TEST_CASE("selected tensors are the only ones read", "[stages][load][checkpoint]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  open_options oo;
+  oo.select = [](std::string_view n) { return n.find("layers.1.") != std::string_view::npos; };
+  auto ck = checkpoint::open(dir.path, oo);
+  digest_sink d;
+  auto st = load(ck, d, small_staging());
+  REQUIRE(st.bytes_read == ck.tensor_bytes());
+  for (const auto& [name, _] : d.digests()) REQUIRE(name.find("layers.1.") != std::string::npos);
+}
