@@ -1,7 +1,16 @@
 #pragma once
 // Helpers shared by the S3 tests: running child processes (python3, node,
 // scripts/s3-server.sh), botocore as a signing oracle, and the test servers.
+#include <sluice/source/s3/client.hpp>
 #include <sluice/source/s3/sigv4.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <poll.h>
+#include <random>
+#include <span>
 
 #include <cerrno>
 #include <csignal>
@@ -111,5 +120,145 @@ print(json.dumps([cr, auth.signature(auth.string_to_sign(req, cr), req)]))
   if (rc != 0) throw std::runtime_error("botocore oracle failed with status " + std::to_string(rc));
   return nlohmann::json::parse(out).get<std::vector<std::string>>();
 }
+
+/// A child process with pipes on stdin/stdout; closing stdin and SIGTERM end it.
+class child {
+ public:
+  explicit child(const std::vector<std::string>& argv) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe failed");
+    posix_spawn_file_actions_t fa;
+    ::posix_spawn_file_actions_init(&fa);
+    ::posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    ::posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    int rc = ::posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ);
+    ::posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    stdin_ = in[1];
+    stdout_ = out[0];
+    if (rc != 0) {
+      pid_ = -1;
+      throw std::runtime_error("cannot start " + argv[0]);
+    }
+  }
+  child(const child&) = delete;
+  child& operator=(const child&) = delete;
+  ~child() {
+    ::close(stdin_);
+    ::close(stdout_);
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  /// One line of stdout (without the newline); throws after `timeout`.
+  std::string read_line(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{stdout_, POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+        throw std::runtime_error("child: no output line in time");
+      char ch;
+      if (::read(stdout_, &ch, 1) != 1) throw std::runtime_error("child: exited before writing a line");
+      if (ch == '\n') return line;
+      line += ch;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_ = -1, stdout_ = -1;
+};
+
+/// The S3 test servers (see scripts/s3-server.sh): from SLUICE_S3_ENDPOINT,
+/// SLUICE_S3_HTTPS_ENDPOINT and SLUICE_S3_CA_BUNDLE when set; otherwise started
+/// here with `scripts/s3-server.sh start` (idempotent; they keep running for
+/// the next test, `scripts/s3-server.sh stop` ends them). `error` says why
+/// there are none (the test then prints SKIPPED).
+struct s3_servers {
+  std::string http, https, ca_bundle, error;
+};
+inline const s3_servers& servers() {
+  static const s3_servers s = [] {
+    s3_servers r;
+    auto env = [](const char* n) { const char* v = std::getenv(n); return std::string(v ? v : ""); };
+    r.http = env("SLUICE_S3_ENDPOINT");
+    r.https = env("SLUICE_S3_HTTPS_ENDPOINT");
+    r.ca_bundle = env("SLUICE_S3_CA_BUNDLE");
+    if (!r.http.empty()) return r;
+    auto [rc, out] = run_capture({"bash", SLUICE_S3_SERVER_SCRIPT, "start"});
+    if (rc != 0) {
+      r.error = "scripts/s3-server.sh start failed (run scripts/setup.sh for node and s3rver)";
+      return r;
+    }
+    std::size_t pos = 0;
+    while (pos < out.size()) {
+      auto nl = out.find('\n', pos);
+      auto line = out.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+      pos = nl == std::string::npos ? out.size() : nl + 1;
+      if (line.rfind("export ", 0) == 0) line = line.substr(7);
+      auto eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      auto k = line.substr(0, eq), v = line.substr(eq + 1);
+      if (k == "SLUICE_S3_ENDPOINT") r.http = v;
+      if (k == "SLUICE_S3_HTTPS_ENDPOINT") r.https = v;
+      if (k == "SLUICE_S3_CA_BUNDLE") r.ca_bundle = v;
+    }
+    if (r.http.empty()) r.error = "scripts/s3-server.sh start printed no endpoint";
+    return r;
+  }();
+  return s;
+}
+
+/// A client config for the test servers: S3RVER/S3RVER, fast retries.
+inline sluice::s3::config test_config(const std::string& endpoint, const std::string& secret = "S3RVER") {
+  sluice::s3::config c;
+  c.endpoint = sluice::s3::http_endpoint::parse(endpoint);
+  c.custom_endpoint = true;
+  c.creds = {"S3RVER", secret, "", "test"};
+  c.ca_bundle = servers().ca_bundle;
+  c.max_connections = 4;
+  c.retry = {4, std::chrono::milliseconds(10), std::chrono::milliseconds(100)};
+  c.low_speed_window = std::chrono::seconds(5);
+  return c;
+}
+
+/// A bucket name no other test (or test process) uses.
+inline std::string unique_bucket(const std::string& stem) {
+  static std::atomic<int> n{0};
+  return stem + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+/// Deterministic pseudo-random bytes.
+inline std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 g(seed);
+  for (std::size_t i = 0; i < n; i += 8) {
+    auto x = g();
+    for (std::size_t j = 0; j < 8 && i + j < n; ++j) v[i + j] = static_cast<std::byte>(x >> (8 * j));
+  }
+  return v;
+}
+
+/// The fault proxy (tests/support/fault_proxy.js) in front of `upstream`.
+struct fault_proxy {
+  fault_proxy(const std::string& upstream, const std::string& fault, int every, int stall_ms = 60000)
+      : proc({"node", SLUICE_FAULT_PROXY_SCRIPT, "--upstream", upstream, "--fault", fault, "--every",
+              std::to_string(every), "--stall-ms", std::to_string(stall_ms)}) {
+    auto line = proc.read_line();
+    if (line.rfind("PORT ", 0) != 0) throw std::runtime_error("fault proxy said: " + line);
+    endpoint = "http://127.0.0.1:" + line.substr(5);
+  }
+  child proc;
+  std::string endpoint;
+};
 
 }  // namespace sluice_test

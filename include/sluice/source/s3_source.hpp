@@ -1,0 +1,242 @@
+#pragma once
+/// \file
+/// `s3_source`: the data path from S3 (models `sluice::source`), and
+/// `s3_catalog`: metadata access to an `s3://bucket/prefix/` (a `catalog`).
+
+#include <utility>   // before Asio (Boost 1.74)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+
+#include <sluice/core/task.hpp>
+#include <sluice/source/concepts.hpp>
+#include <sluice/source/s3/client.hpp>
+#include <sluice/source/s3/config.hpp>
+#include <sluice/source/s3/error.hpp>
+
+namespace sluice::inline v0 {
+
+/// Positional reads from S3 objects (a checkpoint's shards), addressed by file
+/// index. Each object is pinned to one version: its ETag comes from a HEAD
+/// (at `open()`, or lazily at its first read) or from `pin()` (e.g. what the
+/// catalog saw when it read the headers), and every range GET carries
+/// If-Match and checks the ETag, so an object replaced mid-load fails with
+/// s3_object_changed_error instead of mixing versions.
+///
+/// `read_at` issues one range GET (retried and resumed by the client); the
+/// pipeline's coalesce stage sizes the requests (8-16 MiB parts). Concurrency
+/// is bounded by the client's connection pool (config::max_connections).
+/// Errors: the s3_error family (io_error), naming the object and byte range.
+class s3_source {
+ public:
+  /// Reads through `client` (shared: several sources may share one pool).
+  /// `uris` are "s3://bucket/key", one per file, in the checkpoint's shard order.
+  s3_source(std::shared_ptr<s3::client> client, std::vector<std::string> uris)
+      : client_(std::move(client)), files_(uris.size()) {
+    for (std::size_t i = 0; i < uris.size(); ++i) {
+      auto u = s3::object_uri::parse(uris[i]);
+      files_[i].bucket = std::move(u.bucket);
+      files_[i].key = std::move(u.key);
+      files_[i].uri = std::move(uris[i]);
+    }
+  }
+  /// Creates its own client on `ex` with `cfg`.
+  s3_source(asio::any_io_executor ex, s3::config cfg, std::vector<std::string> uris)
+      : s3_source(std::make_shared<s3::client>(std::move(ex), std::move(cfg)), std::move(uris)) {}
+
+  /// HEADs every file not yet pinned (size + ETag). Optional: reads do it lazily.
+  [[nodiscard]] task<void> open() {
+    for (std::uint32_t i = 0; i < files_.size(); ++i) (void)co_await info(i);
+  }
+
+  /// Pins file `file` to a version seen elsewhere (size and ETag).
+  void pin(std::uint32_t file, s3::object_info info) {
+    std::lock_guard lock(mutex_);
+    files_.at(file).info = std::move(info);
+  }
+
+  /// Reads up to dst.size() bytes at `offset` of file `file` into `dst` with
+  /// one range GET (body read straight into `dst`). Returns the count: fewer
+  /// only at the end of the object, 0 at or past it. `dst` must stay valid
+  /// until the task completes. Not cancellable once started.
+  [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    const s3::object_info pinned = co_await info(file);
+    if (offset >= pinned.size || dst.empty()) co_return 0;
+    dst = dst.first(static_cast<std::size_t>(std::min<std::uint64_t>(dst.size(), pinned.size - offset)));
+    const auto& f = files_[file];
+    auto r = co_await client_->get_range(f.bucket, f.key, offset, dst, pinned.etag);
+    counters_.bytes_read += r.bytes;
+    counters_.requests += r.attempts;
+    counters_.retries += r.attempts - 1;
+    co_return r.bytes;
+  }
+
+  [[nodiscard]] std::size_t file_count() const noexcept { return files_.size(); }
+  [[nodiscard]] std::string file_uri(std::uint32_t file) const { return files_.at(file).uri; }
+  [[nodiscard]] const io_counters& counters() const noexcept { return counters_; }
+  /// The pinned size, once known.
+  [[nodiscard]] std::optional<std::uint64_t> file_size(std::uint32_t file) const {
+    std::lock_guard lock(mutex_);
+    const auto& i = files_.at(file).info;
+    return i ? std::optional(i->size) : std::nullopt;
+  }
+  [[nodiscard]] s3::client& client() noexcept { return *client_; }
+
+ private:
+  struct file {
+    std::string bucket, key, uri;
+    std::optional<s3::object_info> info;
+  };
+
+  // The pinned info of `index`, HEADing it the first time. Concurrent first
+  // reads may HEAD twice; differing ETags mean the object changed.
+  [[nodiscard]] task<s3::object_info> info(std::uint32_t index) {
+    {
+      std::lock_guard lock(mutex_);
+      if (index >= files_.size())
+        throw config_error(fmt::format("s3_source: file index {} out of range ({} files)", index, files_.size()));
+      if (files_[index].info) co_return *files_[index].info;
+    }
+    const auto& f = files_[index];
+    s3::object_info seen = co_await client_->head(f.bucket, f.key);
+    ++counters_.files_opened;
+    std::lock_guard lock(mutex_);
+    auto& slot = files_[index].info;
+    if (!slot) {
+      slot = seen;
+    } else if (slot->etag != seen.etag) {
+      s3::client& c = *client_;
+      s3_error_info e{"HEAD", c.cfg().endpoint.url(), f.bucket, f.key, std::nullopt, 200, "ObjectChanged",
+                      fmt::format("ETag is now {}, was {} when first seen", seen.etag, slot->etag), 1,
+                      c.cfg().retry.max_attempts};
+      throw s3_object_changed_error(std::move(e));
+    }
+    co_return *slot;
+  }
+
+  std::shared_ptr<s3::client> client_;
+  std::vector<file> files_;
+  mutable std::mutex mutex_;
+  io_counters counters_;
+};
+
+static_assert(source<s3_source>);
+
+/// Metadata access to `s3://bucket/prefix/`: lists the objects directly under
+/// the prefix (ListObjectsV2 with delimiter '/'), sizes them (HEAD), reads
+/// them (range GETs). Synchronous: it runs its own io_context on the calling
+/// thread. `read_prefix` makes one speculative GET of at least 1 MiB and
+/// serves later header reads of that object from it. Each object is pinned
+/// to the ETag first seen; `object_info()` hands the pins to an s3_source.
+/// Errors: the s3_error family (io_error), config_error for a malformed URI.
+class s3_catalog final : public catalog {
+ public:
+  /// Bytes fetched by the first read_prefix() of an object.
+  static constexpr std::uint64_t speculative_prefix = 1 << 20;
+
+  /// `uri` is "s3://bucket/prefix" (a trailing '/' is added when missing).
+  explicit s3_catalog(std::string uri, s3::config cfg = s3::config::from_environment())
+      : client_(std::make_unique<s3::client>(ioc_.get_executor(), std::move(cfg))) {
+    auto u = s3::object_uri::parse(uri);
+    bucket_ = std::move(u.bucket);
+    prefix_ = std::move(u.key);
+    if (!prefix_.empty() && prefix_.back() != '/') prefix_ += '/';
+  }
+
+  [[nodiscard]] std::string location() const override { return "s3://" + bucket_ + "/" + prefix_; }
+  [[nodiscard]] std::string uri(const std::string& name) const override { return location() + name; }
+
+  [[nodiscard]] std::vector<std::string> list() override {
+    auto r = run_blocking(ioc_, client_->list(bucket_, prefix_, "/"));
+    ++counters_.requests;
+    std::vector<std::string> names;
+    for (auto& o : r.objects) {
+      if (o.key.size() <= prefix_.size()) continue;   // the "directory" marker itself
+      auto name = o.key.substr(prefix_.size());
+      infos_.try_emplace(name, s3::object_info{o.size, o.etag});
+      names.push_back(std::move(name));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  [[nodiscard]] bool exists(const std::string& name) override {
+    try {
+      (void)object_info(name);
+      return true;
+    } catch (const s3_not_found_error&) {
+      return false;
+    }
+  }
+
+  [[nodiscard]] std::uint64_t size(const std::string& name) override { return object_info(name).size; }
+
+  [[nodiscard]] std::vector<std::byte> read(const std::string& name, std::uint64_t offset,
+                                            std::uint64_t length) override {
+    if (auto it = prefixes_.find(name); it != prefixes_.end()) {
+      const auto& [bytes, whole] = it->second;
+      if (offset + length <= bytes.size() || (whole && offset <= bytes.size())) {
+        auto n = std::min<std::uint64_t>(length, bytes.size() - std::min<std::uint64_t>(offset, bytes.size()));
+        return {bytes.begin() + static_cast<std::ptrdiff_t>(offset),
+                bytes.begin() + static_cast<std::ptrdiff_t>(offset + n)};
+      }
+    }
+    return fetch(name, offset, length);
+  }
+
+  [[nodiscard]] std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) override {
+    if (!prefixes_.count(name)) {
+      const std::uint64_t want = std::max(length, speculative_prefix);
+      auto bytes = fetch(name, 0, want);
+      const bool whole = bytes.size() < want;
+      prefixes_[name] = {std::move(bytes), whole};
+    }
+    return read(name, 0, length);
+  }
+
+  /// Size and ETag of `name` (HEAD once, or from the listing).
+  [[nodiscard]] s3::object_info object_info(const std::string& name) {
+    if (auto it = infos_.find(name); it != infos_.end()) return it->second;
+    auto info = run_blocking(ioc_, client_->head(bucket_, prefix_ + name));
+    ++counters_.requests;
+    ++counters_.files_opened;
+    return infos_.emplace(name, std::move(info)).first->second;
+  }
+
+  [[nodiscard]] const std::string& bucket() const noexcept { return bucket_; }
+  [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+  [[nodiscard]] const s3::config& cfg() const noexcept { return client_->cfg(); }
+
+ private:
+  std::vector<std::byte> fetch(const std::string& name, std::uint64_t offset, std::uint64_t length) {
+    std::string etag;
+    if (auto it = infos_.find(name); it != infos_.end()) etag = it->second.etag;
+    std::vector<std::byte> out(length);
+    auto r = run_blocking(ioc_, client_->get_range(bucket_, prefix_ + name, offset, out, etag));
+    counters_.requests += r.attempts;
+    counters_.retries += r.attempts - 1;
+    counters_.bytes_read += r.bytes;
+    out.resize(r.bytes);
+    if (r.bytes > 0 || r.object_size > 0) infos_.try_emplace(name, s3::object_info{r.object_size, r.etag});
+    return out;
+  }
+
+  asio::io_context ioc_{1};
+  std::unique_ptr<s3::client> client_;
+  std::string bucket_, prefix_;
+  std::map<std::string, s3::object_info> infos_;
+  std::map<std::string, std::pair<std::vector<std::byte>, bool>> prefixes_;
+};
+
+}  // namespace sluice::inline v0
