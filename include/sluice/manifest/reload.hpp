@@ -1,0 +1,368 @@
+#pragma once
+/// \file
+/// Layerwise reload against a contract (RL weight sync, hot reload).
+///
+/// A `reload_session` takes an update stream — a checkpoint or a subset of one
+/// loaded through `sluice::load` / `load_async` (the session is a sink), or
+/// tensors the engine pushes — and copies each incoming tensor into memory it
+/// owns (a view's lease is never kept, so staging slots recycle at once). A
+/// tensor is routed to the layers whose contract keys name it as their source.
+/// When every key of a layer's contract has arrived at least once, the session
+/// *publishes* the layer: it offers the layer's tensors to the engine's loader
+/// (the same signature as during the initial load), calls the engine's publish
+/// hook, and frees the layer's buffers. Buffered memory is therefore bounded by
+/// the layers still incomplete, not by the model.
+///
+/// Extras never block a layer and are absorbed, each with a warning naming it:
+/// a tensor arriving twice, an application the loader makes outside the
+/// contract. A tensor no key names is offered to a loader that can decline
+/// with its layer's tensors (declining it is silent: an expert-parallel rank
+/// declines the experts it does not own, as in the initial load; accepting it
+/// is an extra application, warned). A tensor outside the contract
+/// offered to a loader that cannot decline (returns void) is a contract_error
+/// raised on its first byte, before anything is written. `finish()` ends the
+/// update: a layer whose contract is not met is never published, and
+/// contract_error names each such layer and its missing keys.
+///
+/// Routing trusts the loader to be deterministic: the keys a tensor satisfies
+/// are the ones it produced in the initial load. An extra tensor is routed to
+/// the layer its own name matches with the contract's layer pattern (dropped
+/// with a warning when that layer is absent or already published).
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/core/lease.hpp>
+#include <sluice/error.hpp>
+#include <sluice/format/dtype.hpp>
+#include <sluice/manifest/contract.hpp>
+#include <sluice/sink/concepts.hpp>
+#include <sluice/tensor_view.hpp>
+
+namespace sluice::inline v0::manifest {
+
+/// Options of a reload session.
+struct reload_options {
+  /// Receives each warning (extras, duplicates); empty: printed to stderr.
+  std::function<void(const std::string&)> warn;
+  /// true: every layer of the contract must be met by the update; false: only
+  /// the layers the update touched (a partial update of some layers).
+  bool require_all_layers = true;
+};
+
+/// What a reload session did (accumulated over updates).
+struct reload_stats {
+  std::uint64_t tensors = 0;              ///< complete tensors received
+  std::uint64_t layers_published = 0;
+  std::uint64_t extras = 0;               ///< extras absorbed (each warned)
+  std::uint64_t declined = 0;             ///< offers the loader declined
+  std::uint64_t buffered_bytes = 0;       ///< bytes buffered now
+  std::uint64_t peak_buffered_bytes = 0;  ///< the most bytes buffered at once
+};
+
+/// The default publish hook: does nothing.
+struct no_publish_hook {
+  void operator()(const layer_contract&) const noexcept {}
+};
+
+/// See the file comment. `OnPublish` is called as `on_publish(layer_contract)`
+/// after the layer's tensors were offered to the loader, before its buffers
+/// are freed.
+template <recordable_loader F, class OnPublish = no_publish_hook>
+  requires std::invocable<OnPublish&, const layer_contract&>
+class reload_session {
+ public:
+  /// Pieces are copied as they come: no assembly copy in the stage.
+  static constexpr bool whole_tensors = false;
+  /// True when the loader can decline (decided from its signature).
+  static constexpr bool can_decline = can_decline_v<F>;
+
+  reload_session(contract expected, F loader, OnPublish on_publish = {}, reload_options opt = {})
+      : contract_(std::move(expected)),
+        grouping_(contract_.layer_pattern()),
+        loader_(std::move(loader)),
+        on_publish_(std::move(on_publish)),
+        opt_(std::move(opt)) {
+    for (const auto& [l, lc] : contract_.layers())
+      for (const auto& k : lc.keys) {
+        auto& r = routes_[k.source];
+        if (r.empty() || r.back() != l) r.push_back(l);
+      }
+    begin_update();
+  }
+
+  reload_session(const reload_session&) = delete;
+  reload_session& operator=(const reload_session&) = delete;
+
+  /// Sink: copies the view's bytes (a whole tensor or an ordered piece) and
+  /// publishes every layer this completes. Returns false for a dropped extra
+  /// and for metadata views (nothing to buffer).
+  bool accept(tensor_view v) {
+    if (v.kind == view_kind::metadata) return false;
+    const std::string& name = v.name();
+    if (v.first()) {
+      if (auto it = partial_.find(name); it != partial_.end()) {
+        warn(fmt::format("tensor '{}' restarted before its last piece; the earlier piece is dropped", name));
+        release(it->second.buf);
+        partial_.erase(it);
+      }
+      auto route = route_of(name);  // throws for a void loader and a tensor outside the contract
+      if (route.layers.empty()) return false;
+      auto b = std::make_shared<buffer>();
+      b->ref = *v.tensor;
+      b->data = lease::allocate(static_cast<std::size_t>(v.tensor_size()));
+      stats_.buffered_bytes += v.tensor_size();
+      stats_.peak_buffered_bytes = std::max(stats_.peak_buffered_bytes, stats_.buffered_bytes);
+      partial_.emplace(name, pending{std::move(b), std::move(route)});
+    }
+    auto it = partial_.find(name);
+    if (it == partial_.end()) return false;  // a piece of a dropped tensor
+    auto& b = *it->second.buf;
+    if (v.offset + v.bytes.size() > b.ref.size)
+      throw contract_error(fmt::format("a piece of tensor '{}' at offset {} ({} bytes) overruns its size {}", name, v.offset,
+                                       v.bytes.size(), b.ref.size),
+                           {"", name});
+    if (!v.bytes.empty()) std::memcpy(b.data.bytes().data() + v.offset, v.bytes.data(), v.bytes.size());
+    b.filled += v.bytes.size();
+    const bool done = v.last();
+    v = tensor_view{};  // drop the lease before publishing (it may be a staging slot)
+    if (done) {
+      auto p = std::move(it->second);
+      partial_.erase(it);
+      complete(std::move(p));
+    }
+    return true;
+  }
+
+  /// Pushes a tensor the engine holds (copied); same rules as accept().
+  bool push(std::string name, format::dtype type, std::vector<std::uint64_t> shape, std::span<const std::byte> bytes) {
+    tensor_ref ref;
+    ref.name = name;
+    ref.source_name = std::move(name);
+    ref.type = type;
+    ref.shape = std::move(shape);
+    ref.size = bytes.size();
+    tensor_view v;
+    v.tensor = &ref;
+    v.bytes = bytes;
+    return accept(std::move(v));
+  }
+
+  /// Ends the update. Layers whose contract is not met are not published and
+  /// their buffers are freed; throws contract_error naming each of them and
+  /// its missing keys. The session then takes the next update.
+  void finish() {
+    for (auto& [name, p] : partial_) {
+      warn(fmt::format("tensor '{}' ended after {} of {} bytes; dropped", name, p.buf->filled, p.buf->ref.size));
+      release(p.buf);
+    }
+    partial_.clear();
+    last_incomplete_.clear();
+    for (auto& [l, st] : layers_) {
+      if (st.published) continue;
+      for (auto& e : st.entries) release(e);
+      st.entries.clear();
+      if (opt_.require_all_layers || st.touched)
+        last_incomplete_.emplace(l, std::vector<application_key>(st.remaining.begin(), st.remaining.end()));
+    }
+    begin_update();
+    if (last_incomplete_.empty()) return;
+    std::string msg = fmt::format("reload incomplete: {} {} did not meet {} contract and {} not published:",
+                                  last_incomplete_.size(), last_incomplete_.size() == 1 ? "layer" : "layers",
+                                  last_incomplete_.size() == 1 ? "its" : "their",
+                                  last_incomplete_.size() == 1 ? "was" : "were");
+    for (const auto& [l, keys] : last_incomplete_) {
+      msg += fmt::format(" {} is missing {} {} [", layer_name(l), keys.size(), keys.size() == 1 ? "key" : "keys");
+      for (std::size_t i = 0; i < keys.size(); ++i) msg += (i ? "; " : "") + to_string(keys[i]);
+      msg += "];";
+    }
+    msg.pop_back();
+    throw contract_error(msg);
+  }
+
+  /// Keys still missing per unpublished layer of the current update.
+  [[nodiscard]] std::map<std::int64_t, std::vector<application_key>> missing() const {
+    std::map<std::int64_t, std::vector<application_key>> m;
+    for (const auto& [l, st] : layers_)
+      if (!st.published) m.emplace(l, std::vector<application_key>(st.remaining.begin(), st.remaining.end()));
+    return m;
+  }
+  /// The incomplete layers (and their missing keys) of the last finish().
+  [[nodiscard]] const std::map<std::int64_t, std::vector<application_key>>& last_incomplete() const noexcept {
+    return last_incomplete_;
+  }
+  /// Whether the layer was published in the current update.
+  [[nodiscard]] bool published(std::int64_t layer) const {
+    auto it = layers_.find(layer);
+    return it != layers_.end() && it->second.published;
+  }
+  [[nodiscard]] const reload_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const std::vector<std::string>& warnings() const noexcept { return warnings_; }
+  [[nodiscard]] const contract& expected() const noexcept { return contract_; }
+  [[nodiscard]] F& loader() noexcept { return loader_; }
+
+ private:
+  struct buffer {
+    tensor_ref ref;
+    lease data;
+    std::uint64_t filled = 0;
+    unsigned holders = 0;  ///< layers holding it (bytes are released at 0)
+    bool released = false;
+  };
+  struct route {
+    std::vector<std::int64_t> layers;
+    bool extra = false;
+  };
+  struct pending {
+    std::shared_ptr<buffer> buf;
+    route to;
+  };
+  struct layer_state {
+    std::set<application_key> remaining;
+    std::vector<std::shared_ptr<buffer>> entries;  ///< arrival order
+    std::vector<bool> extra;                       ///< per entry: outside the contract
+    bool published = false;
+    bool touched = false;
+  };
+
+  void begin_update() {
+    layers_.clear();
+    for (const auto& [l, lc] : contract_.layers()) layers_[l].remaining = lc.keys;
+  }
+
+  void warn(std::string msg) {
+    if (opt_.warn)
+      opt_.warn(msg);
+    else
+      fmt::print(stderr, "sluice: warning: {}\n", msg);
+    warnings_.push_back(std::move(msg));
+  }
+
+  void release(const std::shared_ptr<buffer>& b) {
+    if (b->holders > 0) --b->holders;
+    if (b->holders == 0 && !b->released) {
+      b->released = true;
+      stats_.buffered_bytes -= b->ref.size;
+      b->data.reset();
+    }
+  }
+
+  route route_of(const std::string& name) {
+    if (auto it = routes_.find(name); it != routes_.end()) return {it->second, false};
+    if constexpr (!can_decline) {
+      throw contract_error(fmt::format("tensor '{}' is not in the contract and the loader cannot decline it (it returns "
+                                       "void); nothing was written",
+                                       name),
+                           {"", name});
+    } else {
+      const auto l = grouping_.layer_of(name);
+      auto it = layers_.find(l);
+      if (it == layers_.end() || it->second.published) {
+        warn(fmt::format("extra tensor '{}' is not in the contract and {} {}; dropped", name, layer_name(l),
+                         it == layers_.end() ? "is not in the contract" : "was already published"));
+        ++stats_.extras;
+        return {};
+      }
+      return {{l}, true};
+    }
+  }
+
+  void complete(pending p) {
+    ++stats_.tensors;
+    const auto& name = p.buf->ref.name;
+    for (const auto l : p.to.layers) {
+      auto& st = layers_.at(l);
+      if (st.published) {
+        warn(fmt::format("tensor '{}' arrived again after {} was published; ignored", name, layer_name(l)));
+        ++stats_.extras;
+        continue;
+      }
+      for (std::size_t i = 0; i < st.entries.size(); ++i)
+        if (st.entries[i]->ref.name == name) {
+          warn(fmt::format("tensor '{}' arrived twice for {}; the later copy replaces the earlier", name, layer_name(l)));
+          ++stats_.extras;
+          release(st.entries[i]);
+          st.entries.erase(st.entries.begin() + static_cast<std::ptrdiff_t>(i));
+          st.extra.erase(st.extra.begin() + static_cast<std::ptrdiff_t>(i));
+          break;
+        }
+      st.entries.push_back(p.buf);
+      st.extra.push_back(p.to.extra);
+      ++p.buf->holders;
+      st.touched = true;
+      if (!p.to.extra)
+        std::erase_if(st.remaining, [&](const application_key& k) { return k.source == name; });
+    }
+    if (p.buf->holders == 0) release(p.buf);
+    for (const auto l : p.to.layers) {
+      auto& st = layers_.at(l);
+      if (!st.published && st.remaining.empty()) publish(l, st);
+    }
+  }
+
+  void publish(std::int64_t l, layer_state& st) {
+    const auto& lc = *contract_.layer(l);
+    std::vector<application_key> applied;
+    for (auto& e : st.entries) {
+      tensor_view v;
+      v.tensor = &e->ref;
+      v.bytes = e->data.bytes();
+      v.hold = e->data;
+      v.kind = view_kind::bytes;
+      if (!apply_loader(loader_, std::move(v), applied)) ++stats_.declined;
+    }
+    std::set<application_key> done(applied.begin(), applied.end());
+    for (const auto& k : done)
+      if (!lc.keys.contains(k) && !contract_.contains(k)) {
+        warn(fmt::format("extra application '{}' outside the contract absorbed in {}", to_string(k), layer_name(l)));
+        ++stats_.extras;
+      }
+    std::vector<application_key> not_applied;
+    for (const auto& k : lc.keys)
+      if (!done.contains(k)) not_applied.push_back(k);
+    on_publish_(lc);
+    for (auto& e : st.entries) release(e);
+    st.entries.clear();
+    st.extra.clear();
+    st.published = true;
+    ++stats_.layers_published;
+    if (!not_applied.empty()) {
+      std::string keys;
+      for (std::size_t i = 0; i < not_applied.size(); ++i) keys += (i ? "; " : "") + to_string(not_applied[i]);
+      throw contract_error(fmt::format("{}: the loader did not re-apply {} contract {} on reload: [{}]", layer_name(l),
+                                       not_applied.size(), not_applied.size() == 1 ? "key" : "keys", keys));
+    }
+  }
+
+  contract contract_;
+  layer_grouping grouping_;
+  F loader_;
+  OnPublish on_publish_;
+  reload_options opt_;
+  std::map<std::string, std::vector<std::int64_t>, std::less<>> routes_;  ///< source → layers of its keys
+  std::map<std::int64_t, layer_state> layers_;
+  std::map<std::string, pending, std::less<>> partial_;  ///< tensors whose pieces are still arriving
+  std::map<std::int64_t, std::vector<application_key>> last_incomplete_;
+  std::vector<std::string> warnings_;
+  reload_stats stats_;
+};
+
+static_assert(sink<reload_session<bool (*)(tensor_view)>>);
+
+}  // namespace sluice::inline v0::manifest
