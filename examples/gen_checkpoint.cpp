@@ -1,11 +1,13 @@
 // gen-checkpoint DIR [--size 2GiB] [--layers N] [--experts E] [--hidden H]
 //                    [--engram-tables T] [--engram-rows R] [--shard-size 512MiB]
 //                    [--no-draft] [--vl-prefix] [--seed S] [--plan-only]
+//                    [--digests FILE]   (name, dtype, shape, sha256 per tensor)
 // Writes a deterministic DeepSeek-like sharded checkpoint (see
 // sluice/testing/generator.hpp) and prints what it wrote. Reusing an existing
 // checkpoint is the caller's business: this always (re)writes.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -31,7 +33,7 @@ std::uint64_t parse_size(std::string_view s) {
 int usage() {
   std::cerr << "usage: gen-checkpoint DIR [--size 2GiB] [--layers N] [--experts E] [--hidden H]\n"
                "                      [--engram-tables T] [--engram-rows R] [--shard-size S]\n"
-               "                      [--no-draft] [--vl-prefix] [--seed S] [--plan-only]\n";
+               "                      [--no-draft] [--vl-prefix] [--seed S] [--plan-only] [--digests FILE]\n";
   return 2;
 }
 
@@ -51,6 +53,7 @@ int main(int argc, char** argv) try {
     if (std::string_view(argv[i]) == "--size") o = t::options_for_size(parse_size(argv[i + 1]), seed);
   o.seed = seed;
   bool plan_only = false;
+  std::string digests;
   for (int i = 2; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string {
@@ -68,10 +71,16 @@ int main(int argc, char** argv) try {
     else if (a == "--no-draft") o.draft = false;
     else if (a == "--vl-prefix") o.vl_prefix = true;
     else if (a == "--plan-only") plan_only = true;
+    else if (a == "--digests") digests = value();
     else return usage();
   }
   const auto plan = t::make_plan(o);
   if (!plan_only) t::write_checkpoint(dir, plan);
+  if (!digests.empty()) {
+    std::ofstream f(digests, std::ios::trunc);
+    for (const auto& e : t::expected_tensors(plan)) f << e.line() << '\n';
+    if (!f.flush()) throw sluice::io_error("cannot write the digests", {digests});
+  }
   std::cout << fmt::format("{} {}: {} shards, {} tensors, {} tensor bytes, {} file bytes, {} header bytes\n",
                            plan_only ? "planned" : "wrote", dir, plan.shards.size(), plan.tensors.size(),
                            plan.total_size, plan.file_bytes(), plan.header_bytes());

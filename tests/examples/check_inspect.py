@@ -9,6 +9,9 @@ check_inspect.py report INSPECT PATH SEED
     (splitmix64 per 8-byte word of (seed, name)).
 check_inspect.py report-one INSPECT DIR SEED
     The same for the directory's first shard, opened as one file.
+check_inspect.py digests DIR FILE
+    Checks gen-checkpoint's --digests FILE (name, dtype, shape, sha256 per
+    tensor) against hashlib over the bytes in the shard files.
 check_inspect.py error INSPECT PATH RULE FILE [TENSOR]
     Runs `INSPECT PATH` and expects a non-zero exit and exactly one stderr line,
     beginning `sluice: error:`, naming the rule, the file and the tensor.
@@ -117,6 +120,29 @@ def report(inspect, path, seed):
     print(f"check_inspect: ok: {count} tensors, {total} bytes, {len(per_dtype)} dtypes, {header_read} header bytes")
 
 
+def digests(path, listing):
+    import hashlib
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    actual = {}
+    for name in files:
+        fp = os.path.join(path, name)
+        n, hdr = read_header(fp)
+        with open(fp, "rb") as f:
+            for tname, t in hdr.items():
+                b, e = t["data_offsets"]
+                f.seek(8 + n + b)
+                shape = "[" + ",".join(str(d) for d in t["shape"]) + "]"
+                actual[tname] = "\t".join((tname, t["dtype"], shape, hashlib.sha256(f.read(e - b)).hexdigest()))
+    with open(listing) as f:
+        lines = [l.rstrip("\n") for l in f if l.strip()]
+    if len(lines) != len(actual):
+        fail(f"{len(lines)} digest lines for {len(actual)} tensors")
+    for line in lines:
+        if actual.get(line.split("\t")[0]) != line:
+            fail(f"digest line {line!r} != files' {actual.get(line.split(chr(9))[0])!r}")
+    print(f"check_inspect: ok: {len(lines)} digests match hashlib")
+
+
 def error(inspect, path, rule, file, tensor=""):
     run = subprocess.run([inspect, path], capture_output=True, text=True)
     lines = run.stderr.splitlines()
@@ -139,6 +165,8 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 5 and sys.argv[1] == "report-one":  # the directory's first shard alone
         first = sorted(f for f in os.listdir(sys.argv[3]) if f.endswith(".safetensors"))[0]
         report(sys.argv[2], os.path.join(sys.argv[3], first), int(sys.argv[4]))
+    elif len(sys.argv) >= 4 and sys.argv[1] == "digests":
+        digests(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 6 and sys.argv[1] == "error":
         error(*sys.argv[2:7])
     else:

@@ -152,3 +152,37 @@ TEST_CASE("a metadata-only plan of many thousand tensors is computed without wri
   CHECK(plan.shards.size() > 3);
   for (const auto& s : plan.shards) CHECK(s.header_json.front() == '{');
 }
+
+TEST_CASE("sha256 matches the FIPS 180-4 test vectors", "[testing][generator]") {
+  auto of = [](std::string_view text) {
+    gen::sha256 h;
+    h.update({reinterpret_cast<const std::byte*>(text.data()), text.size()});
+    return h.hex();
+  };
+  CHECK(of("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(of("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(of("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  gen::sha256 million;
+  const std::string a(1000, 'a');
+  for (int i = 0; i < 1000; ++i) million.update({reinterpret_cast<const std::byte*>(a.data()), a.size()});
+  CHECK(million.hex() == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("expected tensors carry each tensor's name, dtype, shape and the sha256 of its bytes", "[testing][generator]") {
+  const auto plan = gen::make_plan(gen::generator_options{});
+  const auto expected = gen::expected_tensors(plan);
+  REQUIRE(expected.size() == plan.tensors.size());
+  for (std::size_t i = 0; i < expected.size(); i += 7) {
+    const auto& t = plan.tensors[i];
+    const auto bytes = gen::tensor_bytes(plan.options.seed, t.name, t.size);
+    gen::sha256 h;
+    h.update(bytes);
+    CHECK(expected[i].name == t.name);
+    CHECK(expected[i].sha256 == h.hex());
+  }
+  const auto* e = plan.find("model.odd.empty");
+  REQUIRE(e);
+  CHECK(gen::tensor_sha256(1, e->name, 0) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(expected.front().line().find("\tBF16\t[") != std::string::npos);
+}

@@ -29,6 +29,7 @@
 /// - the draft (MTP) module, layer index `layers`, in three shards of its own.
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -201,6 +202,88 @@ inline void fill_bytes(std::uint64_t seed, std::string_view name, std::uint64_t 
   std::vector<std::byte> v(size);
   fill_bytes(seed, name, 0, v);
   return v;
+}
+
+// ---- digests ---------------------------------------------------------------------
+
+/// A small streaming SHA-256 (FIPS 180-4), so that tests know a tensor's
+/// expected digest without OpenSSL (the core is header-only and dependency-light).
+class sha256 {
+ public:
+  sha256& update(std::span<const std::byte> data) noexcept {
+    for (auto b : data) {
+      block_[fill_++] = static_cast<std::uint8_t>(b);
+      if (fill_ == 64) {
+        compress();
+        fill_ = 0;
+      }
+    }
+    bits_ += 8ull * data.size();
+    return *this;
+  }
+  /// The digest as 64 lowercase hex digits; the object is spent afterwards.
+  [[nodiscard]] std::string hex() noexcept {
+    const std::uint64_t total = bits_;
+    block_[fill_++] = 0x80;
+    if (fill_ > 56) {
+      while (fill_ < 64) block_[fill_++] = 0;
+      compress();
+      fill_ = 0;
+    }
+    while (fill_ < 56) block_[fill_++] = 0;
+    for (int i = 7; i >= 0; --i) block_[fill_++] = static_cast<std::uint8_t>(total >> (8 * i));
+    compress();
+    std::string out;
+    for (auto w : h_) out += fmt::format("{:08x}", w);
+    return out;
+  }
+
+ private:
+  static constexpr std::uint32_t rotr(std::uint32_t x, int n) noexcept { return (x >> n) | (x << (32 - n)); }
+  void compress() noexcept {
+    static constexpr std::uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
+        0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
+        0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
+        0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
+        0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
+        0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+    std::uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = (std::uint32_t{block_[4 * i]} << 24) | (std::uint32_t{block_[4 * i + 1]} << 16) |
+             (std::uint32_t{block_[4 * i + 2]} << 8) | std::uint32_t{block_[4 * i + 3]};
+    for (int i = 16; i < 64; ++i) {
+      const auto s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      const auto s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    auto [a, b, c, d, e, f, g, h] = h_;
+    for (int i = 0; i < 64; ++i) {
+      const auto t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+      const auto t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    const std::uint32_t v[8] = {a, b, c, d, e, f, g, h};
+    for (int i = 0; i < 8; ++i) h_[static_cast<std::size_t>(i)] += v[i];
+  }
+  std::array<std::uint32_t, 8> h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  std::uint8_t block_[64]{};
+  std::size_t fill_ = 0;
+  std::uint64_t bits_ = 0;
+};
+
+/// SHA-256 (hex) of a generated tensor's bytes, computed in bounded memory.
+[[nodiscard]] inline std::string tensor_sha256(std::uint64_t seed, std::string_view name, std::uint64_t size) {
+  sha256 h;
+  std::vector<std::byte> buf(static_cast<std::size_t>(std::min<std::uint64_t>(size, 1u << 20)));
+  for (std::uint64_t off = 0; off < size;) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
+    fill_bytes(seed, name, off, {buf.data(), n});
+    h.update({buf.data(), n});
+    off += n;
+  }
+  return h.hex();
 }
 
 // ---- planning --------------------------------------------------------------------
@@ -449,6 +532,29 @@ inline checkpoint_plan write_checkpoint(const std::filesystem::path& dir, const 
   auto p = make_plan(o);
   write_checkpoint(dir, p);
   return p;
+}
+
+/// What a loader must deliver for one tensor.
+struct expected_tensor {
+  std::string name;
+  format::dtype type = format::dtype::U8;
+  std::vector<std::uint64_t> shape;
+  std::string sha256;  ///< of the tensor's bytes, lowercase hex
+
+  /// `name<TAB>dtype<TAB>[d0,d1,...]<TAB>sha256` (digest_sink's line format).
+  [[nodiscard]] std::string line() const {
+    return fmt::format("{}\t{}\t[{}]\t{}", name, format::name(type), fmt::join(shape, ","), sha256);
+  }
+};
+
+/// The expected (name, dtype, shape, sha256) of every tensor, in file order.
+/// Hashes every byte (~0.3-0.5 GB/s): meant for test-sized checkpoints.
+[[nodiscard]] inline std::vector<expected_tensor> expected_tensors(const checkpoint_plan& plan) {
+  std::vector<expected_tensor> out;
+  out.reserve(plan.tensors.size());
+  for (const auto& t : plan.tensors)
+    out.push_back({t.name, t.type, t.shape, tensor_sha256(plan.options.seed, t.name, t.size)});
+  return out;
 }
 
 }  // namespace sluice::inline v0::testing
