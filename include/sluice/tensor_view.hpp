@@ -17,7 +17,11 @@ namespace sluice::inline v0 {
 enum class view_kind : std::uint8_t {
   bytes,     ///< `bytes` are the tensor's data, kept alive by `hold`
   placed,    ///< the data was read straight into the sink's destination (`bytes` is it)
-  metadata,  ///< a probe: no data, `bytes` is empty (nothing was read)
+  metadata,  ///< a probe: no data, `bytes` is empty (nothing was read); also the
+             ///< distributed loader's placeholder for a tensor this rank does not own
+  shared,    ///< the bytes live in the node's shared host segment (`bytes` maps it, valid
+             ///< while `hold` lives): every local rank gets this view of one copy — a
+             ///< placeholder, not a copy; sinks must not expect to own or free it
 };
 
 struct tensor_view {

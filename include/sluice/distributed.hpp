@@ -1,0 +1,450 @@
+#pragma once
+/// \file
+/// The distributed load: every rank reads only what the plan gives it, and
+/// the window's collective delivers the rest.
+///
+/// 1. Every rank computes the same plan (policy/plan.hpp) from the
+///    checkpoint's metadata and checks, with one small all-gather, that its
+///    peers did too.
+/// 2. Shared tables (offload shared-single / shared-cooperative): local rank 0
+///    of each node creates the node's shared segment (memory/shared_host.hpp),
+///    the others attach it; each rank reads its planned slices straight into it.
+/// 3. Then, a window at a time (plan order): each rank reads its planned
+///    slices through the pipeline (coalesce | fetch | stage | place) straight
+///    into the window's buffer; one `all_gather_v` gives every rank every
+///    slice that must travel (each rank contributes what it read); finally
+///    every rank calls its sink for every tensor of the window, in plan order.
+///
+/// Every rank's sink sees the same sequence of calls (same names, same
+/// order): owners get the bytes (`view_kind::bytes`), non-owners a
+/// `view_kind::metadata` placeholder (unless `placeholders` is off), and every
+/// local rank a `view_kind::shared` view of a shared table in the segment.
+///
+/// Failure: after each phase the ranks exchange a status word; a rank that
+/// failed (bad shard, S3 error, sink exception) makes every rank throw
+/// `distributed_error` naming it and its error. A rank that dies makes the
+/// others' next collective throw `comm::comm_error` within the communicator's
+/// timeout. Collectives run between pipeline runs, never on the io_context.
+
+#include <utility>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/comm/concepts.hpp>
+#include <sluice/comm/local.hpp>
+#include <sluice/comm/store.hpp>
+#include <sluice/error.hpp>
+#include <sluice/load_file.hpp>
+#include <sluice/memory/shared_host.hpp>
+#include <sluice/policy/plan.hpp>
+#include <sluice/sink/concepts.hpp>
+#if defined(SLUICE_HAS_GLOO)
+#include <sluice/comm/gloo.hpp>
+#endif
+
+namespace sluice::inline v0 {
+
+/// Another rank (or this one) failed; every rank throws it.
+class distributed_error : public error {
+ public:
+  distributed_error(std::string detail, std::size_t failed_rank)
+      : error(std::move(detail)), failed_rank_(failed_rank) {}
+  /// The lowest rank that reported a failure.
+  [[nodiscard]] std::size_t failed_rank() const noexcept { return failed_rank_; }
+
+ private:
+  std::size_t failed_rank_;
+};
+
+/// Options of a distributed load.
+struct distributed_options {
+  load_options load;                 ///< per-rank pipeline knobs (staging budget, max_read, queue depth, io, stop)
+  policy::plan_options plan;         ///< window size, local size, split threshold
+  policy::classify_options classify = policy::classifier::deepseek().options();  ///< tensor classes
+  bool placeholders = true;          ///< call the sink with a metadata view for tensors this rank does not own
+};
+
+/// What one rank did (see to_json()).
+struct distributed_stats {
+  std::size_t rank = 0, world = 1, local_rank = 0;
+  std::string topology, offload;
+  std::uint64_t tensors = 0;              ///< sink calls (placeholders included)
+  std::uint64_t accepted = 0;             ///< calls the sink accepted
+  std::uint64_t owned = 0;                ///< tensors this rank owns
+  std::uint64_t placeholders = 0;         ///< metadata placeholders delivered
+  std::uint64_t shared_views = 0;         ///< shared-segment views delivered
+  std::uint64_t bytes_read = 0;           ///< tensor bytes this rank read from storage
+  std::uint64_t storage_bytes = 0;        ///< bytes the source delivered (incl. O_DIRECT alignment)
+  std::uint64_t planned_read_bytes = 0;   ///< what the plan gave this rank
+  std::uint64_t bytes_sent = 0;           ///< bytes this rank contributed to collectives
+  std::uint64_t bytes_received = 0;       ///< bytes this rank received by collectives
+  std::uint64_t shared_bytes = 0;         ///< size of the node's shared segment
+  std::uint64_t shared_bytes_written = 0; ///< bytes this rank wrote into it
+  std::uint32_t windows = 0;
+  double seconds = 0, setup_seconds = 0, read_seconds = 0, exchange_seconds = 0, deliver_seconds = 0;
+
+  [[nodiscard]] nlohmann::json to_json() const {
+    return {{"rank", rank}, {"world_size", world}, {"local_rank", local_rank}, {"topology", topology},
+            {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned},
+            {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
+            {"storage_bytes", storage_bytes}, {"planned_read_bytes", planned_read_bytes}, {"bytes_sent", bytes_sent},
+            {"bytes_received", bytes_received}, {"shared_bytes", shared_bytes},
+            {"shared_bytes_written", shared_bytes_written}, {"windows", windows},
+            {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
+                         {"exchange", exchange_seconds}, {"deliver", deliver_seconds}}}};
+  }
+};
+
+namespace detail {
+
+// Copies staged views into their destination (direct reads arrive as `placed`).
+struct destination_sink {
+  std::unordered_map<const tensor_ref*, std::span<std::byte>> dest;
+  bool accept(tensor_view v) {
+    if (v.kind != view_kind::bytes || v.bytes.empty()) return true;
+    auto d = dest.at(v.tensor);
+    std::memcpy(d.data() + v.offset, v.bytes.data(), v.bytes.size());
+    return true;
+  }
+};
+
+template <source Source>
+[[nodiscard]] task<int> read_into(std::vector<tensor_job> jobs, Source& src, destination_sink& s, staging_pool& pool,
+                                   load_options opt) {
+  const std::uint64_t max_read = std::min<std::uint64_t>(opt.max_read, pool.slot_size() - 2 * 4096);
+  auto pipeline = coalesce({max_read ? max_read : 4096}) | fetch<Source>(src, pool, {opt.queue_depth}) | stage({false}) |
+                  place<destination_sink>(s);
+  co_await run_pipeline(pipeline, jobs, [](const placement&) {}, opt.stop);
+  co_return 0;  // run_on wants a value
+}
+
+// One status record per rank: ok flag + message (truncated).
+inline constexpr std::size_t status_bytes = 1024;
+
+template <comm::communicator Comm>
+void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
+  std::vector<std::byte> mine(status_bytes), all(status_bytes * c.size());
+  if (failure) {
+    std::string msg;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+      msg = "unknown error";
+    }
+    mine[0] = std::byte{1};
+    std::memcpy(mine.data() + 1, msg.data(), std::min(msg.size(), status_bytes - 2));
+  }
+  c.all_gather(mine, all);
+  for (std::size_t r = 0; r < c.size(); ++r) {
+    if (all[r * status_bytes] == std::byte{0}) continue;
+    const char* m = reinterpret_cast<const char*>(all.data() + r * status_bytes + 1);
+    throw distributed_error(fmt::format("rank {} failed while {}: {}", r, phase, std::string(m, strnlen(m, status_bytes - 1))), r);
+  }
+}
+
+inline std::uint64_t plan_digest(const policy::load_plan& p) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (const auto& e : p.entries) {
+    for (char ch : e.info.name) mix(static_cast<unsigned char>(ch));
+    mix(e.info.size);
+    for (const auto& r : e.reads) mix(r.reader), mix(r.offset);
+  }
+  mix(p.world), mix(p.windows), mix(static_cast<std::uint64_t>(p.offload));
+  return h;
+}
+
+}  // namespace detail
+
+/// Loads this rank's part of `ck` into `s` per `plan`, exchanging the rest
+/// over `c`. Every rank must call it with the same checkpoint and plan.
+/// Throws distributed_error (a rank failed), comm::comm_error (a peer is gone)
+/// or config_error (the plan does not fit the world) — on every rank.
+template <comm::communicator Comm, sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
+                                   const distributed_options& opt = {}) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
+  const auto me = static_cast<policy::rank_t>(c.rank());
+  distributed_stats st;
+  st.rank = me, st.world = c.size(), st.local_rank = me % plan.local_size;
+  st.topology = fmt::format("tp{},dp{},ep{}", plan.tp, plan.dp, plan.ep);
+  st.offload = std::string(policy::offload_name(plan.offload));
+  st.planned_read_bytes = plan.read_bytes.at(me);
+  st.windows = plan.windows;
+  if (plan.world != c.size())
+    throw config_error(fmt::format("the plan is for {} ranks, the communicator has {}", plan.world, c.size()));
+  if (plan.entries.size() != ck.tensors().size())
+    throw config_error(fmt::format("the plan has {} tensors, the checkpoint {}", plan.entries.size(), ck.tensors().size()));
+
+  std::exception_ptr failure;
+  // Every rank must have computed the same plan.
+  {
+    const std::uint64_t d = detail::plan_digest(plan);
+    std::vector<std::byte> all(8 * c.size());
+    c.all_gather(std::as_bytes(std::span(&d, 1)), all);
+    for (std::size_t r = 0; r < c.size(); ++r)
+      if (std::memcmp(all.data() + 8 * r, &d, 8) != 0 && !failure)
+        failure = std::make_exception_ptr(config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r)));
+    detail::check_peers(c, failure, "comparing load plans");
+  }
+
+  // I/O set-up: one io_context, ring, staging pool and source for every window.
+  std::unique_ptr<asio::io_context> ioc;
+  std::unique_ptr<staging_pool> pool;
+  std::unique_ptr<uring_context> ring;
+  std::unique_ptr<file_source> src;
+  try {
+    ioc = std::make_unique<asio::io_context>(1);
+    pool = std::make_unique<staging_pool>(staging_options{opt.load.staging_budget, slot_size_for(opt.load.max_read), opt.load.poison});
+    ring = std::make_unique<uring_context>(*ioc, uring_options{opt.load.ring_entries, opt.load.register_buffers});
+    if (opt.load.register_buffers) ring->register_buffers(pool->region(), pool->slot_size());
+    std::vector<std::string> paths;
+    for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
+    const io_mode mode = opt.load.io == 1 ? io_mode::direct : opt.load.io == 2 ? io_mode::buffered : io_mode::automatic;
+    src = std::make_unique<file_source>(*ring, std::move(paths), mode);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  detail::check_peers(c, failure, "setting up I/O");
+
+  // Reads planned for this rank, as tensor_refs of their byte ranges (the
+  // pipeline reads tensors; a slice is a tensor of its own here).
+  std::uint64_t fetched = 0;
+  auto run_reads = [&](std::vector<std::pair<tensor_ref, std::span<std::byte>>>& reads) {
+    detail::destination_sink sink;
+    std::vector<tensor_job> jobs;
+    jobs.reserve(reads.size());
+    for (auto& [ref, dst] : reads) {
+      sink.dest.emplace(&ref, dst);
+      jobs.push_back({&ref, dst});
+      fetched += ref.size;
+    }
+    if (jobs.empty()) return;
+    ioc->restart();
+    (void)run_on(*ioc, detail::read_into(std::move(jobs), *src, sink, *pool, opt.load), 1);
+  };
+  auto slice_ref = [&ck](const policy::plan_entry& e, const policy::planned_read& r) {
+    tensor_ref t = ck.tensors()[e.index];
+    t.offset += r.offset;
+    t.size = r.size;
+    t.shape = {r.size};
+    t.type = format::dtype::U8;
+    return t;
+  };
+
+  // Shared segment: created by local rank 0 of each node, attached by the others.
+  memory::shared_host segment;
+  const bool shared = policy::is_shared(plan.offload) && plan.shared_bytes > 0;
+  st.shared_bytes = shared ? plan.shared_bytes : 0;
+  if (shared) {
+    const auto setup0 = clock::now();
+    constexpr std::size_t handle_bytes = 256;
+    std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
+    if (st.local_rank == 0) {
+      try {
+        segment = memory::shared_host::create(plan.shared_bytes, fmt::format("sluice-shared-rank{}", me));
+        const auto h = segment.handle();
+        std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    detail::check_peers(c, failure, "creating the shared segment");
+    c.all_gather(mine, all);
+    if (st.local_rank != 0) {
+      try {
+        const auto leader = me - st.local_rank;
+        const char* h = reinterpret_cast<const char*>(all.data() + leader * handle_bytes);
+        segment = memory::shared_host::attach(std::string(h, strnlen(h, handle_bytes)), plan.shared_bytes);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    detail::check_peers(c, failure, "attaching the shared segment");  // also: everyone attached
+    segment.close_handle();  // only mappings hold it now: nothing to clean up after a crash
+    st.setup_seconds += since(setup0);
+    // This rank's slices of the shared tables, straight into the segment.
+    const auto r0 = clock::now();
+    try {
+      std::vector<std::pair<tensor_ref, std::span<std::byte>>> reads;
+      for (const auto& e : plan.entries) {
+        if (!e.shared()) continue;
+        for (const auto& r : e.reads)
+          if (r.reader == me) {
+            reads.emplace_back(slice_ref(e, r), segment.bytes().subspan(e.shared_offset + r.offset, r.size));
+            st.shared_bytes_written += r.size;
+          }
+      }
+      run_reads(reads);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::check_peers(c, failure, "reading shared tables");
+    st.read_seconds += since(r0);
+  }
+  st.setup_seconds += since(t0) - st.read_seconds;
+
+  // Windows.
+  std::size_t next = 0;
+  for (std::uint32_t w = 0; w < plan.windows; ++w) {
+    std::size_t end = next;
+    while (end < plan.entries.size() && plan.entries[end].window == w) ++end;
+    // Layout: each rank's exchanged reads, in plan order, one block per rank.
+    std::vector<std::size_t> counts(c.size(), 0);
+    std::uint64_t local_bytes = 0;
+    for (std::size_t i = next; i < end; ++i)
+      for (const auto& r : plan.entries[i].reads) {
+        if (plan.entries[i].shared()) continue;
+        if (r.exchanged) counts[r.reader] += r.size;
+        else if (r.reader == me) local_bytes += r.size;
+      }
+    std::vector<std::size_t> base(c.size() + 1, 0);
+    for (std::size_t r = 0; r < c.size(); ++r) base[r + 1] = base[r] + counts[r];
+    lease exchange, local;
+    // Where each read landed, by (entry, read index).
+    std::vector<std::vector<std::span<std::byte>>> where(end - next);
+    const auto r0 = clock::now();
+    try {
+      exchange = lease::allocate(base.back());
+      local = lease::allocate(local_bytes);
+      std::vector<std::size_t> fill(base.begin(), base.end() - 1);
+      std::uint64_t local_fill = 0;
+      std::vector<std::pair<tensor_ref, std::span<std::byte>>> reads;
+      for (std::size_t i = next; i < end; ++i) {
+        const auto& e = plan.entries[i];
+        if (e.shared()) continue;
+        where[i - next].resize(e.reads.size());
+        for (std::size_t k = 0; k < e.reads.size(); ++k) {
+          const auto& r = e.reads[k];
+          std::span<std::byte> at;
+          if (r.exchanged) {
+            at = exchange.bytes().subspan(fill[r.reader], r.size);
+            fill[r.reader] += r.size;
+          } else if (r.reader == me) {
+            at = local.bytes().subspan(local_fill, r.size);
+            local_fill += r.size;
+          }
+          where[i - next][k] = at;
+          if (r.reader == me) reads.emplace_back(slice_ref(e, r), at);
+        }
+      }
+      run_reads(reads);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::check_peers(c, failure, fmt::format("reading window {} of {}", w + 1, plan.windows));
+    st.read_seconds += since(r0);
+
+    const auto x0 = clock::now();
+    c.all_gather_v(exchange.bytes(), counts);
+    st.bytes_sent += counts[me];
+    st.bytes_received += base.back() - counts[me];
+    st.exchange_seconds += since(x0);
+
+    const auto d0 = clock::now();
+    try {
+      for (std::size_t i = next; i < end; ++i) {
+        const auto& e = plan.entries[i];
+        const tensor_ref* t = &ck.tensors()[e.index];
+        tensor_view v;
+        v.tensor = t;
+        if (e.shared()) {
+          v.kind = view_kind::shared;
+          v.bytes = segment.bytes().subspan(e.shared_offset, e.info.size);
+          v.hold = lease(segment.keep(), segment.bytes().subspan(e.shared_offset, e.info.size));
+          st.shared_views += 1;
+        } else if (e.owners.contains(me)) {
+          v.kind = view_kind::bytes;
+          const auto& at = where[i - next];
+          if (at.size() == 1) {
+            v.bytes = at[0];
+            v.hold = at[0].data() >= exchange.bytes().data() && at[0].data() < exchange.bytes().data() + exchange.bytes().size()
+                         ? exchange
+                         : local;
+          } else {
+            auto whole = lease::allocate(e.info.size);  // slices by several readers: assemble
+            for (std::size_t k = 0; k < at.size(); ++k)
+              if (!at[k].empty()) std::memcpy(whole.bytes().data() + e.reads[k].offset, at[k].data(), at[k].size());
+            v.bytes = whole.bytes();
+            v.hold = std::move(whole);
+          }
+          st.owned += 1;
+        } else if (opt.placeholders) {
+          v.kind = view_kind::metadata;
+          st.placeholders += 1;
+        } else {
+          continue;
+        }
+        st.tensors += 1;
+        st.accepted += s.accept(std::move(v)) ? 1 : 0;
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    st.deliver_seconds += since(d0);
+    next = end;
+  }
+  detail::check_peers(c, failure, "delivering tensors to the sink");
+  try {
+    if constexpr (requires { s.finish(); }) s.finish();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  detail::check_peers(c, failure, "finishing the sink");
+  st.bytes_read = fetched;
+  st.storage_bytes = src->counters().bytes_read.load();
+  st.seconds = since(t0);
+  return st;
+}
+
+/// The plan for `ck` under a topology string ("tp1,dp8,ep8") and an offload
+/// name ("none|per-rank|shared-single|shared-cooperative").
+[[nodiscard]] inline policy::load_plan plan_for(const checkpoint& ck, std::string_view topology, std::string_view offload,
+                                                const distributed_options& opt = {}) {
+  const auto topo = policy::parse_topology(topology);
+  return policy::make_plan(policy::tensor_infos(ck), policy::classifier(opt.classify), topo.tp(), topo.dp(), topo.ep(),
+                           policy::parse_offload(offload), opt.plan);
+}
+
+/// The one call for tools (sluice-load): plans `ck` for `topology` and
+/// `offload`, joins the world described by `who` (one rank: comm::local;
+/// more: comm::gloo through `who.store_dir`, when built with sluice::gloo)
+/// and loads this rank's part into `s`.
+template <sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, Sink& s, distributed_options opt = {}) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  const auto plan = plan_for(ck, topology, offload, opt);
+  if (plan.world != who.world_size)
+    throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology, plan.world, who.world_size));
+  if (who.world_size == 1) {
+    comm::local c;
+    return load_distributed(ck, c, plan, s, opt);
+  }
+#if defined(SLUICE_HAS_GLOO)
+  comm::gloo c(who);
+  return load_distributed(ck, c, plan, s, opt);
+#else
+  throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
+#endif
+}
+
+}  // namespace sluice::inline v0

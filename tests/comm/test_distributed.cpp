@@ -1,0 +1,227 @@
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include <sluice/distributed.hpp>
+#include <sluice/sink/digest_sink.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "multiprocess.hpp"
+
+using namespace sluice;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Digests what the rank holds (bytes and shared views) and records every call.
+struct recording_sink {
+  digest_sink digests;
+  std::vector<std::string> calls;  // "name kind"
+  bool accept(tensor_view v) {
+    calls.push_back(fmt::format("{} {}", v.name(), v.kind == view_kind::metadata ? "placeholder" : "data"));
+    if (v.kind == view_kind::metadata) return true;
+    return digests.accept(std::move(v));
+  }
+};
+
+testing::generator_options small_model() {
+  testing::generator_options o;
+  o.experts = 8;
+  o.layers = 3;
+  o.engram_rows = 4096;  // 2 tables of 512 KiB + scales
+  o.max_shard_bytes = 128u << 10;
+  return o;
+}
+
+const fs::path& checkpoint_dir() {
+  static const fs::path dir = [] {
+    auto d = sluice_test::fresh_dir("dist-ckpt");
+    testing::write_checkpoint(d, small_model());
+    return d;
+  }();
+  return dir;
+}
+
+distributed_options small_options() {
+  distributed_options o;
+  o.load.staging_budget = 8u << 20;
+  o.load.max_read = 1u << 20;
+  o.load.register_buffers = false;
+  o.plan.window_bytes = 96u << 10;  // many windows
+  o.plan.split_bytes = 64u << 10;   // and tensors read in slices
+  return o;
+}
+
+std::map<std::string, std::string> reference_digests() {
+  auto ck = checkpoint::open(checkpoint_dir());
+  digest_sink d;
+  load_options lo;
+  lo.register_buffers = false;
+  lo.staging_budget = 8u << 20;
+  lo.max_read = 1u << 20;
+  (void)load(ck, d, lo);
+  std::map<std::string, std::string> m;
+  for (auto& [n, t] : d.digests()) m[n] = t.sha256;
+  return m;
+}
+
+// Runs `n` ranks; each writes its result (or error) to out/rank<r>.json.
+std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::string offload,
+                                     const std::function<void(std::size_t, fs::path&)>& before = {},
+                                     const std::function<void(std::size_t, const fs::path&)>& after_open = {}) {
+  const auto store = sluice_test::fresh_dir("dist-store");
+  const auto out = sluice_test::fresh_dir("dist-out");
+  const auto& ckdir = checkpoint_dir();
+  auto res = sluice_test::run_ranks(
+      n,
+      [&](std::size_t rank) {
+        nlohmann::json j;
+        int code = 0;
+        try {
+          comm::rank_info who;
+          who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
+          who.store_dir = store.string();
+          who.timeout = 20s;
+          fs::path dir = ckdir;
+          if (before) before(rank, dir);
+          auto ck = checkpoint::open(dir);
+          if (after_open) after_open(rank, dir);
+          recording_sink s;
+          auto st = load_distributed(ck, topology, offload, who, s, small_options());
+          j["stats"] = st.to_json();
+          for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
+          j["calls"] = s.calls;
+        } catch (const std::exception& e) {
+          j["error"] = e.what();
+          code = 3;
+        }
+        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        return code;
+      },
+      120s);
+  std::vector<nlohmann::json> results;
+  for (std::size_t r = 0; r < n; ++r) {
+    nlohmann::json j;
+    std::ifstream f(out / fmt::format("rank{}.json", r));
+    if (f) f >> j;
+    j["exit"] = res[r].code;
+    j["timed_out"] = res[r].timed_out;
+    results.push_back(std::move(j));
+  }
+  fs::remove_all(store);
+  fs::remove_all(out);
+  return results;
+}
+
+void check_load(std::size_t n, const std::string& topology, const std::string& offload) {
+  INFO(topology << " " << offload);
+  const auto ref = reference_digests();
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto opt = small_options();
+  opt.plan.local_size = n;
+  const auto plan = plan_for(ck, topology, offload, opt);
+  const auto results = run_load(n, topology, offload);
+  std::uint64_t read = 0, written = 0, shared_table_bytes = 0;
+  for (const auto& e : plan.entries)
+    if (e.shared()) shared_table_bytes += e.info.size;
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto& j = results[r];
+    INFO("rank " << r << ": " << j.dump().substr(0, 2000));
+    REQUIRE(j["exit"] == 0);
+    // Exactly the tensors it owns (shared tables included), equal to the single-process load.
+    std::set<std::string> owned, got;
+    for (const auto& e : plan.entries)
+      if (e.owners.contains(static_cast<policy::rank_t>(r))) owned.insert(e.info.name);
+    for (auto& [name, sha] : j["digests"].items()) {
+      got.insert(name);
+      REQUIRE(sha.get<std::string>() == ref.at(name));
+    }
+    REQUIRE(got == owned);
+    // Every rank's sink saw the same sequence of calls.
+    std::vector<std::string> names, names0;
+    for (auto& c : j["calls"]) names.push_back(c.get<std::string>().substr(0, c.get<std::string>().find(' ')));
+    for (auto& c : results[0]["calls"]) names0.push_back(c.get<std::string>().substr(0, c.get<std::string>().find(' ')));
+    REQUIRE(names == names0);
+    REQUIRE(names.size() == ck.tensors().size());
+    read += j["stats"]["bytes_read"].get<std::uint64_t>();
+    written += j["stats"]["shared_bytes_written"].get<std::uint64_t>();
+  }
+  REQUIRE(read == ck.tensor_bytes());     // each byte read from storage once
+  REQUIRE(written == shared_table_bytes);  // the shared segment written once
+}
+
+}  // namespace
+
+TEST_CASE("a one-rank distributed load equals the plain load", "[comm][distributed]") {
+  auto ck = checkpoint::open(checkpoint_dir());
+  recording_sink s;
+  comm::rank_info who;
+  auto st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, s, small_options());
+  const auto ref = reference_digests();
+  REQUIRE(s.digests.digests().size() == ref.size());
+  for (auto& [n, d] : s.digests.digests()) REQUIRE(d.sha256 == ref.at(n));
+  REQUIRE(st.bytes_read == ck.tensor_bytes());
+  REQUIRE(st.bytes_received == 0);
+  REQUIRE(st.shared_bytes > 0);
+  REQUIRE(st.shared_views == 4);
+  REQUIRE(st.windows > 1);
+}
+
+TEST_CASE("4 ranks, cooperative shared tables: each rank holds exactly its tensors, read once", "[comm][distributed]") {
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative");
+}
+
+TEST_CASE("4 ranks, single-reader shared tables", "[comm][distributed]") {
+  check_load(4, "tp1,dp4,ep4", "shared-single");
+}
+
+TEST_CASE("4 ranks, tables broadcast to every rank's host memory", "[comm][distributed]") {
+  check_load(4, "tp1,dp4,ep4", "per-rank");
+}
+
+TEST_CASE("8 ranks TP1/DP8/EP8 with cooperative offload", "[comm][distributed]") {
+  check_load(8, "tp1,dp8,ep8", "shared-cooperative");
+}
+
+TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear error", "[comm][distributed]") {
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto opt = small_options();
+  const auto plan = plan_for(ck, "tp1,dp4,ep4", "none", opt);
+  // A shard that rank 1 reads from.
+  std::string victim;
+  std::uint64_t keep = 0;  // cut the shard right after its header
+  for (const auto& e : plan.entries)
+    for (const auto& r : e.reads)
+      if (r.reader == 1 && victim.empty()) {
+        const auto& sh = ck.shards()[ck.tensors()[e.index].shard];
+        victim = sh.name;
+        keep = sh.header.data_start();
+      }
+  REQUIRE_FALSE(victim.empty());
+  const auto copy = sluice_test::fresh_dir("dist-bad");
+  // Rank 1 reads a copy whose shard is cut short after its headers were read.
+  const auto results = run_load(
+      4, "tp1,dp4,ep4", "none",
+      [&](std::size_t rank, fs::path& dir) {
+        if (rank != 1) return;
+        for (auto& f : fs::directory_iterator(checkpoint_dir())) fs::copy_file(f.path(), copy / f.path().filename());
+        dir = copy;
+      },
+      [&](std::size_t rank, const fs::path& dir) {
+        if (rank == 1) fs::resize_file(dir / victim, keep);
+      });
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r].dump());
+    REQUIRE(results[r]["exit"] == 3);
+    REQUIRE_FALSE(results[r]["timed_out"].get<bool>());
+    const auto msg = results[r]["error"].get<std::string>();
+    REQUIRE_THAT(msg, Catch::Contains("rank 1 failed while reading"));
+    REQUIRE_THAT(msg, Catch::Contains(victim));
+  }
+  fs::remove_all(copy);
+}
