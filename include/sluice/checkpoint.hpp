@@ -129,9 +129,14 @@ class checkpoint {
     return c;
   }
 
-  /// Opens a checkpoint directory, or a single .safetensors file.
+  /// Opens a checkpoint directory, or a single .safetensors file (a path to
+  /// the index file opens its directory).
   [[nodiscard]] static checkpoint open(const std::filesystem::path& path, const open_options& opt = {}) {
     std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec) && path.filename() == format::index_file_name) {
+      directory_catalog cat(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+      return open(cat, opt);
+    }
     if (std::filesystem::is_regular_file(path, ec)) {
       directory_catalog cat(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
       checkpoint c;

@@ -196,6 +196,14 @@ TEST_CASE("a directory without an index opens model.safetensors, or else every *
   CHECK(single.shards()[0].name == "model.safetensors");
 }
 
+TEST_CASE("a path to the index file opens the whole checkpoint", "[checkpoint]") {
+  temp_dir dir("ckpt");
+  const auto plan = gen::write_checkpoint(dir.path(), gen::generator_options{});
+  const auto ck = checkpoint::open(dir.path() / "model.safetensors.index.json");
+  CHECK(ck.shards().size() == plan.shards.size());
+  CHECK(ck.header_bytes_read() == plan.header_bytes());
+}
+
 TEST_CASE("a directory with no checkpoint in it is an io_error naming it", "[checkpoint]") {
   temp_dir dir("empty");
   CHECK_THROWS_AS(checkpoint::open(dir.path()), io_error);
