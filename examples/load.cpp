@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -17,6 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include <sluice/sluice.hpp>
+#if SLUICE_HAS_S3
+#include <sluice/source/s3_load.hpp>
+#endif
 
 #include "common/cli.hpp"
 
@@ -26,7 +30,8 @@ using namespace sluice;
 using sluice_cli::human_bytes;
 
 constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
-  SOURCE                 checkpoint directory or .safetensors file
+  SOURCE                 checkpoint directory, .safetensors file, or s3://bucket/prefix/
+                         (credentials, region and endpoint from AWS_* variables and ~/.aws)
   --staging SIZE         staging budget (default 4GiB); sizes take KiB/MiB/GiB suffixes
   --max-read SIZE        bytes per read request (default 32MiB)
   --queue-depth N        reads in flight (default 4)
@@ -127,16 +132,27 @@ int main(int argc, char** argv) try {
     oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
   }
   const double cpu0 = sluice_cli::cpu_seconds();
-  auto ck = checkpoint::open(o.source, oo);
   load_progress progress;
   o.load.progress = &progress;
   load_stats st;
   digest_sink digests;
   discard_sink discard;
-  {
+  std::optional<checkpoint> opened;
+  if (o.source.starts_with("s3://")) {
+#if SLUICE_HAS_S3
+    s3_catalog cat(o.source);
+    opened = checkpoint::open(cat, oo);
     progress_display display(progress, o.progress && !o.json);
-    st = o.digest ? load(ck, digests, o.load) : load(ck, discard, o.load);
+    st = o.digest ? load(*opened, cat, digests, o.load) : load(*opened, cat, discard, o.load);
+#else
+    throw config_error("this sluice-load was built without the s3 component");
+#endif
+  } else {
+    opened = checkpoint::open(o.source, oo);
+    progress_display display(progress, o.progress && !o.json);
+    st = o.digest ? load(*opened, digests, o.load) : load(*opened, discard, o.load);
   }
+  const checkpoint& ck = *opened;
   const double cpu = sluice_cli::cpu_seconds() - cpu0;
   const double gib = static_cast<double>(st.tensor_bytes) / (1 << 30);
   nlohmann::ordered_json j = {

@@ -58,7 +58,11 @@ struct load_options {
   unsigned ring_entries = 64;                           ///< io_uring SQ entries
   int io = 0;                                           ///< 0 automatic, 1 O_DIRECT required, 2 buffered
   bool poison = SLUICE_POISON_SLOTS;                    ///< poison released slots
-  bool register_buffers = true;                         ///< io_uring fixed buffers for the staging pool
+  /// Register the staging pool as io_uring fixed buffers. Registration pins
+  /// (and so faults in) the whole budget: worth it for a pool that is reused
+  /// across loads, not for a one-shot load of a fresh pool (measured: a fresh
+  /// 1 GiB pool registered per load cut a hot load from page cache ~7x).
+  bool register_buffers = false;
   std::stop_token stop;                                 ///< request a stop from any thread
   load_progress* progress = nullptr;                    ///< updated as tensors are placed
 };

@@ -43,9 +43,8 @@ T run_on(asio::io_context& ioc, task<T> t, unsigned threads) {
 /// truncated_error, cancelled_error, ...) after every part has stopped: no
 /// slot, buffer or file outlives the call.
 template <sink Sink>
-load_stats load(const checkpoint& ck, Sink& s, load_options opt = {}) {
+load_stats load(const checkpoint& ck, Sink& s, staging_pool& pool, load_options opt = {}) {
   asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
-  staging_pool pool({opt.staging_budget, slot_size_for(opt.max_read), opt.poison});
   uring_context ring(ioc, {opt.ring_entries, opt.register_buffers});
   if (opt.register_buffers) ring.register_buffers(pool.region(), pool.slot_size());
   std::vector<std::string> paths;
@@ -53,6 +52,15 @@ load_stats load(const checkpoint& ck, Sink& s, load_options opt = {}) {
   const io_mode mode = opt.io == 1 ? io_mode::direct : opt.io == 2 ? io_mode::buffered : io_mode::automatic;
   file_source src(ring, std::move(paths), mode);
   return run_on(ioc, load_async(ck, src, s, pool, opt), opt.threads);
+}
+
+/// As above with a staging pool made for this load (opt.staging_budget,
+/// slots for opt.max_read). Reuse a pool across loads with the overload
+/// above: its pages are then faulted in once.
+template <sink Sink>
+load_stats load(const checkpoint& ck, Sink& s, load_options opt = {}) {
+  staging_pool pool({opt.staging_budget, slot_size_for(opt.max_read), opt.poison});
+  return load(ck, s, pool, opt);
 }
 
 }  // namespace sluice::inline v0

@@ -1,0 +1,170 @@
+// bench-distributed: figures of the distributed load (issue 5).
+//   1. aggregate GiB/s of a whole load for 1, 2, 4, 8 ranks (one node, Gloo over loopback);
+//   2. the exchange's throughput (all-gather-v, window by window) vs one raw Gloo
+//      broadcast of the same bytes;
+//   3. shared tables: cooperative vs single-reader load time.
+// Hot page cache (the files are read once before timing). Prints the command line.
+//
+//   bench-distributed [--dir CKPT] [--size BYTES] [--ranks 1,2,4,8] [--window MIB]
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sluice/comm/gloo.hpp>
+#include <sluice/distributed.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "../tests/comm/multiprocess.hpp"
+
+using namespace sluice;
+namespace fs = std::filesystem;
+
+namespace {
+struct counting_sink {
+  std::uint64_t bytes = 0;
+  bool accept(tensor_view v) {
+    bytes += v.bytes.size();
+    return true;
+  }
+};
+
+void warm(const fs::path& dir) {
+  std::vector<char> buf(8u << 20);
+  for (auto& f : fs::directory_iterator(dir)) {
+    std::ifstream in(f.path(), std::ios::binary);
+    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {}
+  }
+}
+
+// Runs n ranks of a distributed load; returns every rank's stats JSON (+ raw broadcast seconds).
+std::vector<nlohmann::json> run(const fs::path& dir, std::size_t n, const std::string& offload, std::uint64_t window,
+                                bool raw) {
+  const auto store = sluice_test::fresh_dir("bench-store");
+  const auto out = sluice_test::fresh_dir("bench-out");
+  auto res = sluice_test::run_ranks(n, [&](std::size_t rank) {
+    comm::rank_info who;
+    who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n, who.store_dir = store.string();
+    auto ck = checkpoint::open(dir);
+    distributed_options o;
+    o.load.staging_budget = 256u << 20;
+    o.plan.window_bytes = window;
+    o.plan.local_size = n;
+    const auto plan = plan_for(ck, fmt::format("tp1,dp{},ep{}", n, n), offload, o);
+    counting_sink s;
+    nlohmann::json j;
+    if (n == 1) {
+      comm::local c;
+      j = load_distributed(ck, c, plan, s, o).to_json();
+    } else {
+      comm::gloo c(who);
+      c.barrier();
+      j = load_distributed(ck, c, plan, s, o).to_json();
+      if (raw) {  // the same bytes in one raw Gloo broadcast from rank 0
+        std::uint64_t total = 0;
+        for (const auto& e : plan.entries)
+          for (const auto& r : e.reads) total += r.exchanged ? r.size : 0;
+        auto buf = lease::allocate(total);
+        std::memset(buf.bytes().data(), 1, buf.bytes().size());  // pre-fault
+        c.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        c.broadcast(buf.bytes(), 0);
+        j["raw_broadcast_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        j["raw_broadcast_bytes"] = total;
+        // and as one all-gather-v with the plan's per-rank contributions
+        std::vector<std::size_t> counts(n, 0);
+        for (const auto& e : plan.entries)
+          for (const auto& r : e.reads) counts[r.reader] += r.exchanged ? r.size : 0;
+        c.barrier();
+        const auto t1 = std::chrono::steady_clock::now();
+        c.all_gather_v(buf.bytes(), counts);
+        j["raw_allgatherv_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      }
+    }
+    std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+    return 0;
+  });
+  std::vector<nlohmann::json> v;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (res[r].code != 0) throw std::runtime_error(fmt::format("rank {} failed ({})", r, res[r].code));
+    nlohmann::json j;
+    std::ifstream(out / fmt::format("rank{}.json", r)) >> j;
+    v.push_back(j);
+  }
+  fs::remove_all(store);
+  fs::remove_all(out);
+  return v;
+}
+
+double max_of(const std::vector<nlohmann::json>& v, const char* a, const char* b = nullptr) {
+  double m = 0;
+  for (auto& j : v) m = std::max(m, b ? j[a][b].get<double>() : j[a].get<double>());
+  return m;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+  fs::path dir;
+  std::uint64_t size = 512u << 20, window = 64u << 20;
+  std::vector<std::size_t> ranks{1, 2, 4, 8};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--dir") dir = argv[i + 1];
+    else if (a == "--size") size = std::stoull(argv[i + 1]);
+    else if (a == "--window") window = std::stoull(argv[i + 1]) << 20;
+    else if (a == "--ranks") {
+      ranks.clear();
+      std::stringstream ss(argv[i + 1]);
+      for (std::string x; std::getline(ss, x, ',');) ranks.push_back(std::stoul(x));
+    }
+  }
+  bool generated = false;
+  if (dir.empty()) {
+    dir = sluice_test::fresh_dir("bench-ckpt");
+    testing::write_checkpoint(dir, testing::options_for_size(size));
+    generated = true;
+  }
+  const auto bytes = static_cast<double>(checkpoint::open(dir).tensor_bytes());
+  const double gib = 1024.0 * 1024 * 1024;
+  warm(dir);
+  fmt::print("# {}\n# checkpoint {} ({:.2f} GiB of tensors), window {} MiB, hot page cache\n", cmd, dir.string(),
+             bytes / gib, window >> 20);
+  fmt::print("\n| ranks | offload | load s | aggregate GiB/s | exchange GiB/s (received/rank) | raw broadcast GiB/s | ratio |\n|---|---|---|---|---|---|---|\n");
+  std::string breakdown = "\n| ranks | setup s | tables s | read s (incl. tables) | exchange s | deliver s |\n|---|---|---|---|---|---|\n";
+  for (auto n : ranks) {
+    warm(dir);
+    auto v = run(dir, n, "shared-cooperative", window, n > 1);
+    const double secs = max_of(v, "seconds", "total");
+    double xs = max_of(v, "seconds", "exchange"), recv = 0;
+    for (auto& j : v) recv = std::max(recv, j["bytes_received"].get<double>());
+    std::string raw = "-", ratio = "-", ex = "-";
+    if (n > 1 && xs > 0) {
+      ex = fmt::format("{:.2f}", recv / xs / gib);
+      const double rs = max_of(v, "raw_broadcast_seconds");
+      const double rb = v[0]["raw_broadcast_bytes"].get<double>();
+      raw = fmt::format("{:.2f}", rb / rs / gib);
+      ratio = fmt::format("{:.2f}", (recv / xs) / (rb / rs));
+    }
+    if (n > 1) {
+      const double rb = v[0]["raw_broadcast_bytes"].get<double>();
+      raw += fmt::format(" (one all-gather-v: {:.2f} received/rank)", recv / max_of(v, "raw_allgatherv_seconds") / gib);
+      (void)rb;
+    }
+    fmt::print("| {} | shared-cooperative | {:.3f} | {:.2f} | {} | {} | {} |\n", n, secs, bytes / secs / gib, ex, raw, ratio);
+    breakdown += fmt::format("| {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} |\n", n, max_of(v, "seconds", "setup"),
+                             max_of(v, "seconds", "tables"), max_of(v, "seconds", "read"), xs, max_of(v, "seconds", "deliver"));
+  }
+  fmt::print("{}", breakdown);
+  const std::size_t n = ranks.back();
+  fmt::print("\n| shared tables, {} ranks | table load s | segment GiB |\n|---|---|---|\n", n);
+  for (const char* off : {"shared-single", "shared-cooperative"}) {
+    warm(dir);
+    auto v = run(dir, n, off, window, false);
+    fmt::print("| {} | {:.3f} | {:.2f} |\n", off, max_of(v, "seconds", "tables"), v[0]["shared_bytes"].get<double>() / gib);
+  }
+  if (generated) fs::remove_all(dir);
+}
