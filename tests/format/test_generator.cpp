@@ -186,3 +186,29 @@ TEST_CASE("expected tensors carry each tensor's name, dtype, shape and the sha25
   CHECK(gen::tensor_sha256(1, e->name, 0) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   CHECK(expected.front().line().find("\tBF16\t[") != std::string::npos);
 }
+
+TEST_CASE("every planned header validates with the parser, without writing any data", "[testing][generator]") {
+  gen::generator_options o;
+  o.layers = 6;
+  o.experts = 32;
+  o.max_shard_bytes = 256 << 10;
+  const auto plan = gen::make_plan(o);
+  REQUIRE(plan.tensors.size() > 5 * 32 * 6);
+  std::size_t seen = 0;
+  for (const auto& sh : plan.shards) {
+    const auto h = format::parse_header(sh.header_json, sh.file_size(), sh.name);
+    REQUIRE(h.tensors.size() == sh.tensors.size());
+    CHECK(h.header_bytes() == sh.header_bytes());
+    for (std::size_t k = 0; k < sh.tensors.size(); ++k) {
+      const auto& p = plan.tensors[sh.tensors[k]];
+      CHECK(h.tensors[k].name == p.name);
+      CHECK(h.tensors[k].begin == p.begin);
+      CHECK(h.tensors[k].size() == p.size);
+      ++seen;
+    }
+  }
+  CHECK(seen == plan.tensors.size());
+  const auto ix = format::parse_index(plan.index_json, "index");
+  CHECK(ix.weight_map.size() == plan.tensors.size());
+  CHECK(ix.shards().size() == plan.shards.size());
+}
