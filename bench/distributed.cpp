@@ -52,6 +52,7 @@ std::vector<nlohmann::json> run(const fs::path& dir, std::size_t n, const std::s
     o.load.staging_budget = 256u << 20;
     o.plan.window_bytes = window;
     o.plan.local_size = n;
+    if (std::getenv("SLUICE_BENCH_ALLGATHERV")) o.exchange = distributed_options::exchange_mode::all_gather_v;
     const auto plan = plan_for(ck, fmt::format("tp1,dp{},ep{}", n, n), offload, o);
     counting_sink s;
     nlohmann::json j;
