@@ -71,7 +71,7 @@ std::map<std::string, std::string> reference_digests() {
 }
 
 // Runs `n` ranks; each writes its result (or error) to out/rank<r>.json.
-std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::string offload,
+std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::string offload, const distributed_options& dopt,
                                      const std::function<void(std::size_t, fs::path&)>& before = {},
                                      const std::function<void(std::size_t, const fs::path&)>& after_open = {}) {
   const auto store = sluice_test::fresh_dir("dist-store");
@@ -92,7 +92,7 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
           auto ck = checkpoint::open(dir);
           if (after_open) after_open(rank, dir);
           recording_sink s;
-          auto st = load_distributed(ck, topology, offload, who, s, small_options());
+          auto st = load_distributed(ck, topology, offload, who, s, dopt);
           j["stats"] = st.to_json();
           for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
           j["calls"] = s.calls;
@@ -118,14 +118,15 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
   return results;
 }
 
-void check_load(std::size_t n, const std::string& topology, const std::string& offload) {
+void check_load(std::size_t n, const std::string& topology, const std::string& offload,
+                const distributed_options& dopt = small_options()) {
   INFO(topology << " " << offload);
   const auto ref = reference_digests();
   auto ck = checkpoint::open(checkpoint_dir());
   auto opt = small_options();
   opt.plan.local_size = n;
   const auto plan = plan_for(ck, topology, offload, opt);
-  const auto results = run_load(n, topology, offload);
+  const auto results = run_load(n, topology, offload, dopt);
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0;
   for (const auto& e : plan.entries)
     if (e.shared()) shared_table_bytes += e.info.size;
@@ -206,7 +207,7 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
   const auto copy = sluice_test::fresh_dir("dist-bad");
   // Rank 1 reads a copy whose shard is cut short after its headers were read.
   const auto results = run_load(
-      4, "tp1,dp4,ep4", "none",
+      4, "tp1,dp4,ep4", "none", small_options(),
       [&](std::size_t rank, fs::path& dir) {
         if (rank != 1) return;
         for (auto& f : fs::directory_iterator(checkpoint_dir())) fs::copy_file(f.path(), copy / f.path().filename());
@@ -224,4 +225,59 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
     REQUIRE_THAT(msg, Catch::Contains(victim));
   }
   fs::remove_all(copy);
+}
+
+TEST_CASE("4 ranks exchanging windows by one all-gather-v each", "[comm][distributed]") {
+  auto o = small_options();
+  o.exchange = distributed_options::exchange_mode::all_gather_v;
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+}
+
+TEST_CASE("TP2 x DP2 plans and loads: every rank holds every non-expert tensor", "[comm][distributed]") {
+  check_load(4, "tp2,dp2,ep4", "shared-single");
+}
+
+namespace {
+// Dies (no exception, no goodbye) at its 5th call.
+struct dying_sink {
+  int calls = 0;
+  bool accept(tensor_view) {
+    if (++calls == 5) ::_exit(9);
+    return true;
+  }
+};
+}  // namespace
+
+TEST_CASE("a rank killed mid-load makes the others fail with comm_error, not hang", "[comm][distributed]") {
+  const auto store = sluice_test::fresh_dir("dist-kill");
+  const auto& ckdir = checkpoint_dir();
+  auto res = sluice_test::run_ranks(
+      4,
+      [&](std::size_t rank) {
+        comm::rank_info who;
+        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+        who.store_dir = store.string();
+        who.timeout = 10s;
+        auto ck = checkpoint::open(ckdir);
+        try {
+          if (rank == 2) {
+            dying_sink s;
+            (void)load_distributed(ck, "tp1,dp4,ep4", "shared-cooperative", who, s, small_options());
+          } else {
+            recording_sink s;
+            (void)load_distributed(ck, "tp1,dp4,ep4", "shared-cooperative", who, s, small_options());
+          }
+        } catch (const comm::comm_error& e) {
+          std::fprintf(stderr, "rank %zu: %s\n", rank, e.what());
+          return 42;
+        }
+        return 0;
+      },
+      90s);
+  fs::remove_all(store);
+  REQUIRE(res[2].code == 9);
+  for (std::size_t r : {0, 1, 3}) {
+    INFO("rank " << r);
+    REQUIRE(res[r].code == 42);
+  }
 }
