@@ -75,7 +75,7 @@ TEST_CASE("an EP rank that declines non-owned experts records only its own", "[m
   CHECK(w1[0] == std::byte{0});
 }
 
-TEST_CASE("a declined tensor is not recorded; an accepted one is recorded after the call", "[manifest][contract]") {
+TEST_CASE("a declined tensor is not recorded and an accepted one is recorded after the call", "[manifest][contract]") {
   tensor_ref a{"a.weight", "a.weight", 0, format::dtype::U8, {4}, 0, 4};
   tensor_ref b{"b.weight", "b.weight", 0, format::dtype::U8, {4}, 4, 4};
   std::size_t seen_during_call = 99;
@@ -114,7 +114,7 @@ TEST_CASE("a loader without a log applies each tensor to the destination of its 
   CHECK(c.layer(7)->bytes == 3);
 }
 
-TEST_CASE("keys are grouped per layer by the destination name; non-layer tensors form their own group",
+TEST_CASE("keys are grouped per layer by the destination name and non-layer tensors form their own group",
           "[manifest][contract]") {
   temp_dir dir;
   write_model(dir.path());
