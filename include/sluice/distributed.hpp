@@ -11,9 +11,12 @@
 ///    the others attach it; each rank reads its planned slices straight into it.
 /// 3. Then, a window at a time (plan order): each rank reads its planned
 ///    slices through the pipeline (coalesce | fetch | stage | place) straight
-///    into the window's buffer; one `all_gather_v` gives every rank every
-///    slice that must travel (each rank contributes what it read); finally
-///    every rank calls its sink for every tensor of the window, in plan order.
+///    into the window's buffer; one collective step gives every rank every
+///    slice that must travel, each rank contributing what it read (one
+///    broadcast per contributing rank in rank order, or one `all_gather_v`);
+///    finally every rank calls its sink for every tensor of the window, in
+///    plan order. Double-buffered: window w+1 is read while w's collective
+///    runs on a helper thread (never on the io_context doing the I/O).
 ///
 /// Every rank's sink sees the same sequence of calls (same names, same
 /// order): owners get the bytes (`view_kind::bytes`), non-owners a
@@ -38,6 +41,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -337,72 +341,80 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
   }
   st.setup_seconds += since(t0) - st.read_seconds;
 
-  // Windows.
-  detail::window_buffer exchange_buffer, local_buffer;
-  std::size_t next = 0;
-  for (std::uint32_t w = 0; w < plan.windows; ++w) {
-    std::size_t end = next;
-    while (end < plan.entries.size() && plan.entries[end].window == w) ++end;
-    // Layout: each rank's exchanged reads, in plan order, one block per rank.
-    std::vector<std::size_t> counts(c.size(), 0);
+  // Windows, double-buffered: while window w's slices travel (a collective
+  // on a helper thread), this thread reads window w+1 into the other buffers;
+  // then it delivers w. Only one thread uses the communicator at a time.
+  struct window_state {
+    std::size_t begin = 0, end = 0;
+    std::vector<std::size_t> counts, base;
+    lease exchange, local;
+    std::vector<std::vector<std::span<std::byte>>> where;  // by (entry, read)
+  };
+  detail::window_buffer buffers[2][2];
+  std::size_t next_entry = 0;
+  // Lays out window w and reads this rank's slices of it (failures are recorded, not thrown).
+  auto read_window = [&](std::uint32_t w) {
+    window_state ws;
+    ws.begin = next_entry;
+    ws.end = ws.begin;
+    while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
+    next_entry = ws.end;
+    ws.counts.assign(c.size(), 0);
     std::uint64_t local_bytes = 0;
-    for (std::size_t i = next; i < end; ++i)
+    for (std::size_t i = ws.begin; i < ws.end; ++i)
       for (const auto& r : plan.entries[i].reads) {
         if (plan.entries[i].shared()) continue;
-        if (r.exchanged) counts[r.reader] += r.size;
+        if (r.exchanged) ws.counts[r.reader] += r.size;
         else if (r.reader == me) local_bytes += r.size;
       }
-    std::vector<std::size_t> base(c.size() + 1, 0);
-    for (std::size_t r = 0; r < c.size(); ++r) base[r + 1] = base[r] + counts[r];
-    lease exchange, local;
-    // Where each read landed, by (entry, read index).
-    std::vector<std::vector<std::span<std::byte>>> where(end - next);
+    ws.base.assign(c.size() + 1, 0);
+    for (std::size_t r = 0; r < c.size(); ++r) ws.base[r + 1] = ws.base[r] + ws.counts[r];
+    ws.where.resize(ws.end - ws.begin);
     const auto r0 = clock::now();
     try {
-      exchange = exchange_buffer.get(base.back());
-      local = local_buffer.get(local_bytes);
-      std::vector<std::size_t> fill(base.begin(), base.end() - 1);
+      ws.exchange = buffers[w % 2][0].get(ws.base.back());
+      ws.local = buffers[w % 2][1].get(local_bytes);
+      std::vector<std::size_t> fill(ws.base.begin(), ws.base.end() - 1);
       std::uint64_t local_fill = 0;
       std::vector<std::pair<tensor_ref, std::span<std::byte>>> reads;
-      for (std::size_t i = next; i < end; ++i) {
+      for (std::size_t i = ws.begin; i < ws.end; ++i) {
         const auto& e = plan.entries[i];
         if (e.shared()) continue;
-        where[i - next].resize(e.reads.size());
+        ws.where[i - ws.begin].resize(e.reads.size());
         for (std::size_t k = 0; k < e.reads.size(); ++k) {
           const auto& r = e.reads[k];
           std::span<std::byte> at;
           if (r.exchanged) {
-            at = exchange.bytes().subspan(fill[r.reader], r.size);
+            at = ws.exchange.bytes().subspan(fill[r.reader], r.size);
             fill[r.reader] += r.size;
           } else if (r.reader == me) {
-            at = local.bytes().subspan(local_fill, r.size);
+            at = ws.local.bytes().subspan(local_fill, r.size);
             local_fill += r.size;
           }
-          where[i - next][k] = at;
+          ws.where[i - ws.begin][k] = at;
           if (r.reader == me) reads.emplace_back(slice_ref(e, r), at);
         }
       }
       run_reads(reads);
     } catch (...) {
-      failure = std::current_exception();
+      if (!failure) failure = std::current_exception();
     }
-    detail::check_peers(c, failure, fmt::format("reading window {} of {}", w + 1, plan.windows));
     st.read_seconds += since(r0);
-
-    const auto x0 = clock::now();
+    return ws;
+  };
+  // The window's collective: one broadcast per contributing rank (rank order), or one all-gather-v.
+  auto exchange = [&c, &opt](window_state& ws) {
     if (opt.exchange == distributed_options::exchange_mode::all_gather_v) {
-      c.all_gather_v(exchange.bytes(), counts);
+      c.all_gather_v(ws.exchange.bytes(), ws.counts);
     } else {
-      for (std::size_t r = 0; r < c.size(); ++r)  // same order on every rank: rank order
-        if (counts[r]) c.broadcast(exchange.bytes().subspan(base[r], counts[r]), r);
+      for (std::size_t r = 0; r < c.size(); ++r)  // same order on every rank
+        if (ws.counts[r]) c.broadcast(ws.exchange.bytes().subspan(ws.base[r], ws.counts[r]), r);
     }
-    st.bytes_sent += counts[me];
-    st.bytes_received += base.back() - counts[me];
-    st.exchange_seconds += since(x0);
-
+  };
+  auto deliver = [&](window_state& ws) {
     const auto d0 = clock::now();
     try {
-      for (std::size_t i = next; i < end; ++i) {
+      for (std::size_t i = ws.begin; i < ws.end; ++i) {
         const auto& e = plan.entries[i];
         const tensor_ref* t = &ck.tensors()[e.index];
         tensor_view v;
@@ -414,12 +426,11 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
           st.shared_views += 1;
         } else if (e.owners.contains(me)) {
           v.kind = view_kind::bytes;
-          const auto& at = where[i - next];
+          const auto& at = ws.where[i - ws.begin];
           if (at.size() == 1) {
             v.bytes = at[0];
-            v.hold = at[0].data() >= exchange.bytes().data() && at[0].data() < exchange.bytes().data() + exchange.bytes().size()
-                         ? exchange
-                         : local;
+            const auto xb = ws.exchange.bytes();
+            v.hold = at[0].data() >= xb.data() && at[0].data() < xb.data() + xb.size() ? ws.exchange : ws.local;
           } else {
             auto whole = lease::allocate(e.info.size);  // slices by several readers: assemble
             for (std::size_t k = 0; k < at.size(); ++k)
@@ -438,10 +449,42 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
         st.accepted += s.accept(std::move(v)) ? 1 : 0;
       }
     } catch (...) {
-      failure = std::current_exception();
+      if (!failure) failure = std::current_exception();
     }
     st.deliver_seconds += since(d0);
-    next = end;
+  };
+
+  auto cur = read_window(0);
+  detail::check_peers(c, failure, fmt::format("reading window 1 of {}", plan.windows));
+  for (std::uint32_t w = 0; w < plan.windows; ++w) {
+    std::exception_ptr exchange_failure;
+    double exchange_seconds = 0;
+    std::thread helper([&] {
+      const auto x0 = clock::now();
+      try {
+        exchange(cur);
+      } catch (...) {
+        exchange_failure = std::current_exception();
+      }
+      exchange_seconds = since(x0);
+    });
+    window_state nxt;
+    try {
+      if (w + 1 < plan.windows) nxt = read_window(w + 1);  // overlaps the exchange
+    } catch (...) {
+      if (!failure) failure = std::current_exception();  // reported at the next status exchange
+    }
+    helper.join();
+    if (exchange_failure) std::rethrow_exception(exchange_failure);  // a peer is gone: every rank sees it
+    st.exchange_seconds += exchange_seconds;
+    st.bytes_sent += cur.counts[me];
+    st.bytes_received += cur.base.back() - cur.counts[me];
+    deliver(cur);
+    cur = window_state{};  // release window w's buffers before w+2 reuses them
+    if (w + 1 < plan.windows) {
+      detail::check_peers(c, failure, fmt::format("reading window {} of {}", w + 2, plan.windows));
+      cur = std::move(nxt);
+    }
   }
   detail::check_peers(c, failure, "delivering tensors to the sink");
   try {
