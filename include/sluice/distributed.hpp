@@ -39,6 +39,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -526,6 +527,42 @@ distributed_stats load_distributed(const checkpoint& ck, std::string_view topolo
 #if defined(SLUICE_HAS_GLOO)
   comm::gloo c(who);
   return load_distributed(ck, c, plan, s, opt);
+#else
+  throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
+#endif
+}
+
+/// Like the call above, but opens the checkpoint at `location` after joining
+/// the world, so that a rank that cannot open it (a missing or corrupt shard)
+/// makes every rank throw distributed_error naming it, at once — rather than
+/// leaving its peers to time out at the rendezvous.
+template <sink Sink>
+distributed_stats load_distributed(const std::filesystem::path& location, std::string_view topology,
+                                   std::string_view offload, const comm::rank_info& who, Sink& s,
+                                   distributed_options opt = {}, const open_options& open = {}) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  auto run = [&](auto& c) {
+    std::exception_ptr failure;
+    std::optional<checkpoint> ck;
+    std::optional<policy::load_plan> plan;
+    try {
+      ck.emplace(checkpoint::open(location, open));
+      plan.emplace(plan_for(*ck, topology, offload, opt));
+      if (plan->world != who.world_size)
+        throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology, plan->world, who.world_size));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::check_peers(c, failure, "opening the checkpoint");
+    return load_distributed(*ck, c, *plan, s, opt);
+  };
+  if (who.world_size == 1) {
+    comm::local c;
+    return run(c);
+  }
+#if defined(SLUICE_HAS_GLOO)
+  comm::gloo c(who);
+  return run(c);
 #else
   throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
 #endif

@@ -281,3 +281,40 @@ TEST_CASE("a rank killed mid-load makes the others fail with comm_error, not han
     REQUIRE(res[r].code == 42);
   }
 }
+
+TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[comm][distributed]") {
+  const auto store = sluice_test::fresh_dir("dist-open");
+  const auto out = sluice_test::fresh_dir("dist-open-out");
+  const auto copy = sluice_test::fresh_dir("dist-open-bad");
+  for (auto& f : fs::directory_iterator(checkpoint_dir())) fs::copy_file(f.path(), copy / f.path().filename());
+  const auto victim = checkpoint::open(checkpoint_dir()).shards().back().name;
+  fs::resize_file(copy / victim, fs::file_size(copy / victim) / 2);  // a truncated shard: its header promises more
+  auto res = sluice_test::run_ranks(
+      4,
+      [&](std::size_t rank) {
+        comm::rank_info who;
+        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+        who.store_dir = store.string();
+        who.timeout = 60s;  // the failure must not wait for it
+        recording_sink s;
+        try {
+          (void)load_distributed(rank == 3 ? copy : checkpoint_dir(), "tp1,dp4,ep4", "shared-single", who, s, small_options());
+        } catch (const distributed_error& e) {
+          std::ofstream(out / fmt::format("rank{}.txt", rank)) << e.what() << "\n" << e.failed_rank();
+          return 5;
+        }
+        return 0;
+      },
+      50s);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(res[r].code == 5);
+    std::ifstream f(out / fmt::format("rank{}.txt", r));
+    std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    REQUIRE_THAT(msg, Catch::Contains("rank 3 failed while opening the checkpoint"));
+    REQUIRE_THAT(msg, Catch::Contains(victim));
+  }
+  fs::remove_all(store);
+  fs::remove_all(out);
+  fs::remove_all(copy);
+}
