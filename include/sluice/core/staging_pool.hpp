@@ -44,11 +44,22 @@ namespace sluice::inline v0 {
 /// The byte a poisoned (released) slot is filled with.
 inline constexpr std::byte poison_byte{0xDB};
 
+/// Memory a pool is built over instead of its own mapping (e.g. pinned host
+/// memory from sluice/memory/pinned.hpp). `region` must be 4096-byte aligned;
+/// `keep` owns it and is released with the pool (after the last lease).
+struct staging_memory {
+  std::span<std::byte> region;
+  std::shared_ptr<void> keep;
+};
+
 struct staging_options {
   std::size_t budget = std::size_t{4} << 30;      ///< total bytes of staging
   std::size_t slot_size = std::size_t{32} << 20;  ///< bytes per slot (multiple of 4096)
   bool poison = SLUICE_POISON_SLOTS;              ///< poison slots on release
   bool prefault = false;                          ///< touch every page up front
+  /// External memory: when `region` is non-empty, slots are cut from it
+  /// (min(budget, region.size()) bytes) and the pool maps nothing itself.
+  staging_memory memory = {};
 };
 
 class staging_pool {
@@ -95,10 +106,20 @@ class staging_pool {
   struct state {
     explicit state(const staging_options& opt) : poison(opt.poison) {
       slot_size = (std::max<std::size_t>(opt.slot_size, 4096) + 4095) / 4096 * 4096;
-      count = opt.budget / slot_size;
+      const bool external = !opt.memory.region.empty();
+      const std::size_t budget = external ? std::min(opt.budget, opt.memory.region.size()) : opt.budget;
+      count = budget / slot_size;
       if (count == 0)
-        throw config_error(fmt::format("staging budget of {} bytes cannot hold one {}-byte slot", opt.budget, slot_size));
+        throw config_error(fmt::format("staging budget of {} bytes cannot hold one {}-byte slot", budget, slot_size));
       const std::size_t bytes = count * slot_size;
+      if (external) {
+        if (reinterpret_cast<std::uintptr_t>(opt.memory.region.data()) % 4096 != 0)
+          throw config_error("external staging memory must be 4096-byte aligned");
+        keep = opt.memory.keep;
+        base = opt.memory.region.data();
+        init(opt, bytes);
+        return;
+      }
       constexpr std::size_t huge = std::size_t{2} << 20;
       map_size = bytes + huge;
       void* p = ::mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -106,12 +127,21 @@ class staging_pool {
       map_base = static_cast<std::byte*>(p);
       base = map_base + (huge - reinterpret_cast<std::uintptr_t>(map_base) % huge) % huge;
       ::madvise(base, bytes, MADV_HUGEPAGE);  // a hint: THP is `madvise` on typical hosts
+      init(opt, bytes);
+    }
+    void init(const staging_options& opt, std::size_t bytes) {
       if (opt.prefault) std::memset(base, 0, bytes);
       free.reserve(count);
       for (std::size_t i = count; i-- > 0;) free.push_back(i);  // slot 0 is taken first
       if (poison) SLUICE_ASAN_POISON(base, bytes);
     }
-    ~state() { ::munmap(map_base, map_size); }
+    ~state() {
+      if (map_base) {
+        ::munmap(map_base, map_size);
+      } else if (poison) {
+        SLUICE_ASAN_UNPOISON(base, count * slot_size);  // external memory goes back unpoisoned
+      }
+    }
 
     std::optional<lease> try_take(const std::shared_ptr<state>& self) {
       std::size_t i;
@@ -146,8 +176,9 @@ class staging_pool {
     }
 
     std::size_t slot_size = 0, count = 0, map_size = 0;
-    std::byte* map_base = nullptr;
+    std::byte* map_base = nullptr;  ///< own mapping (null for external memory)
     std::byte* base = nullptr;
+    std::shared_ptr<void> keep;     ///< owner of external memory
     bool poison;
     mutable std::mutex mu;
     std::vector<std::size_t> free;

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# bench/gpu/run.sh — issue 7's GPU check, for one H200 machine (root, no
+# network), in at most ~8 minutes:
+#   1. build (Release): the cuda/nccl components, bench-gpu, the CUDA tests;
+#   2. the CUDA tests on the device (ctest -L cuda: the device tests must pass;
+#      only the no-driver tests skip there, saying a device is present);
+#   3. bench-gpu: pinned H2D ceiling, storage read (page cache, O_DIRECT),
+#      sluice file -> GPU both ways, every tensor copied back and compared by
+#      SHA-256, peak pinned memory, ratios vs min(storage, H2D).
+# Results: $OUT/gpu-tests.txt, $OUT/bench-gpu.txt (and on stdout).
+#
+# Dependencies: uses the system's Boost 1.74+, fmt 9, nlohmann-json, liburing,
+# OpenSSL and Catch2 2 where present; otherwise the Debian .debs carried in
+# .gpudeps/debs (bench/gpu/fetch-deps.sh, run beforehand on a dev machine).
+# From a dev session:  device run(carry=[".gpudeps"], timeout_s=580, command="bench/gpu/run.sh")
+# Environment: SIZE (checkpoint, default 8GiB), STAGING (1GiB), REPEAT (3),
+# JOBS (build jobs, default nproc), CKPT (checkpoint dir, default /tmp/sluice-gpu-ckpt),
+# FORCE_CARRIED_DEPS=1 (use .gpudeps even where the system has the headers).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build/gpu-out}
+mkdir -p "$OUT"
+SIZE=${SIZE:-8GiB}
+STAGING=${STAGING:-1GiB}
+REPEAT=${REPEAT:-3}
+JOBS=${JOBS:-$(nproc)}
+CKPT=${CKPT:-/tmp/sluice-gpu-ckpt}
+BUILD=$ROOT/build/gpu
+T0=$(date +%s)
+stamp() { echo "[run.sh +$(( $(date +%s) - T0 ))s] $*"; }
+export PATH=/usr/local/cuda/bin:$PATH
+
+stamp "machine: $(uname -srm); $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+stamp "tools: cmake $(cmake --version 2>/dev/null | head -1 | awk '{print $3}'), ninja $(ninja --version 2>/dev/null), $(g++ --version 2>/dev/null | head -1), nvcc $(nvcc --version 2>/dev/null | tail -1)"
+
+# ---- 1. dependencies: the system's, or the carried .debs
+cmake_args=()
+missing=()
+for h in boost/asio.hpp fmt/format.h nlohmann/json.hpp liburing.h openssl/evp.h catch2/catch.hpp; do
+  [ -e /usr/include/$h ] || [ -e /usr/local/include/$h ] || missing+=("$h")
+done
+[ -n "${FORCE_CARRIED_DEPS:-}" ] && missing+=("(FORCE_CARRIED_DEPS set)")
+if [ ${#missing[@]} -gt 0 ]; then
+  stamp "missing on this machine: ${missing[*]}"
+  if ! ls "$ROOT"/.gpudeps/debs/*.deb >/dev/null 2>&1; then
+    echo "run.sh: no .gpudeps/debs to fall back on: run bench/gpu/fetch-deps.sh on a dev machine and carry .gpudeps" >&2
+    exit 2
+  fi
+  P=/tmp/sluice-deps
+  rm -rf $P && mkdir -p $P
+  for d in "$ROOT"/.gpudeps/debs/*.deb; do
+    if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$d" $P
+    else (t=$(mktemp -d) && cd "$t" && ar x "$d" && tar -xf data.tar.* -C $P && rm -rf "$t"); fi
+  done
+  stamp "unpacked $(ls "$ROOT"/.gpudeps/debs/*.deb | wc -l) carried packages into $P"
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$P/usr" -DOPENSSL_ROOT_DIR="$P/usr" -DCMAKE_INCLUDE_PATH="$P/usr/include")
+  export LD_LIBRARY_PATH=$P/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PKG_CONFIG_PATH=$P/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+fi
+# NCCL: the toolkit's, or the one pip's nvidia-nccl-cu13 ships (libnccl.so.2 only).
+if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
+  nd=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+  if [ -n "$nd" ] && [ -e "$nd/include/nccl.h" ]; then
+    lib=$(ls "$nd"/lib/libnccl.so* 2>/dev/null | head -1)
+    cmake_args+=(-DNCCL_INCLUDE_DIR="$nd/include" -DNCCL_LIBRARY="$lib")
+    export LD_LIBRARY_PATH=$nd/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    stamp "NCCL from pip: $lib"
+  else
+    stamp "no NCCL found: the nccl component and its tests are not built"
+  fi
+fi
+
+# ---- 2. configure + build (Release; no S3/Gloo/examples: not needed here)
+stamp "configure"
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_BENCH=ON \
+  -DSLUICE_BUILD_TESTS=ON -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_ENABLE_CUDA=ON -DSLUICE_ENABLE_S3=OFF \
+  -DSLUICE_ENABLE_GLOO=OFF -DSLUICE_ENABLE_FUZZ=OFF -DCMAKE_CUDA_ARCHITECTURES=90 "${cmake_args[@]}" \
+  > "$OUT/configure.txt" 2>&1 || { tail -40 "$OUT/configure.txt"; exit 3; }
+grep "sluice components" "$OUT/configure.txt"
+targets=(bench-gpu sluice_tests_cuda)
+grep -q "components:.*nccl" "$OUT/configure.txt" && targets+=(sluice_tests_nccl)
+stamp "build ${targets[*]} with $JOBS jobs"
+cmake --build "$BUILD" --target "${targets[@]}" -j "$JOBS" > "$OUT/build.txt" 2>&1 || { grep -B2 -A12 "error" "$OUT/build.txt" | head -80; exit 4; }
+
+# ---- 3. the CUDA tests, on the device
+stamp "ctest -L cuda"
+(cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 120) > "$OUT/gpu-tests.txt" 2>&1
+tests_rc=$?
+tail -25 "$OUT/gpu-tests.txt"
+
+# ---- 4. the bench
+stamp "bench-gpu $CKPT --size $SIZE --staging $STAGING --repeat $REPEAT"
+"$BUILD/bench/bench-gpu" "$CKPT" --size "$SIZE" --staging "$STAGING" --repeat "$REPEAT" 2>&1 | tee "$OUT/bench-gpu.txt"
+bench_rc=${PIPESTATUS[0]}
+stamp "done: tests rc $tests_rc, bench rc $bench_rc"
+[ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -1,0 +1,113 @@
+#pragma once
+/// \file
+/// `comm::nccl`: collectives over device memory (the sluice::nccl component;
+/// NCCL's header stays in src/nccl). It models `communicator` with spans that
+/// point to DEVICE memory (never touch them on the host): the broadcast stage
+/// uses it for device tensors, a host communicator (gloo, local) for host ones.
+///
+/// Rendezvous: rank 0 makes a unique id (ncclGetUniqueId, works without a
+/// GPU) and the others receive it either through a host communicator's
+/// broadcast (`connect(host, opt)`) or through the file store
+/// (`connect(rank_info, opt)`: `<store_dir>/sluice-nccl-id`, written
+/// atomically). The communicator is created non-blocking, and every wait —
+/// init and each collective — is bounded by `timeout`: a dead or stalled
+/// peer aborts the communicator and throws comm_error, never hangs.
+///
+/// Large broadcasts are cut into `chunk_bytes` pieces (NCCL pipelines them;
+/// the caller can overlap its own copies on other streams). The blocking
+/// calls below enqueue on the communicator's stream and wait; the `_async`
+/// forms enqueue on a stream the caller gives and return.
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <sluice/comm/concepts.hpp>
+#include <sluice/comm/store.hpp>
+
+namespace sluice::inline v0::comm {
+
+/// An NCCL call failed. `call()` names it, `code()` is its ncclResult_t.
+class nccl_error : public comm_error {
+ public:
+  nccl_error(std::string call, int code, std::string detail, error_context ctx = {})
+      : comm_error(call + " failed: " + detail, std::move(ctx)), call_(std::move(call)), code_(code) {}
+  [[nodiscard]] const std::string& call() const noexcept { return call_; }
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  std::string call_;
+  int code_;
+};
+
+struct nccl_options {
+  int device = 0;                               ///< this rank's CUDA device
+  std::chrono::milliseconds timeout{60000};     ///< rendezvous, init and every collective
+  std::size_t chunk_bytes = std::size_t{64} << 20;  ///< broadcast piece size
+};
+
+class nccl {
+ public:
+  using unique_id = std::array<std::byte, 128>;  ///< NCCL_UNIQUE_ID_BYTES
+
+  /// A fresh id (ncclGetUniqueId). Throws nccl_error.
+  [[nodiscard]] static unique_id make_unique_id();
+  /// Rank 0 makes the id, every rank gets it through `host.broadcast`.
+  template <communicator Host>
+  [[nodiscard]] static unique_id exchange_id(Host& host) {
+    unique_id id{};
+    if (host.rank() == 0) id = make_unique_id();
+    host.broadcast(std::span<std::byte>(id), 0);
+    return id;
+  }
+  /// Rank 0 makes the id and writes `<who.store_dir>/sluice-nccl-id`; the
+  /// others wait for it (up to who.timeout). Throws config_error (no store
+  /// dir), comm_error (timeout), io_error.
+  [[nodiscard]] static unique_id exchange_id(const rank_info& who);
+
+  /// Joins the communicator `id` as `rank` of `size`. Throws cuda_error
+  /// (cudaSetDevice, e.g. no driver) or nccl_error / comm_error.
+  nccl(std::size_t rank, std::size_t size, const unique_id& id, nccl_options opt = {});
+  template <communicator Host>
+  [[nodiscard]] static nccl connect(Host& host, nccl_options opt = {}) {
+    return nccl(host.rank(), host.size(), exchange_id(host), opt);
+  }
+  [[nodiscard]] static nccl connect(const rank_info& who, nccl_options opt = {}) {
+    opt.timeout = who.timeout;
+    return nccl(who.rank, who.world_size, exchange_id(who), opt);
+  }
+  nccl(nccl&&) noexcept;
+  nccl& operator=(nccl&&) noexcept;
+  /// Destroys the communicator (aborts it if a collective failed).
+  ~nccl();
+
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] cudaStream_t stream() const noexcept;
+
+  // communicator (blocking; spans are device memory)
+  void broadcast(std::span<std::byte> device_buf, std::size_t root);
+  void all_gather(std::span<const std::byte> device_in, std::span<std::byte> device_out);
+  void all_gather_v(std::span<std::byte> device_buf, std::span<const std::size_t> counts);
+  void barrier();
+
+  /// Enqueues a chunked broadcast on `s`; returns without waiting.
+  void broadcast_async(std::span<std::byte> device_buf, std::size_t root, cudaStream_t s);
+  /// Waits for `s` (bounded by the timeout; aborts the communicator on expiry).
+  void wait(cudaStream_t s);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  std::size_t rank_ = 0;
+  std::size_t size_ = 1;
+};
+
+static_assert(communicator<nccl>);
+
+}  // namespace sluice::inline v0::comm

@@ -1,0 +1,99 @@
+#pragma once
+/// \file
+/// `cuda::device_sink`: places tensors in device memory — at pointers the
+/// caller gives (`set_destination`) or in allocations of its own (one arena
+/// for the whole checkpoint after `reserve(ck)`, else one cudaMalloc per
+/// tensor).
+///
+/// Each view is copied with cudaMemcpyAsync on one of a few non-blocking
+/// streams (views of one staging slot share a stream; the next slot takes the
+/// next stream, so the copies of consecutive slots overlap), then an event is
+/// recorded after the copy. The sink keeps the view — and so its lease, and so
+/// its staging slot — until that event has completed: a slot is never handed
+/// back to the pool, let alone refilled, while a copy still reads it. A
+/// completion thread waits for the events in order and releases the views;
+/// `accept` never blocks on the GPU, so the sink cannot deadlock a pool whose
+/// slots it holds. `finish()` (called by the loader after the last view) waits
+/// for every copy and rethrows the first failure.
+///
+/// Staging memory should be pinned (cuda::make_pinned_pool): from pageable
+/// memory cudaMemcpyAsync goes through a driver bounce buffer (correct, slow).
+/// Every CUDA call is checked: failures are cuda::cuda_error naming the call
+/// and the tensor.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/cuda/error.hpp>
+#include <sluice/sink/concepts.hpp>
+#include <sluice/tensor_view.hpp>
+
+namespace sluice::inline v0::cuda {
+
+struct device_sink_options {
+  int device = 0;               ///< CUDA device of every destination
+  unsigned streams = 4;         ///< copy streams
+  bool allocate = true;         ///< allocate tensors that have no caller destination (else: declined)
+  std::size_t alignment = 256;  ///< of library allocations within the arena
+};
+
+/// A destination in device memory.
+struct device_span {
+  void* data = nullptr;
+  std::size_t size = 0;
+};
+
+/// What the sink did.
+struct device_sink_stats {
+  std::uint64_t copies = 0;        ///< cudaMemcpyAsync calls
+  std::uint64_t bytes = 0;         ///< bytes copied to the device
+  std::uint64_t max_pending = 0;   ///< most views (leases) held at once waiting for their copy
+  std::uint64_t allocated = 0;     ///< bytes of device memory the sink allocated
+};
+
+class device_sink {
+ public:
+  /// Selects the device and creates the streams. Throws cuda_error (e.g.
+  /// "cudaSetDevice failed: cudaErrorInsufficientDriver (35): ..." without a driver).
+  explicit device_sink(device_sink_options opt = {});
+  device_sink(device_sink&&) noexcept;
+  device_sink& operator=(device_sink&&) noexcept;
+  device_sink(const device_sink&) = delete;
+  device_sink& operator=(const device_sink&) = delete;
+  /// Waits for every copy (errors ignored), then frees what it allocated.
+  ~device_sink();
+
+  /// Places tensor `name` at `dst` (device memory of `dst.size` == the tensor's size bytes).
+  void set_destination(const std::string& name, device_span dst);
+  /// One device allocation for every tensor of `ck` without a caller destination
+  /// (call before the load; optional: without it each tensor gets its own cudaMalloc).
+  void reserve(const checkpoint& ck);
+
+  /// Enqueues the copy of `v`'s bytes; keeps `v` until the copy is done.
+  /// Returns false (declined) for a tensor with no destination when
+  /// allocation is off. Rethrows a failure of an earlier copy.
+  bool accept(tensor_view v);
+  /// Waits until every copy has completed and every view is released; rethrows the first failure.
+  void finish();
+
+  /// Where tensor `name` lives (data == nullptr if unknown).
+  [[nodiscard]] device_span get(const std::string& name) const;
+  /// Copies tensor `name` back to the host (synchronous). Throws config_error if unknown.
+  void download(const std::string& name, std::span<std::byte> out) const;
+  /// Views (leases) still held, waiting for their copy.
+  [[nodiscard]] std::size_t pending() const;
+  [[nodiscard]] device_sink_stats stats() const;
+  [[nodiscard]] const device_sink_options& options() const noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+static_assert(sink<device_sink>);
+
+}  // namespace sluice::inline v0::cuda
