@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# sluice-load smoke tests on a generated checkpoint:
+#  - --digest equals the generator's own digests (sorted by name);
+#  - --json reports bytes_read == the checkpoint's tensor bytes, and a load of a
+#    checkpoint 4x the staging budget stays within it (slots_used * slot_size);
+#  - --probe reads headers only (bytes_read 0) and --contract-out writes JSON;
+#  - a bad checkpoint gives a non-zero exit and one `sluice: error:` line.
+# Usage: check_load.sh SLUICE_LOAD CKPT DIGESTS BAD_DIR
+set -euo pipefail
+load=$1 ck=$2 digests=$3 bad=$4
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+
+"$load" "$ck" --digest --no-progress > "$work/d.txt" 2>/dev/null
+sort "$digests" | cmp -s - "$work/d.txt" || { echo "FAIL: --digest differs from the generator's digests"; diff <(sort "$digests") "$work/d.txt" | head; exit 1; }
+echo "ok: $(wc -l < "$work/d.txt") digests equal the generator's"
+
+"$load" "$ck" --json --staging 1MiB --max-read 256KiB > "$work/s.json"
+/usr/bin/python3 - "$work/s.json" "$ck" <<'PY'
+import json, os, struct, sys
+s = json.load(open(sys.argv[1])); d = sys.argv[2]
+total = 0
+for f in os.listdir(d):
+    if f.endswith(".safetensors"):
+        b = open(os.path.join(d, f), "rb").read(8); n = struct.unpack("<Q", b)[0]
+        total += os.path.getsize(os.path.join(d, f)) - 8 - n
+assert s["bytes_read"] == total == s["tensor_bytes"], (s["bytes_read"], total)
+assert total >= 4 * (1 << 20), total
+st = s["staging"]; assert st["slots_used"] * st["slot_size"] <= st["budget"], st
+print("ok: bytes_read", total, "within a", st["budget"], "byte budget,", st["slots_used"], "slots used")
+PY
+
+"$load" "$ck" --probe --contract-out "$work/contract.json" --json-out "$work/p.json" > "$work/plan.txt"
+grep -q "tensor bytes read 0" "$work/plan.txt" || { echo "FAIL: probe plan:"; cat "$work/plan.txt"; exit 1; }
+/usr/bin/python3 -c "import json,sys; p=json.load(open(sys.argv[1])); c=json.load(open(sys.argv[2])); assert p['bytes_read']==0 and p['keys']>0, p; print('ok: probe read', p['header_bytes_read'], 'header bytes, 0 tensor bytes;', p['keys'], 'contract keys')" "$work/p.json" "$work/contract.json"
+
+if "$load" "$bad/truncated-after-header.safetensors" --no-progress 2> "$work/err.txt"; then echo "FAIL: bad input loaded"; exit 1; fi
+[[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: data-end: .*truncated-after-header.safetensors" "$work/err.txt" \
+  || { echo "FAIL: error output:"; cat "$work/err.txt"; exit 1; }
+echo "ok: $(cat "$work/err.txt")"
+echo "sluice-load checks: passed"
