@@ -6,8 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <regex>
@@ -17,6 +20,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <sluice/distributed.hpp>
+#include <sluice/probe.hpp>
 #include <sluice/sluice.hpp>
 #if SLUICE_HAS_S3
 #include <sluice/source/s3_load.hpp>
@@ -42,13 +47,20 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
   --json                 print the summary as JSON on stdout
   --json-out FILE        write the JSON summary to FILE
   --no-progress          no progress display
+  --topology tp1,dp8,ep8 act as one rank of a distributed load (rank from --rank/--world-size or
+                         RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, SLUICE_STORE_DIR; see sluice-launch)
+  --offload MODE         none | per-rank | shared-single | shared-cooperative (default none)
+  --rank N --world-size N --local-rank N --local-world-size N   override the environment
+  --probe                read headers only: print the per-layer plan (keys, tensors, bytes)
+  --contract-out FILE    with --probe: write the load contract (JSON) to FILE
 )";
 
 struct options {
   std::string source;
   load_options load;
-  std::string select, json_out;
-  bool digest = false, json = false, progress = true;
+  std::string select, json_out, contract_out, topology, offload = "none";
+  std::optional<std::size_t> rank, world, local_rank, local_world;
+  bool digest = false, json = false, progress = true, probe = false;
 };
 
 options parse(int argc, char** argv) {
@@ -73,10 +85,19 @@ options parse(int argc, char** argv) {
     else if (a == "--json") o.json = true;
     else if (a == "--json-out") o.json_out = value(i);
     else if (a == "--no-progress") o.progress = false;
+    else if (a == "--probe") o.probe = true;
+    else if (a == "--topology") o.topology = value(i);
+    else if (a == "--offload") o.offload = value(i);
+    else if (a == "--rank") o.rank = std::stoul(value(i));
+    else if (a == "--world-size") o.world = std::stoul(value(i));
+    else if (a == "--local-rank") o.local_rank = std::stoul(value(i));
+    else if (a == "--local-world-size") o.local_world = std::stoul(value(i));
+    else if (a == "--contract-out") o.contract_out = value(i);
     else if (!a.starts_with("--") && o.source.empty()) o.source = a;
     else throw config_error(fmt::format("unknown argument '{}' (see --help)", a));
   }
   if (o.source.empty()) throw config_error("no SOURCE given (see --help)");
+  if (!o.contract_out.empty() && !o.probe) throw config_error("--contract-out needs --probe");
   return o;
 }
 
@@ -122,6 +143,54 @@ class progress_display {
   std::thread th_;
 };
 
+// Digests of what this rank holds: placeholders (tensors it does not own) are skipped.
+struct owned_digests {
+  digest_sink d;
+  bool accept(tensor_view v) { return v.kind == view_kind::metadata ? false : d.accept(std::move(v)); }
+};
+
+int run_distributed(const options& o) {
+  auto who = comm::rank_info::from_env();
+  if (o.rank) who.rank = *o.rank;
+  if (o.world) who.world_size = *o.world;
+  who.local_rank = o.local_rank.value_or(o.rank ? who.rank : who.local_rank);
+  if (o.local_world) who.local_size = *o.local_world;
+  else if (o.world && !std::getenv("LOCAL_WORLD_SIZE")) who.local_size = who.world_size;
+  if (who.rank >= who.world_size) throw config_error(fmt::format("rank {} is not below the world size {}", who.rank, who.world_size));
+  distributed_options dopt;
+  dopt.load = o.load;
+  open_options oo;
+  if (!o.select.empty()) {
+    auto re = std::make_shared<std::regex>(o.select);
+    oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
+  }
+  const std::string topo = o.topology.empty() ? fmt::format("tp1,dp{},ep{}", who.world_size, who.world_size) : o.topology;
+  owned_digests digests;
+  discard_sink discard;
+  auto st = o.digest ? load_distributed(std::filesystem::path(o.source), topo, o.offload, who, digests, dopt, oo)
+                     : load_distributed(std::filesystem::path(o.source), topo, o.offload, who, discard, dopt, oo);
+  auto j = st.to_json();
+  j["peak_rss_bytes"] = sluice_cli::peak_rss();
+  if (o.digest)
+    for (const auto& [name, d] : digests.d.digests()) std::printf("%s\n", d.line().c_str());
+  std::string out = o.json_out;
+  if (out.empty())
+    if (const char* e = std::getenv("SLUICE_JSON_OUT")) out = e;
+  if (!out.empty()) {
+    std::ofstream f(out);
+    f << j.dump(2) << "\n";
+    if (!f) return sluice_cli::fail(fmt::format("cannot write '{}'", out));
+  }
+  if (o.json) std::printf("%s\n", j.dump(2).c_str());
+  else
+    std::fprintf(stderr, "rank %zu/%zu (%s, offload %s): %llu tensors delivered, read %s from storage, received %s, "
+                         "shared segment %s, %.2f s\n",
+                 who.rank, who.world_size, topo.c_str(), o.offload.c_str(), static_cast<unsigned long long>(st.tensors),
+                 human_bytes(static_cast<double>(st.bytes_read)).c_str(), human_bytes(static_cast<double>(st.bytes_received)).c_str(),
+                 human_bytes(static_cast<double>(st.shared_bytes)).c_str(), st.seconds);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -132,6 +201,30 @@ int main(int argc, char** argv) try {
     oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
   }
   const double cpu0 = sluice_cli::cpu_seconds();
+  if (o.probe) {
+    // Metadata only: the plan and the contract from the headers; no tensor byte is read.
+    std::optional<checkpoint> probed;
+#if SLUICE_HAS_S3
+    std::optional<s3_catalog> cat;
+    if (o.source.starts_with("s3://")) probed = checkpoint::open(cat.emplace(o.source), oo);
+#endif
+    if (!probed) probed = checkpoint::open(o.source, oo);
+    auto report = probe_contract(*probed);
+    if (!o.contract_out.empty()) manifest::save(report.contract, o.contract_out);
+    auto j = report.plan.to_json();
+    j["source"] = o.source;
+    if (!o.json_out.empty()) {
+      std::ofstream f(o.json_out);
+      f << j.dump(2) << "\n";
+      if (!f) return sluice_cli::fail(fmt::format("cannot write '{}'", o.json_out));
+    }
+    if (o.json)
+      std::printf("%s\n", j.dump(2).c_str());
+    else
+      print_plan(std::cout, report.plan);
+    return 0;
+  }
+  if (!o.topology.empty() || std::getenv("WORLD_SIZE")) return run_distributed(o);
   load_progress progress;
   o.load.progress = &progress;
   load_stats st;
