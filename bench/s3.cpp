@@ -1,0 +1,312 @@
+// bench-s3: the same checkpoint read over HTTP range GETs from S3-compatible
+// servers by sluice (s3_source through the load pipeline into a discard sink),
+// N parallel curl processes and boto3, at the same concurrency and part size.
+// Prints GiB/s and the ratio of sluice to the best alternative per server.
+//
+//   bench-s3 DIR --server NAME=URL[,WARM_DIR] [--server ...] --bucket B --prefix P
+//            [--streams 8,16] [--part 8MiB,16MiB] [--repeat 2] [--threads 1] [--no-boto3] [--no-curl]
+//
+// DIR is the local copy of the checkpoint (file list and sizes); every server
+// holds it as s3://B/P<file> (path-style). Credentials and region come from
+// the AWS_* environment (bench/s3.sh sets them). WARM_DIR, when given, is read
+// before each timed run so that the server reads from the page cache (this VM
+// reclaims idle page cache within a minute: shared/ENVIRONMENT.md).
+//
+// Contenders, per (streams N, part size S):
+//   sluice      one io_context thread, pool of N connections, fetch queue depth 2N
+//               (N reads on the wire, N more queued for the next free connection:
+//               results leave the fetch stage in order, and with depth N a read that
+//               completes before the oldest one leaves its connection idle until the
+//               oldest completes - the requests then go out in waves), requests of at
+//               most S (coalesced tensors), pre-faulted page-aligned staging pool
+//               reused across runs, discard sink;
+//   qd=N        the same with queue depth N (what s3_load.hpp's `load` sets today);
+//   curl xN     N curl processes, each fetching its share of the S-byte ranges
+//               (round-robin) over one keep-alive connection, to /dev/null;
+//   curl/part   one curl process per S-byte range, N at a time (xargs -P N);
+//   boto3       TransferManager (max_concurrency N, chunk S, N pooled connections),
+//               every file submitted at once into a discarding file object; timed
+//               inside Python (interpreter start and imports excluded).
+// Bytes per contender: sluice reads the tensor bytes (headers were read when
+// the checkpoint was opened), the others the whole files; each rate uses its
+// own byte count.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/sluice.hpp>
+#include <sluice/source/s3_load.hpp>
+
+#include "common/cli.hpp"
+
+namespace {
+namespace fs = std::filesystem;
+using clk = std::chrono::steady_clock;
+double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+constexpr double gib = 1024.0 * 1024 * 1024;
+
+struct server {
+  std::string name, url, warm_dir;
+};
+
+struct object {
+  std::string name;
+  std::uint64_t size = 0;
+};
+
+std::vector<unsigned> parse_list(const std::string& s, bool sizes) {
+  std::vector<unsigned> out;
+  for (std::size_t b = 0; b <= s.size();) {
+    auto e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    const auto item = s.substr(b, e - b);
+    if (!item.empty()) out.push_back(static_cast<unsigned>(sizes ? sluice_cli::parse_size(item) : std::stoul(item)));
+    b = e + 1;
+  }
+  return out;
+}
+
+// Reads every regular file under `dir` (so that the server finds it in the page cache).
+void warm(const std::string& dir) {
+  if (dir.empty()) return;
+  static std::vector<char> buf(8 << 20);
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::FILE* f = std::fopen(e.path().c_str(), "rb");
+    if (!f) continue;
+    while (std::fread(buf.data(), 1, buf.size(), f) == buf.size()) {
+    }
+    std::fclose(f);
+  }
+}
+
+int shell(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+std::string slurp(const std::string& cmd) {
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {};
+  std::string out;
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  if (::pclose(p) != 0) return {};
+  return out;
+}
+
+struct bench {
+  std::string dir, bucket, prefix, work;
+  std::vector<object> objects;
+  std::uint64_t file_bytes = 0;
+  unsigned threads = 1;
+
+  std::string object_url(const server& s, const object& o) const {
+    return fmt::format("{}/{}/{}{}", s.url, bucket, prefix, o.name);
+  }
+
+  // sluice: returns {seconds, bytes}.
+  std::pair<double, std::uint64_t> run_sluice(const server& s, sluice::staging_pool& pool, unsigned streams,
+                                              std::uint64_t part, unsigned queue_depth) const {
+    auto cfg = sluice::s3::config::from_environment();
+    cfg.endpoint = sluice::s3::http_endpoint::parse(s.url);
+    cfg.custom_endpoint = true;
+    cfg.max_connections = streams;
+    sluice::s3_catalog cat(fmt::format("s3://{}/{}", bucket, prefix), cfg);
+    auto ck = sluice::checkpoint::open(cat);
+    warm(s.warm_dir);
+    const auto t0 = clk::now();
+    boost::asio::io_context ioc{static_cast<int>(threads)};
+    std::vector<std::string> uris;
+    for (const auto& sh : ck.shards()) uris.push_back(sh.uri);
+    sluice::s3_source src(ioc.get_executor(), cfg, std::move(uris));
+    for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, cat.object_info(ck.shards()[i].name));
+    sluice::load_options o;
+    o.max_read = part;
+    o.queue_depth = queue_depth;
+    o.threads = threads;
+    o.poison = false;
+    sluice::discard_sink sink;
+    auto st = sluice::run_on(ioc, sluice::load_async(ck, src, sink, pool, o), threads);
+    return {since(t0), st.bytes_read};
+  }
+
+  // curl, N keep-alive processes (round-robin share of the ranges) or one per range.
+  double run_curl(const server& s, unsigned streams, std::uint64_t part, bool per_part) const {
+    const auto cfg_dir = fmt::format("{}/curl-{}", work, per_part ? "part" : "streams");
+    fs::remove_all(cfg_dir);
+    fs::create_directories(cfg_dir);
+    std::vector<std::ofstream> cfgs;
+    std::ofstream list(cfg_dir + "/ranges");
+    if (!per_part)
+      for (unsigned i = 0; i < streams; ++i) cfgs.emplace_back(fmt::format("{}/{:03}.cfg", cfg_dir, i));
+    std::vector<bool> used(streams, false);
+    unsigned k = 0;
+    for (const auto& o : objects)
+      for (std::uint64_t off = 0; off < o.size; off += part, ++k) {
+        const auto last = std::min(o.size, off + part) - 1;
+        if (per_part) {
+          list << fmt::format("-r {}-{} {}\n", off, last, object_url(s, o));
+        } else {
+          auto& c = cfgs[k % streams];
+          c << (used[k % streams] ? "next\n" : "")
+            << fmt::format("url = \"{}\"\nrange = {}-{}\noutput = /dev/null\nsilent\nshow-error\nfail\n",
+                           object_url(s, o), off, last);
+          used[k % streams] = true;
+        }
+      }
+    for (auto& c : cfgs) c.close();
+    list.close();
+    const auto cmd = per_part
+                         ? fmt::format("xargs -P {} -L 1 curl -sS --fail -o /dev/null < {}/ranges", streams, cfg_dir)
+                         : fmt::format("ls {0}/*.cfg | xargs -P {1} -n 1 curl -K", cfg_dir, streams);
+    warm(s.warm_dir);
+    const auto t0 = clk::now();
+    if (shell(cmd) != 0) throw std::runtime_error("curl failed: " + cmd);
+    return since(t0);
+  }
+
+  // boto3: seconds measured inside Python.
+  double run_boto3(const server& s, unsigned streams, std::uint64_t part) const {
+    std::string keys;
+    for (const auto& o : objects) keys += " " + prefix + o.name;
+    warm(s.warm_dir);
+    const auto out = slurp(fmt::format("/usr/bin/python3 {}/boto3_get.py {} {} {} {} {}", work, s.url, bucket, streams,
+                                       part, keys));
+    if (out.empty()) throw std::runtime_error("boto3 run failed against " + s.url);
+    return std::stod(out);
+  }
+};
+
+constexpr const char* boto3_script = R"(import sys, time, boto3
+from botocore.config import Config
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+url, bucket, n, part = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+keys = sys.argv[5:]
+class Discard:
+    def __init__(self): self.pos = 0
+    def write(self, b): self.pos += len(b); return len(b)
+    def seek(self, o, w=0): self.pos = o
+    def tell(self): return self.pos
+    def seekable(self): return True
+c = boto3.client("s3", endpoint_url=url, config=Config(max_pool_connections=n, s3={"addressing_style": "path"}))
+tc = TransferConfig(max_concurrency=n, multipart_chunksize=part, multipart_threshold=part, use_threads=True)
+with create_transfer_manager(c, tc) as tm:
+    c.head_object(Bucket=bucket, Key=keys[0])  # a warm connection, as the others get theirs inside the timing
+    t0 = time.perf_counter()
+    fs = [tm.download(bucket, k, Discard()) for k in keys]
+    for f in fs: f.result()
+    print(time.perf_counter() - t0)
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  constexpr const char* usage =
+      "usage: bench-s3 DIR --server NAME=URL[,WARM_DIR] [--server ...] --bucket B --prefix P [--streams 8,16] "
+      "[--part 8MiB,16MiB] [--repeat 2] [--threads 1] [--no-boto3] [--no-curl]";
+  if (argc < 2) return sluice_cli::fail(usage);
+  bench b;
+  b.dir = argv[1];
+  std::vector<server> servers;
+  std::string streams_s = "8,16", parts_s = "8MiB,16MiB";
+  int repeat = 2;
+  bool boto3 = true, curl = true;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (a == "--server") {
+      const auto v = next();
+      const auto eq = v.find('='), comma = v.find(',');
+      if (eq == std::string::npos) throw std::invalid_argument("--server wants NAME=URL[,WARM_DIR]");
+      servers.push_back({v.substr(0, eq), v.substr(eq + 1, comma == std::string::npos ? comma : comma - eq - 1),
+                         comma == std::string::npos ? "" : v.substr(comma + 1)});
+    } else if (a == "--bucket") b.bucket = next();
+    else if (a == "--prefix") b.prefix = next();
+    else if (a == "--streams") streams_s = next();
+    else if (a == "--part") parts_s = next();
+    else if (a == "--repeat") repeat = std::stoi(next());
+    else if (a == "--threads") b.threads = static_cast<unsigned>(std::stoul(next()));
+    else if (a == "--no-boto3") boto3 = false;
+    else if (a == "--no-curl") curl = false;
+    else throw std::invalid_argument(fmt::format("unknown argument '{}'\n{}", a, usage));
+  }
+  if (servers.empty() || b.bucket.empty()) return sluice_cli::fail(usage);
+  if (!b.prefix.empty() && b.prefix.back() != '/') b.prefix += '/';
+  for (const auto& e : fs::directory_iterator(b.dir))
+    if (e.is_regular_file()) b.objects.push_back({e.path().filename().string(), e.file_size()});
+  std::sort(b.objects.begin(), b.objects.end(), [](auto& x, auto& y) { return x.name < y.name; });
+  for (const auto& o : b.objects) b.file_bytes += o.size;
+  const auto streams = parse_list(streams_s, false);
+  const auto parts = parse_list(parts_s, true);
+  char tmpl[] = "/tmp/bench-s3.XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  b.work = tmpl;
+  struct remove_on_exit {
+    std::string dir;
+    ~remove_on_exit() { std::error_code ec; fs::remove_all(dir, ec); }
+  } cleanup{b.work};
+  std::ofstream(b.work + "/boto3_get.py") << boto3_script;
+
+  std::printf("bench-s3: %zu objects, %.2f GiB, s3://%s/%s, best of %d, sluice on %u io thread(s)\n", b.objects.size(),
+              static_cast<double>(b.file_bytes) / gib, b.bucket.c_str(), b.prefix.c_str(), repeat, b.threads);
+  for (const auto& s : servers) {
+    std::printf("\n%s (%s)\n", s.name.c_str(), s.url.c_str());
+    std::printf("  %-7s %-9s %8s %8s %8s %8s %8s %8s   %s\n", "streams", "part", "sluice", "qd=N", "curl xN",
+                "curl/prt", "boto3", "best alt", "sluice / best");
+    for (const unsigned n : streams)
+      for (const unsigned part : parts) {
+        const std::uint64_t max_read = part;
+        // One pre-faulted, page-aligned pool per shape, reused by every run.
+        sluice::staging_pool pool({.budget = (2 * n + 4) * sluice::slot_size_for(max_read),
+                                   .slot_size = sluice::slot_size_for(max_read), .poison = false, .prefault = true});
+        double t_sluice = 1e30, t_sluice_n = 1e30, t_curl = 1e30, t_curl_part = 1e30, t_boto = 1e30;
+        std::uint64_t sluice_bytes = 0;
+        for (int r = 0; r < repeat; ++r) {   // interleaved: drift of this shared VM hits every contender
+          auto [t, bytes] = b.run_sluice(s, pool, n, max_read, 2 * n);
+          if (t < t_sluice) t_sluice = t, sluice_bytes = bytes;
+          t_sluice_n = std::min(t_sluice_n, b.run_sluice(s, pool, n, max_read, n).first);
+          if (curl) {
+            t_curl = std::min(t_curl, b.run_curl(s, n, max_read, false));
+            t_curl_part = std::min(t_curl_part, b.run_curl(s, n, max_read, true));
+          }
+          if (boto3) t_boto = std::min(t_boto, b.run_boto3(s, n, max_read));
+        }
+        const double fb = static_cast<double>(b.file_bytes) / gib;
+        const double r_sluice = static_cast<double>(sluice_bytes) / gib / t_sluice;
+        const double r_sluice_n = static_cast<double>(sluice_bytes) / gib / t_sluice_n;
+        const double r_curl = curl ? fb / t_curl : 0, r_part = curl ? fb / t_curl_part : 0,
+                     r_boto = boto3 ? fb / t_boto : 0;
+        const double best = std::max({r_curl, r_part, r_boto});
+        auto cell = [](double v) { return v > 0 ? fmt::format("{:8.2f}", v) : fmt::format("{:>8}", "-"); };
+        std::printf("  %-7u %-9s %s %s %s %s %s %s   %s\n", n, sluice_cli::human_bytes(static_cast<double>(part)).c_str(),
+                    cell(r_sluice).c_str(), cell(r_sluice_n).c_str(), cell(r_curl).c_str(), cell(r_part).c_str(), cell(r_boto).c_str(),
+                    cell(best).c_str(), best > 0 ? fmt::format("{:.2f}x", r_sluice / best).c_str() : "-");
+        std::fflush(stdout);
+      }
+  }
+  std::printf("\n(GiB/s; every contender keeps N requests on the wire; sluice: queue depth 2N, qd=N: depth N;\n"
+              " curl and boto3 read the whole files, sluice the tensor bytes; boto3 timed inside Python)\n");
+  std::printf("command: bench-s3 %s", b.dir.c_str());
+  for (const auto& s : servers)
+    std::printf(" --server %s=%s%s", s.name.c_str(), s.url.c_str(), s.warm_dir.empty() ? "" : ("," + s.warm_dir).c_str());
+  std::printf(" --bucket %s --prefix %s --streams %s --part %s --repeat %d --threads %u%s%s\n", b.bucket.c_str(),
+              b.prefix.c_str(), streams_s.c_str(), parts_s.c_str(), repeat, b.threads, boto3 ? "" : " --no-boto3",
+              curl ? "" : " --no-curl");
+  return 0;
+} catch (const std::exception& e) {
+  return sluice_cli::fail(e.what());
+}
