@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -213,6 +214,22 @@ int main(int argc, char** argv) try {
     if (!o.contract_out.empty()) manifest::save(report.contract, o.contract_out);
     auto j = report.plan.to_json();
     j["source"] = o.source;
+    // With a topology: which rank reads how many bytes of each layer.
+    std::map<std::int64_t, std::map<std::size_t, std::uint64_t>> readers;
+    if (!o.topology.empty()) {
+      const auto placement = plan_for(*probed, o.topology, o.offload);
+      const manifest::layer_grouping layers;
+      for (const auto& e : placement.entries)
+        for (const auto& r : e.reads) readers[layers.layer_of(e.info.name)][r.reader] += r.size;
+      for (auto& l : j["layers"]) {
+        const auto layer = l["layer"].is_null() ? manifest::non_layer : l["layer"].get<std::int64_t>();
+        nlohmann::json rj = nlohmann::json::object();
+        for (const auto& [rank, bytes] : readers[layer]) rj[std::to_string(rank)] = bytes;
+        l["read_bytes_by_rank"] = rj;
+      }
+      j["topology"] = o.topology;
+      j["offload"] = o.offload;
+    }
     if (!o.json_out.empty()) {
       std::ofstream f(o.json_out);
       f << j.dump(2) << "\n";
@@ -220,8 +237,17 @@ int main(int argc, char** argv) try {
     }
     if (o.json)
       std::printf("%s\n", j.dump(2).c_str());
-    else
+    else {
       print_plan(std::cout, report.plan);
+      if (!readers.empty()) {
+        std::printf("\nreaders under %s, offload %s (rank: bytes read from storage)\n", o.topology.c_str(), o.offload.c_str());
+        for (const auto& [layer, by_rank] : readers) {
+          std::string line;
+          for (const auto& [rank, bytes] : by_rank) line += fmt::format(" {}:{}", rank, bytes);
+          std::printf("%-20s%s\n", layer == manifest::non_layer ? "non-layer" : std::to_string(layer).c_str(), line.c_str());
+        }
+      }
+    }
     return 0;
   }
   if (!o.topology.empty() || std::getenv("WORLD_SIZE")) return run_distributed(o);

@@ -4,6 +4,7 @@
 #  - --json reports bytes_read == the checkpoint's tensor bytes, and a load of a
 #    checkpoint 4x the staging budget stays within it (slots_used * slot_size);
 #  - --probe reads headers only (bytes_read 0) and --contract-out writes JSON;
+#    with --topology it plans every byte to exactly one reader rank;
 #  - a bad checkpoint gives a non-zero exit and one `sluice: error:` line.
 # Usage: check_load.sh SLUICE_LOAD CKPT DIGESTS BAD_DIR
 set -euo pipefail
@@ -32,6 +33,18 @@ PY
 "$load" "$ck" --probe --contract-out "$work/contract.json" --json-out "$work/p.json" > "$work/plan.txt"
 grep -q "tensor bytes read 0" "$work/plan.txt" || { echo "FAIL: probe plan:"; cat "$work/plan.txt"; exit 1; }
 /usr/bin/python3 -c "import json,sys; p=json.load(open(sys.argv[1])); c=json.load(open(sys.argv[2])); assert p['bytes_read']==0 and p['keys']>0, p; print('ok: probe read', p['header_bytes_read'], 'header bytes, 0 tensor bytes;', p['keys'], 'contract keys')" "$work/p.json" "$work/contract.json"
+
+"$load" "$ck" --probe --topology tp1,dp4,ep4 --offload shared-cooperative --json > "$work/pt.json"
+/usr/bin/python3 - "$work/pt.json" "$work/s.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1])); s = json.load(open(sys.argv[2]))
+by_rank = {}
+for l in p["layers"]:
+    for r, b in l["read_bytes_by_rank"].items(): by_rank[r] = by_rank.get(r, 0) + b
+assert sum(by_rank.values()) == s["bytes_read"], (by_rank, s["bytes_read"])
+assert p["bytes_read"] == 0 and sorted(by_rank) == ["0", "1", "2", "3"], p
+print("ok: probe under tp1,dp4,ep4 plans", sum(by_rank.values()), "bytes over readers", by_rank)
+PY
 
 if "$load" "$bad/truncated-after-header.safetensors" --no-progress 2> "$work/err.txt"; then echo "FAIL: bad input loaded"; exit 1; fi
 [[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: data-end: .*truncated-after-header.safetensors" "$work/err.txt" \
