@@ -19,20 +19,30 @@
 
 namespace sluice::inline v0 {
 
-/// Loads `ck` (opened through `cat`) into `s`. The queue depth is raised to
-/// the client's connection count (S3 throughput needs many streams); every
-/// object is read at the version (ETag) the catalog saw, so an object replaced
-/// mid-load fails with s3_object_changed_error.
+/// Loads `ck` (opened through `cat`) into `s`, staging through `pool` (reuse
+/// a pool across loads: its pages are faulted in once). Every object is read
+/// at the version (ETag) the catalog saw, so an object replaced mid-load fails
+/// with s3_object_changed_error. The queue depth is raised to twice the
+/// client's connection count: fetch releases results in order, so with depth
+/// == connections an early-finishing GET would leave its connection idle until
+/// the oldest one completes (requests then go out in waves; bench/s3 measured
+/// it with strace).
 template <sink Sink>
-load_stats load(const checkpoint& ck, s3_catalog& cat, Sink& s, load_options opt = {}) {
+load_stats load(const checkpoint& ck, s3_catalog& cat, Sink& s, staging_pool& pool, load_options opt = {}) {
   asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
-  staging_pool pool({opt.staging_budget, slot_size_for(opt.max_read), opt.poison});
   std::vector<std::string> uris;
   for (const auto& sh : ck.shards()) uris.push_back(sh.uri);
   s3_source src(ioc.get_executor(), cat.cfg(), std::move(uris));
   for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, cat.object_info(ck.shards()[i].name));
-  opt.queue_depth = std::max<unsigned>(opt.queue_depth, static_cast<unsigned>(cat.cfg().max_connections));
+  opt.queue_depth = std::max<unsigned>(opt.queue_depth, 2 * static_cast<unsigned>(cat.cfg().max_connections));
   return run_on(ioc, load_async(ck, src, s, pool, opt), opt.threads);
+}
+
+/// As above, with a staging pool made for this load.
+template <sink Sink>
+load_stats load(const checkpoint& ck, s3_catalog& cat, Sink& s, load_options opt = {}) {
+  staging_pool pool({opt.staging_budget, slot_size_for(opt.max_read), opt.poison});
+  return load(ck, cat, s, pool, opt);
 }
 
 }  // namespace sluice::inline v0
