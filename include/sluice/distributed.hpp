@@ -221,7 +221,7 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
   const auto me = static_cast<policy::rank_t>(c.rank());
   distributed_stats st;
   st.rank = me, st.world = c.size(), st.local_rank = me % plan.local_size;
-  st.topology = fmt::format("tp{},dp{},ep{}", plan.tp, plan.dp, plan.ep);
+  st.topology = plan.topology_string();
   st.offload = std::string(policy::offload_name(plan.offload));
   st.planned_read_bytes = plan.read_bytes.at(me);
   st.windows = plan.windows;
@@ -500,13 +500,13 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
   return st;
 }
 
-/// The plan for `ck` under a topology string ("tp1,dp8,ep8") and an offload
+/// The plan for `ck` under a topology string ("tp1,dp8,ep8", "tp4,pp2") and an offload
 /// name ("none|per-rank|shared-single|shared-cooperative").
 [[nodiscard]] inline policy::load_plan plan_for(const checkpoint& ck, std::string_view topology, std::string_view offload,
                                                 const distributed_options& opt = {}) {
   const auto topo = policy::parse_topology(topology);
-  return policy::make_plan(policy::tensor_infos(ck), policy::classifier(opt.classify), topo.tp(), topo.dp(), topo.ep(),
-                           policy::parse_offload(offload), opt.plan);
+  return policy::make_plan(policy::tensor_infos(ck), policy::classifier(opt.classify), topo, policy::parse_offload(offload),
+                           opt.plan);
 }
 
 /// The one call for tools (sluice-load): plans `ck` for `topology` and

@@ -155,3 +155,111 @@ TEST_CASE("windows cut the non-shared bytes in file order", "[policy][plan]") {
     if (b > o.window_bytes) REQUIRE(std::count_if(p.entries.begin(), p.entries.end(), [&](auto& e) { return e.window == w && !e.shared(); }) == 1);
   }
 }
+
+namespace {
+// The ranks of pipeline stage k in a plan.
+rank_set stage_set(const load_plan& p, std::size_t k) {
+  rank_set s(p.world);
+  for (std::size_t r = 0; r < p.stage_size(); ++r) s.insert(static_cast<rank_t>(k * p.stage_size() + r));
+  return s;
+}
+bool subset(const rank_set& a, const rank_set& b) {
+  for (auto r : a.members())
+    if (!b.contains(r)) return false;
+  return true;
+}
+}  // namespace
+
+TEST_CASE("TP4xPP2: a stage owns a contiguous range of layers, embeddings first, norm and lm_head last", "[policy][plan][pp]") {
+  const auto tensors = deepseek_like(64u << 20);  // 6 layers + the draft layer 6
+  const auto p = make_plan(tensors, classifier::deepseek(), parse_topology("tp4,pp2"), offload_kind::shared_cooperative);
+  REQUIRE(p.pp == 2);
+  REQUIRE(p.world == 8);
+  REQUIRE(p.layers == 7);
+  // 7 layers over 2 stages: the extra one to the stage before the last (vLLM's split).
+  REQUIRE(p.stage_begin == std::vector<std::uint64_t>{0, 4, 7});
+  REQUIRE(p.entry("model.embed_tokens.weight").stage == 0);
+  REQUIRE(p.entry("model.embed_tokens.weight").owners == stage_set(p, 0));
+  REQUIRE(p.entry("model.norm.weight").stage == 1);
+  REQUIRE(p.entry("lm_head.weight").owners == stage_set(p, 1));
+  REQUIRE(p.entry("model.layers.3.input_layernorm.weight").owners == stage_set(p, 0));
+  REQUIRE(p.entry("model.layers.4.input_layernorm.weight").owners == stage_set(p, 1));
+  REQUIRE(p.entry("model.engram.0.norm.weight").stage == -1);  // layer-less, neither anchor: every stage
+  REQUIRE(p.entry("model.engram.0.table").owners == rank_set::all(8));
+  for (const auto& e : p.entries) {
+    INFO(e.info.name);
+    if (e.info.layer >= 0) {
+      const auto k = static_cast<std::size_t>(e.stage);
+      REQUIRE(static_cast<std::uint64_t>(e.info.layer) >= p.stage_begin[k]);
+      REQUIRE(static_cast<std::uint64_t>(e.info.layer) < p.stage_begin[k + 1]);
+      REQUIRE(subset(e.owners, stage_set(p, k)));
+    }
+    if (e.shared()) continue;
+    for (const auto& r : e.reads) REQUIRE(e.owners.contains(r.reader));  // readers respect stages
+  }
+  require_reads_tile(p);
+  REQUIRE(std::accumulate(p.read_bytes.begin(), p.read_bytes.end(), std::uint64_t{0}) == total(tensors));
+  // TP slices still cut row-parallel weights within a stage.
+  const auto& q = p.entry("model.layers.5.self_attn.q_proj.weight");
+  REQUIRE(q.tp_ranges.size() == 4);
+  for (const auto& r : q.reads) REQUIRE(p.stage_of(r.reader) == 1);
+}
+
+TEST_CASE("PP with experts: each stage holds every expert of its layers, EP within the stage", "[policy][plan][pp]") {
+  const auto tensors = deepseek_like(64u << 20);  // 16 experts
+  const auto p = make_plan(tensors, classifier::deepseek(), parse_topology("dp4,ep4,pp2"), offload_kind::none);
+  for (const auto& e : p.entries) {
+    if (e.info.cls != tensor_class::routed_expert) continue;
+    const auto k = static_cast<std::size_t>(e.stage);
+    REQUIRE(e.owners.members() == std::vector<rank_t>{static_cast<rank_t>(k * 4 + static_cast<std::size_t>(e.info.expert) / 4)});
+    REQUIRE(p.reader(e.info) == e.owners.members().front());
+  }
+}
+
+TEST_CASE("PP options: explicit stage split, even_stages, configurable anchors and layer pattern", "[policy][plan][pp]") {
+  const auto tensors = deepseek_like(64u << 20);  // 7 layer indices
+  const auto topo = parse_topology("tp4,pp2");
+  plan_options o;
+  o.stage_layers = {2, 5};
+  REQUIRE(make_plan(tensors, classifier::deepseek(), topo, offload_kind::none, o).stage_begin ==
+          std::vector<std::uint64_t>{0, 2, 7});
+  o.stage_layers = {2, 4};
+  REQUIRE_THROWS_WITH(make_plan(tensors, classifier::deepseek(), topo, offload_kind::none, o),
+                      Catch::Contains("add up to 6, the checkpoint has 7 layers"));
+  o.stage_layers = {};
+  o.even_stages = true;
+  REQUIRE_THROWS_WITH(make_plan(tensors, classifier::deepseek(), topo, offload_kind::none, o),
+                      Catch::Contains("PP=2 does not divide the 7 layers"));
+  REQUIRE_THROWS_WITH(make_plan(tensors, classifier::deepseek(), parse_topology("pp8"), offload_kind::none),
+                      Catch::Contains("PP=8 stages exceed the 7 layers"));
+  // lm_head with the first stage, by option.
+  classify_options co = classifier::deepseek().options();
+  co.first_stage_pattern = R"((^|\.)(embed_tokens|lm_head)\.)";
+  const auto p = make_plan(tensors, classifier(co), topo, offload_kind::none);
+  REQUIRE(p.entry("lm_head.weight").stage == 0);
+  REQUIRE(p.entry("model.norm.weight").stage == 1);
+  co.layer_pattern = R"(no_such_layers\.(\d+)\.)";
+  REQUIRE_THROWS_WITH(make_plan(tensors, classifier(co), topo, offload_kind::none),
+                      Catch::Contains("no tensor name has a layer index"));
+}
+
+TEST_CASE("experts that do not spread over EP are a config error naming the numbers", "[policy][plan]") {
+  auto tensors = deepseek_like(64u << 20);  // 16 experts
+  REQUIRE_THROWS_WITH(make_plan(tensors, classifier::deepseek(), 1, 6, 6, offload_kind::none),
+                      Catch::Contains("16 routed experts per layer do not spread evenly over EP=6"));
+  plan_options o;
+  o.uneven_experts = true;
+  REQUIRE_NOTHROW(make_plan(tensors, classifier::deepseek(), 1, 6, 6, offload_kind::none, o));
+  REQUIRE_NOTHROW(make_plan(deepseek_like(), classifier::deepseek(), 1, 8, 8, offload_kind::none));
+}
+
+TEST_CASE("a static model shape is checked at compile time and against the tensors", "[policy][plan][pp]") {
+  const auto tensors = deepseek_like(64u << 20);  // 7 layer indices, 16 experts
+  using good = plan<tp4_pp2, offload::none, model_shape<7, 16>>;
+  STATIC_REQUIRE(std::same_as<good::shape_type, model_shape<7, 16>>);
+  REQUIRE(good::compute(tp4_pp2{}, tensors).layers == 7);
+  REQUIRE_THROWS_WITH((plan<tp4_pp2, offload::none, model_shape<8, 16>>::compute(tp4_pp2{}, tensors)),
+                      Catch::Contains("says 8 layers, the tensors have 7"));
+  REQUIRE_THROWS_WITH((plan<tp1_dp8_ep8, offload::none, model_shape<dynamic, 32>>::compute(tp1_dp8_ep8{}, tensors)),
+                      Catch::Contains("says 32 routed experts per layer, the tensors have 16"));
+}

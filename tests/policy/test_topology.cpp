@@ -63,3 +63,35 @@ TEST_CASE("a size threshold makes any large tensor a table", "[policy][classify]
   REQUIRE(c(tensor_info{"small", 999, {999}}).cls == tensor_class::replicated);
   REQUIRE_THROWS_AS(classifier(classify_options{"(", "", 0, ""}), config_error);
 }
+
+TEST_CASE("PP stages are contiguous blocks of TP x DP ranks; topology<TP, DP, EP> keeps PP = 1", "[policy][topology]") {
+  STATIC_REQUIRE(tp1_dp8_ep8::static_pp == 1);
+  STATIC_REQUIRE(tp4_pp2::is_static);
+  STATIC_REQUIRE(sizeof(tp4_pp2) == 1);
+  constexpr tp4_pp2 t;
+  STATIC_REQUIRE(t.world_size() == 8);
+  STATIC_REQUIRE(t.stage_size() == 4);
+  STATIC_REQUIRE(t.coords(3) == rank_coords{3, 3, 0, 0, 0});
+  STATIC_REQUIRE(t.coords(5) == rank_coords{5, 1, 0, 0, 1});
+  constexpr topology<2, 2, 4, 2> u;
+  STATIC_REQUIRE(u.coords(6) == rank_coords{6, 0, 1, 2, 1});
+  REQUIRE_THROWS_AS(t.coords(8), config_error);
+  REQUIRE(t.to_string() == "tp4,dp1,ep1,pp2");
+  REQUIRE(tp1_dp8_ep8{}.to_string() == "tp1,dp8,ep8");
+  REQUIRE_THROWS_AS(dynamic_topology(4, 1, 1, 0), config_error);
+  REQUIRE_THROWS_AS((topology<4, 1, 1, 2>(4, 1, 1, 3)), config_error);
+}
+
+TEST_CASE("parse_topology reads pp", "[policy][topology]") {
+  const auto t = parse_topology("tp4,pp2");
+  REQUIRE(t.tp() == 4);
+  REQUIRE(t.pp() == 2);
+  REQUIRE(t.dp() == 1);
+  REQUIRE(t.world_size() == 8);
+  REQUIRE(t.coords(6).pp_rank == 1);
+  REQUIRE(t.coords(6).tp_rank == 2);
+  REQUIRE(parse_topology("tp1,dp8,ep8").pp() == 1);
+  REQUIRE(parse_topology("dp2,ep2,pp4").world_size() == 8);
+  REQUIRE_THROWS_WITH(parse_topology("tp4,pp0"), Catch::Contains("PP must be >= 1"));
+  REQUIRE_THROWS_WITH(parse_topology("tp4,ppx"), Catch::Contains("cannot parse 'ppx'"));
+}

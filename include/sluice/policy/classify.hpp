@@ -2,8 +2,10 @@
 /// \file
 /// Tensor classes from names: routed experts (expert index parsed from the
 /// name), shared/offloaded tables (by pattern and/or a size threshold) and
-/// replicated tensors (everything else); and which tensors are row-sliced
-/// under tensor parallelism. Patterns are ECMAScript regular expressions,
+/// replicated tensors (everything else); which tensors are row-sliced
+/// under tensor parallelism; and, for pipeline stages, each tensor's layer
+/// index and whether a layer-less tensor belongs to the first stage
+/// (embeddings) or the last (final norm, lm_head). Patterns are ECMAScript regular expressions,
 /// searched (not matched) in the tensor's name.
 
 #include <cstdint>
@@ -30,7 +32,18 @@ struct classify_options {
   /// (column-parallel layers: q/k/v, gate/up, and the vocabulary).
   std::string row_sliced_pattern =
       R"((q_proj|k_proj|v_proj|gate_proj|up_proj|embed_tokens|lm_head)\.weight$)";
+  /// A decoder layer's tensor; capture group 1 is the layer index (a PP stage
+  /// owns a contiguous range of layers).
+  std::string layer_pattern = R"(layers\.(\d+)\.)";
+  /// Layer-less tensors that go with the first pipeline stage.
+  std::string first_stage_pattern = R"((^|\.)embed_tokens\.)";
+  /// Layer-less tensors that go with the last pipeline stage (final norm, lm_head).
+  /// Layer-less tensors matching neither pattern are owned by every stage.
+  std::string last_stage_pattern = R"((^|\.)lm_head\.|^model\.(language_model\.)?norm\.)";
 };
+
+/// Which pipeline stage a layer-less tensor goes with.
+enum class stage_anchor : std::uint8_t { every, first, last };
 
 /// Assigns tensor classes by name (and size). Copyable; the regexes are compiled once.
 class classifier {
@@ -41,6 +54,11 @@ class classifier {
       if (!opt_.table_pattern.empty()) table_ = std::regex(opt_.table_pattern, std::regex::ECMAScript | std::regex::optimize);
       if (!opt_.row_sliced_pattern.empty())
         row_ = std::regex(opt_.row_sliced_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.layer_pattern.empty()) layer_ = std::regex(opt_.layer_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.first_stage_pattern.empty())
+        first_ = std::regex(opt_.first_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.last_stage_pattern.empty())
+        last_ = std::regex(opt_.last_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
     } catch (const std::regex_error& e) {
       throw config_error(fmt::format("classifier: bad pattern: {}", e.what()));
     }
@@ -55,7 +73,7 @@ class classifier {
     return classifier(std::move(o));
   }
 
-  /// Fills `t.cls` and `t.expert` from its name and size.
+  /// Fills `t.cls` and `t.expert` from its name and size (`t.layer`: see layer()).
   void classify(tensor_info& t) const {
     std::smatch m;
     if (!opt_.table_pattern.empty() && std::regex_search(t.name, m, *table_)) {
@@ -77,6 +95,20 @@ class classifier {
     t.expert = -1;
   }
 
+  /// Fills `t.layer` from its name (-1: no layer index, or no layer pattern).
+  void layer(tensor_info& t) const {
+    std::smatch m;
+    t.layer = -1;
+    if (layer_ && std::regex_search(t.name, m, *layer_) && m.size() > 1) t.layer = std::stoll(m[1].str());
+  }
+
+  /// The stage a layer-less tensor goes with (first wins when both patterns match).
+  [[nodiscard]] stage_anchor anchor(const tensor_info& t) const {
+    if (first_ && std::regex_search(t.name, *first_)) return stage_anchor::first;
+    if (last_ && std::regex_search(t.name, *last_)) return stage_anchor::last;
+    return stage_anchor::every;
+  }
+
   /// A classified copy.
   [[nodiscard]] tensor_info operator()(tensor_info t) const {
     classify(t);
@@ -95,6 +127,9 @@ class classifier {
   std::optional<std::regex> expert_;
   std::optional<std::regex> table_;
   std::optional<std::regex> row_;
+  std::optional<std::regex> layer_;
+  std::optional<std::regex> first_;
+  std::optional<std::regex> last_;
 };
 
 }  // namespace sluice::inline v0::policy

@@ -102,6 +102,7 @@ struct tensor_info {
   std::vector<std::uint64_t> shape;
   tensor_class cls = tensor_class::replicated;
   std::int64_t expert = -1;             ///< routed experts: the expert index, else -1
+  std::int64_t layer = -1;              ///< the layer index parsed from the name, else -1 (pipeline stages)
 
   /// Metadata of a checkpoint tensor (class filled in by a classifier).
   [[nodiscard]] static tensor_info from(const tensor_ref& t) { return {t.name, t.size, t.shape}; }

@@ -8,7 +8,17 @@
 /// ranges each reader reads (one range, or slices: cooperative tables,
 /// TP row blocks, tensors above `split_bytes`), each owner's destination,
 /// its place in the node's shared segment, and the window it is exchanged in.
-
+///
+/// Pipeline stages (PP > 1): stage k is ranks [k*TP*DP, (k+1)*TP*DP) and owns
+/// a contiguous range of layers (the layer index comes from the name, see
+/// classify_options::layer_pattern); layer-less tensors go with the first
+/// stage (embeddings), the last (final norm, lm_head) or every stage
+/// (anything else). A tensor's owners and readers are ranks of its stage(s).
+///
+/// Validation happens here, before any I/O: experts that do not spread
+/// evenly over EP, more stages than layers, layers that PP does not divide
+/// (when `even_stages` asks for it) or an explicit stage split that does not
+/// add up are config_errors naming the numbers.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -36,6 +46,15 @@ struct plan_options {
   std::uint64_t split_bytes = std::uint64_t{64} << 20;    ///< replicated tensors above this are read in slices by several ranks
   std::uint64_t slice_alignment = 4096;                ///< slice boundaries (within a tensor) are multiples of this
   std::uint64_t segment_alignment = 4096;              ///< tables start at multiples of this in the shared segment
+  /// PP > 1: layers per stage, in stage order (empty: split evenly, the
+  /// remainder going to the stages before the last, as vLLM's get_pp_indices).
+  std::vector<std::size_t> stage_layers;
+  /// PP > 1: require PP to divide the number of layers.
+  bool even_stages = false;
+  /// Accept routed experts that do not spread evenly over EP (neither the
+  /// experts per layer nor EP a multiple of the other): some EP ranks then
+  /// hold one expert more than others.
+  bool uneven_experts = false;
 };
 
 /// One read from storage: bytes [offset, offset + size) of a tensor, by `reader`.
@@ -57,6 +76,7 @@ struct plan_entry {
   std::vector<byte_range> tp_ranges;
   std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
   std::uint32_t window = 0;
+  std::int32_t stage = -1;          ///< the pipeline stage that owns it; -1: every stage
 
   [[nodiscard]] bool shared() const noexcept { return owner_destination == destination::shared_host; }
 };
@@ -64,9 +84,12 @@ struct plan_entry {
 /// A computed plan (run-time data only). Models placement_policy.
 class load_plan {
  public:
-  std::size_t tp = 1, dp = 1, ep = 1, world = 1, local_size = 1;
+  std::size_t tp = 1, dp = 1, ep = 1, pp = 1, world = 1, local_size = 1;
   offload_kind offload = offload_kind::none;
   std::uint64_t experts = 0;          ///< routed experts per layer (max index + 1)
+  std::uint64_t layers = 0;           ///< PP > 1: layer indices (max index + 1), else 0
+  /// PP > 1: the first layer of each stage, and one past the last stage's (pp + 1 values).
+  std::vector<std::uint64_t> stage_begin;
   std::vector<plan_entry> entries;    ///< in file order
   std::uint32_t windows = 0;
   std::uint64_t shared_bytes = 0;     ///< size of each node's shared segment
@@ -75,6 +98,14 @@ class load_plan {
   /// The node of a rank (ranks are grouped by host contiguously).
   [[nodiscard]] std::size_t node_of(rank_t r) const noexcept { return r / local_size; }
   [[nodiscard]] std::size_t nodes() const noexcept { return world / local_size; }
+  /// Ranks per pipeline stage.
+  [[nodiscard]] std::size_t stage_size() const noexcept { return tp * dp; }
+  /// The pipeline stage of a rank.
+  [[nodiscard]] std::size_t stage_of(rank_t r) const noexcept { return r / stage_size(); }
+  /// "tp1,dp8,ep8" (",pp2" appended when PP > 1)
+  [[nodiscard]] std::string topology_string() const {
+    return pp > 1 ? fmt::format("tp{},dp{},ep{},pp{}", tp, dp, ep, pp) : fmt::format("tp{},dp{},ep{}", tp, dp, ep);
+  }
 
   [[nodiscard]] const plan_entry& entry(std::string_view name) const {
     auto it = by_name_.find(std::string(name));
@@ -121,15 +152,43 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uin
   }
   return out;
 }
+
+// First layer of each stage (pp + 1 values), validated against `layers`.
+inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t pp, const plan_options& opt,
+                                               const std::string& pattern) {
+  if (layers == 0)
+    throw config_error(fmt::format("plan: PP={} but no tensor name has a layer index (pattern '{}')", pp, pattern));
+  if (layers < pp) throw config_error(fmt::format("plan: PP={} stages exceed the {} layers", pp, layers));
+  std::vector<std::uint64_t> counts(pp, layers / pp);
+  if (!opt.stage_layers.empty()) {
+    if (opt.stage_layers.size() != pp)
+      throw config_error(fmt::format("plan: {} stage layer counts given for PP={}", opt.stage_layers.size(), pp));
+    std::uint64_t sum = 0;
+    for (auto n : opt.stage_layers) {
+      if (n == 0) throw config_error("plan: a pipeline stage of 0 layers");
+      sum += n;
+    }
+    if (sum != layers)
+      throw config_error(fmt::format("plan: stage layer counts add up to {}, the checkpoint has {} layers", sum, layers));
+    counts.assign(opt.stage_layers.begin(), opt.stage_layers.end());
+  } else if (layers % pp) {
+    if (opt.even_stages)
+      throw config_error(fmt::format("plan: PP={} does not divide the {} layers (even_stages)", pp, layers));
+    for (std::size_t i = 2; i < layers % pp + 2; ++i) ++counts[pp - i];  // vLLM: the last stage has lm_head
+  }
+  std::vector<std::uint64_t> begin(pp + 1, 0);
+  for (std::size_t k = 0; k < pp; ++k) begin[k + 1] = begin[k] + counts[k];
+  return begin;
+}
 }  // namespace detail
 
-/// Computes the plan for `tensors` (metadata, file order; classes are
-/// assigned here by `cls`). Throws config_error for an inconsistent request.
-[[nodiscard]] inline load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls, std::size_t tp,
-                                         std::size_t dp, std::size_t ep, offload_kind off, const plan_options& opt = {}) {
-  const dynamic_topology topo(tp, dp, ep);  // validates
+/// Computes the plan for `tensors` (metadata, file order; classes, and under
+/// PP > 1 layers, are assigned here by `cls`) on `topo`. Throws config_error
+/// for an inconsistent request.
+[[nodiscard]] inline load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls,
+                                         const dynamic_topology& topo, offload_kind off, const plan_options& opt = {}) {
   load_plan p;
-  p.tp = tp, p.dp = dp, p.ep = ep, p.world = topo.world_size(), p.offload = off;
+  p.tp = topo.tp(), p.dp = topo.dp(), p.ep = topo.ep(), p.pp = topo.pp(), p.world = topo.world_size(), p.offload = off;
   p.local_size = opt.local_size ? opt.local_size : p.world;
   if (p.world % p.local_size)
     throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
@@ -137,9 +196,38 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uin
   for (auto& t : tensors) {
     cls.classify(t);
     if (t.cls == tensor_class::routed_expert) p.experts = std::max<std::uint64_t>(p.experts, static_cast<std::uint64_t>(t.expert) + 1);
+    if (p.pp > 1) {
+      cls.layer(t);
+      if (t.layer >= 0) p.layers = std::max<std::uint64_t>(p.layers, static_cast<std::uint64_t>(t.layer) + 1);
+    }
   }
+  if (p.experts && p.experts % p.ep && p.ep % p.experts && !opt.uneven_experts)
+    throw config_error(fmt::format("plan: {} routed experts per layer do not spread evenly over EP={} "
+                                   "(neither is a multiple of the other)", p.experts, p.ep));
+  if (p.pp > 1) p.stage_begin = detail::stage_bounds(p.layers, p.pp, opt, cls.options().layer_pattern);
+  // The stage of tensor t (-1: every stage) and the ranks of stage k (all ranks for -1).
+  const auto stage_of_tensor = [&](const tensor_info& t) -> std::int32_t {
+    if (p.pp == 1) return -1;
+    if (t.layer >= 0) {
+      const auto it = std::upper_bound(p.stage_begin.begin(), p.stage_begin.end(), static_cast<std::uint64_t>(t.layer));
+      return static_cast<std::int32_t>(it - p.stage_begin.begin() - 1);
+    }
+    switch (cls.anchor(t)) {
+      case stage_anchor::first: return 0;
+      case stage_anchor::last: return static_cast<std::int32_t>(p.pp - 1);
+      case stage_anchor::every: break;
+    }
+    return -1;
+  };
+  const auto stage_ranks = [&](std::int32_t k) {
+    if (k < 0) return rank_set::all(p.world);
+    rank_set s(p.world);
+    for (std::size_t r = 0; r < p.stage_size(); ++r) s.insert(static_cast<rank_t>(k * p.stage_size() + r));
+    return s;
+  };
   reader_balancer bal(p.world);
-  const auto everyone = rank_set::all(p.world);
+  std::vector<rank_set> stage_sets;  // index k + 1: stage k; 0: every stage
+  for (std::int32_t k = -1; k < static_cast<std::int32_t>(p.pp); ++k) stage_sets.push_back(stage_ranks(k));
   struct pending { std::size_t entry, read; rank_set eligible; };
   std::vector<pending> greedy;
   p.entries.reserve(tensors.size());
@@ -149,24 +237,29 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uin
     e.index = i;
     e.info = std::move(tensors[i]);
     const auto size = e.info.size;
+    e.stage = stage_of_tensor(e.info);
+    const rank_set& stage = stage_sets[static_cast<std::size_t>(e.stage + 1)];
     auto add_read = [&e](std::uint64_t at, std::uint64_t n) { e.reads.push_back({at, n, 0, false}); };
     switch (e.info.cls) {
       case tensor_class::routed_expert: {
         const auto block = static_cast<std::size_t>(static_cast<std::uint64_t>(e.info.expert) * p.ep / p.experts);
         e.owners = rank_set(p.world);
-        for (std::size_t r = block; r < p.world; r += p.ep) e.owners.insert(static_cast<rank_t>(r));
+        for (std::size_t k = 0; k < p.pp; ++k)
+          if (e.stage < 0 || static_cast<std::size_t>(e.stage) == k)
+            for (std::size_t r = block; r < p.stage_size(); r += p.ep)
+              e.owners.insert(static_cast<rank_t>(k * p.stage_size() + r));
         e.owner_destination = destination::device;
         if (size) add_read(0, size);
         break;
       }
       case tensor_class::shared_table:
-        e.owners = everyone;
+        e.owners = stage;
         e.owner_destination = off == offload_kind::none            ? destination::device
                               : off == offload_kind::per_rank_host ? destination::host
                                                                    : destination::shared_host;
         break;
       case tensor_class::replicated:
-        e.owners = everyone;
+        e.owners = stage;
         e.owner_destination = destination::device;
         break;
     }
@@ -197,14 +290,14 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uin
         for (std::size_t k = 0; k < p.tp; ++k) {
           e.tp_ranges.push_back({k * rows * row, (k + 1) * rows * row});
           add_read(k * rows * row, rows * row);
-          // The TP rank that keeps this block is a natural reader; any rank may read it.
-          greedy.push_back({i, e.reads.size() - 1, everyone});
+          // The TP rank that keeps this block is a natural reader; any owner may read it.
+          greedy.push_back({i, e.reads.size() - 1, e.owners});
         }
       } else {
-        const std::size_t parts = size > opt.split_bytes ? p.world : 1;
+        const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
         for (auto [so, len] : detail::split_range(0, size, parts, opt.slice_alignment)) {
           add_read(so, len);
-          greedy.push_back({i, e.reads.size() - 1, everyone});
+          greedy.push_back({i, e.reads.size() - 1, e.owners});
         }
       }
     }
@@ -250,6 +343,12 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uin
   return p;
 }
 
+/// The same for TP x DP with EP (one pipeline stage).
+[[nodiscard]] inline load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls, std::size_t tp,
+                                         std::size_t dp, std::size_t ep, offload_kind off, const plan_options& opt = {}) {
+  return make_plan(std::move(tensors), cls, dynamic_topology(tp, dp, ep), off, opt);
+}
+
 /// Classified metadata of a checkpoint's tensors, in file order.
 [[nodiscard]] inline std::vector<tensor_info> tensor_infos(const checkpoint& ck) {
   std::vector<tensor_info> v;
@@ -258,15 +357,45 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uin
   return v;
 }
 
-/// The typed front end: `plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(...)`.
-template <class Topology, offload_strategy Offload>
+/// A model's shape where it is known at compile time: layer indices (the
+/// draft/MTP layer included) and routed experts per layer, `dynamic` where
+/// unknown; `EvenStages` asks PP to divide the layers.
+template <std::size_t Layers = dynamic, std::size_t Experts = dynamic, bool EvenStages = false>
+struct model_shape {
+  static constexpr std::size_t layers = Layers, experts = Experts;
+  static constexpr bool even_stages = EvenStages;
+};
+
+/// The typed front end: `plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(...)`,
+/// or `plan<tp4_pp2, offload::none, model_shape<62, 256>>` to check the
+/// sizes against the model at compile time.
+template <class Topology, offload_strategy Offload, class Shape = model_shape<>>
 struct plan {
+  static constexpr std::size_t ep_ = Topology::static_ep, pp_ = Topology::static_pp;
+  static_assert(Shape::experts == dynamic || ep_ == dynamic || Shape::experts == 0 || Shape::experts % ep_ == 0 ||
+                    ep_ % Shape::experts == 0,
+                "sluice: EP must divide the routed experts per layer (or the experts EP)");
+  static_assert(Shape::layers == dynamic || pp_ == dynamic || Shape::layers >= pp_,
+                "sluice: PP must not exceed the number of layers");
+  static_assert(!Shape::even_stages || Shape::layers == dynamic || pp_ == dynamic || Shape::layers % pp_ == 0,
+                "sluice: PP must divide the number of layers");
+
   using topology_type = Topology;
   using offload_type = Offload;
+  using shape_type = Shape;
   /// Computes the plan of `tensors` for `topo` (sizes static or dynamic).
+  /// Throws config_error when the tensors disagree with a static Shape.
   [[nodiscard]] static load_plan compute(const Topology& topo, std::vector<tensor_info> tensors,
-                                         const classifier& cls = classifier::deepseek(), const plan_options& opt = {}) {
-    return make_plan(std::move(tensors), cls, topo.tp(), topo.dp(), topo.ep(), Offload::kind, opt);
+                                         const classifier& cls = classifier::deepseek(), plan_options opt = {}) {
+    if (Shape::even_stages) opt.even_stages = true;
+    auto p = make_plan(std::move(tensors), cls, dynamic_topology(topo.tp(), topo.dp(), topo.ep(), topo.pp()),
+                       Offload::kind, opt);
+    if (Shape::experts != dynamic && p.experts != Shape::experts)
+      throw config_error(fmt::format("plan: the model shape says {} routed experts per layer, the tensors have {}",
+                                     Shape::experts, p.experts));
+    if (Shape::layers != dynamic && p.pp > 1 && p.layers != Shape::layers)
+      throw config_error(fmt::format("plan: the model shape says {} layers, the tensors have {}", Shape::layers, p.layers));
+    return p;
   }
   [[nodiscard]] static load_plan compute(const Topology& topo, const checkpoint& ck,
                                          const classifier& cls = classifier::deepseek(), const plan_options& opt = {}) {

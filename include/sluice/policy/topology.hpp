@@ -1,13 +1,17 @@
 #pragma once
 /// \file
-/// `topology<TP, DP, EP>`: the parallel layout of an inference server, with
-/// compile-time sizes or `policy::dynamic` ones stored at run time (the
-/// `std::extents` idea). The world is TP x DP ranks; expert parallelism spans
-/// the world (as vLLM's `--enable-expert-parallel` does), so EP must divide it.
+/// `topology<TP, DP, EP, PP = 1>`: the parallel layout of an inference server,
+/// with compile-time sizes or `policy::dynamic` ones stored at run time (the
+/// `std::extents` idea). The world is TP x DP x PP ranks: PP pipeline stages
+/// of TP x DP ranks each. Expert parallelism spans a stage (as vLLM's
+/// `--enable-expert-parallel` does within a pipeline stage), so EP must divide
+/// TP x DP. PP is the last parameter (default 1), so `topology<TP, DP, EP>`
+/// keeps its meaning.
 ///
-/// Rank coordinates of global rank r: tp_rank = r % TP (TP ranks are
-/// adjacent), dp_rank = r / TP, ep_rank = r % EP (ranks with equal ep_rank
-/// hold the same experts when EP < world).
+/// Rank coordinates of global rank r (stages are contiguous blocks of ranks,
+/// TP ranks adjacent): pp_rank = r / (TP*DP); with s = r % (TP*DP),
+/// tp_rank = s % TP, dp_rank = s / TP, ep_rank = s % EP (ranks of a stage
+/// with equal ep_rank hold the same experts when EP < TP*DP).
 
 #include <charconv>
 #include <cstddef>
@@ -28,11 +32,12 @@ struct rank_coords {
   std::size_t tp_rank = 0;
   std::size_t dp_rank = 0;
   std::size_t ep_rank = 0;
+  std::size_t pp_rank = 0;  ///< pipeline stage
   friend bool operator==(const rank_coords&, const rank_coords&) = default;
 };
 
 namespace detail {
-// I tells the three extents apart, so that empty ones share one address.
+// I tells the four extents apart, so that empty ones share one address.
 template <std::size_t N, int I>
 struct extent_store {  // a static size: nothing stored
   constexpr explicit extent_store(std::size_t) noexcept {}
@@ -46,30 +51,34 @@ struct extent_store<dynamic, I> {
 };
 }  // namespace detail
 
-/// A TP x DP world with EP-way expert parallelism. Each size is static, or
-/// `dynamic` and given to the constructor. Invalid static sizes do not compile;
-/// invalid dynamic ones throw config_error from the constructor.
-template <std::size_t TP, std::size_t DP, std::size_t EP>
+/// A TP x DP x PP world with EP-way expert parallelism within each stage.
+/// Each size is static, or `dynamic` and given to the constructor. Invalid
+/// static sizes do not compile; invalid dynamic ones throw config_error from
+/// the constructor.
+template <std::size_t TP, std::size_t DP, std::size_t EP, std::size_t PP = 1>
 class topology {
   static_assert(TP == dynamic || TP >= 1, "sluice: TP must be >= 1");
   static_assert(DP == dynamic || DP >= 1, "sluice: DP must be >= 1");
   static_assert(EP == dynamic || EP >= 1, "sluice: EP must be >= 1");
+  static_assert(PP == dynamic || PP >= 1, "sluice: PP must be >= 1");
   static_assert(TP == dynamic || DP == dynamic || EP == dynamic || (TP * DP) % EP == 0,
                 "sluice: EP must divide the world size TP*DP");
 
  public:
-  static constexpr std::size_t static_tp = TP, static_dp = DP, static_ep = EP;
+  static constexpr std::size_t static_tp = TP, static_dp = DP, static_ep = EP, static_pp = PP;
   /// True when every size is known at compile time.
-  static constexpr bool is_static = TP != dynamic && DP != dynamic && EP != dynamic;
+  static constexpr bool is_static = TP != dynamic && DP != dynamic && EP != dynamic && PP != dynamic;
 
   /// Static topologies: no arguments.
-  constexpr topology() noexcept requires is_static : tp_(TP), dp_(DP), ep_(EP) {}
-  /// Sizes for the dynamic extents (static ones must be passed equal or ignored as given).
-  constexpr topology(std::size_t tp, std::size_t dp, std::size_t ep) : tp_(tp), dp_(dp), ep_(ep) {
+  constexpr topology() noexcept requires is_static : tp_(TP), dp_(DP), ep_(EP), pp_(PP) {}
+  /// Sizes for the dynamic extents (static ones must be passed equal).
+  constexpr topology(std::size_t tp, std::size_t dp, std::size_t ep, std::size_t pp = 1)
+      : tp_(tp), dp_(dp), ep_(ep), pp_(pp) {
     if (TP != dynamic && tp != TP) throw config_error(fmt::format("topology: TP is {}, not {}", TP, tp));
     if (DP != dynamic && dp != DP) throw config_error(fmt::format("topology: DP is {}, not {}", DP, dp));
     if (EP != dynamic && ep != EP) throw config_error(fmt::format("topology: EP is {}, not {}", EP, ep));
-    if (tp == 0 || dp == 0 || ep == 0) throw config_error("topology: TP, DP and EP must be >= 1");
+    if (PP != dynamic && pp != PP) throw config_error(fmt::format("topology: PP is {}, not {}", PP, pp));
+    if (tp == 0 || dp == 0 || ep == 0 || pp == 0) throw config_error("topology: TP, DP, EP and PP must be >= 1");
     if ((tp * dp) % ep != 0)
       throw config_error(fmt::format("topology: EP={} does not divide the world size TP*DP={}", ep, tp * dp));
   }
@@ -77,32 +86,42 @@ class topology {
   [[nodiscard]] constexpr std::size_t tp() const noexcept { return tp_.get(); }
   [[nodiscard]] constexpr std::size_t dp() const noexcept { return dp_.get(); }
   [[nodiscard]] constexpr std::size_t ep() const noexcept { return ep_.get(); }
-  [[nodiscard]] constexpr std::size_t world_size() const noexcept { return tp() * dp(); }
+  [[nodiscard]] constexpr std::size_t pp() const noexcept { return pp_.get(); }
+  /// Ranks per pipeline stage: TP*DP.
+  [[nodiscard]] constexpr std::size_t stage_size() const noexcept { return tp() * dp(); }
+  [[nodiscard]] constexpr std::size_t world_size() const noexcept { return stage_size() * pp(); }
 
   /// Coordinates of global rank `r` (throws config_error when r is outside the world).
   [[nodiscard]] constexpr rank_coords coords(rank_t r) const {
     if (r >= world_size()) throw config_error(fmt::format("topology: rank {} outside a world of {}", r, world_size()));
-    return {r, r % tp(), r / tp(), r % ep()};
+    const std::size_t s = r % stage_size();
+    return {r, s % tp(), s / tp(), s % ep(), r / stage_size()};
   }
 
-  /// "tp1,dp8,ep8"
-  [[nodiscard]] std::string to_string() const { return fmt::format("tp{},dp{},ep{}", tp(), dp(), ep()); }
+  /// "tp1,dp8,ep8" (",pp2" appended when PP > 1)
+  [[nodiscard]] std::string to_string() const {
+    return pp() > 1 ? fmt::format("tp{},dp{},ep{},pp{}", tp(), dp(), ep(), pp())
+                    : fmt::format("tp{},dp{},ep{}", tp(), dp(), ep());
+  }
 
  private:
   [[no_unique_address]] detail::extent_store<TP, 0> tp_;
   [[no_unique_address]] detail::extent_store<DP, 1> dp_;
   [[no_unique_address]] detail::extent_store<EP, 2> ep_;
+  [[no_unique_address]] detail::extent_store<PP, 3> pp_;
 };
 
 /// Fully run-time topology.
-using dynamic_topology = topology<dynamic, dynamic, dynamic>;
+using dynamic_topology = topology<dynamic, dynamic, dynamic, dynamic>;
 /// The design's 8-GPU node: TP1/DP8/EP8.
 using tp1_dp8_ep8 = topology<1, 8, 8>;
+/// TP4 x PP2 on one 8-GPU node.
+using tp4_pp2 = topology<4, 1, 1, 2>;
 
-/// Parses "tp1,dp8,ep8" (any order; omitted sizes are 1; spaces ignored).
-/// Throws config_error naming the bad part.
+/// Parses "tp1,dp8,ep8" or "tp4,pp2" (any order; omitted sizes are 1; spaces
+/// ignored). Throws config_error naming the bad part.
 [[nodiscard]] inline dynamic_topology parse_topology(std::string_view s) {
-  std::size_t tp = 1, dp = 1, ep = 1;
+  std::size_t tp = 1, dp = 1, ep = 1, pp = 1;
   const std::string text(s);
   while (!s.empty()) {
     const auto comma = s.find(',');
@@ -115,14 +134,15 @@ using tp1_dp8_ep8 = topology<1, 8, 8>;
     if (part.starts_with("tp")) dst = &tp;
     else if (part.starts_with("dp")) dst = &dp;
     else if (part.starts_with("ep")) dst = &ep;
+    else if (part.starts_with("pp")) dst = &pp;
     const auto digits = part.size() > 2 ? part.substr(2) : std::string_view{};
     std::size_t v = 0;
     auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
     if (!dst || digits.empty() || ec != std::errc{} || p != digits.data() + digits.size())
-      throw config_error(fmt::format("topology '{}': cannot parse '{}' (expected e.g. tp1,dp8,ep8)", text, part));
+      throw config_error(fmt::format("topology '{}': cannot parse '{}' (expected e.g. tp1,dp8,ep8 or tp4,pp2)", text, part));
     *dst = v;
   }
-  return dynamic_topology(tp, dp, ep);
+  return dynamic_topology(tp, dp, ep, pp);
 }
 
 }  // namespace sluice::inline v0::policy
