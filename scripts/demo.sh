@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # The main job: builds the release tools, generates a sample DeepSeek-like
-# checkpoint once (default 2 GiB, in .samples/), then loads it with sluice-load
-# (progress display and summary). Extra arguments go to sluice-load.
-#   scripts/demo.sh [--digest] [--staging 256MiB] ...     SLUICE_SAMPLE_SIZE=4GiB to change the size
+# checkpoint once (default 2 GiB, in .samples/), loads it with sluice-load
+# (progress display and summary), then loads it again as 8 local ranks,
+# TP1/DP8/EP8 with cooperative offload of the Engram tables (sluice-launch;
+# each byte read from storage once, merged per-rank summary).
+#   scripts/demo.sh [sluice-load options...]   e.g. --digest, --staging 256MiB
+#   SLUICE_SAMPLE_SIZE=4GiB   sample size      SLUICE_DEMO_RANKS=0   skip the distributed part
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 size=${SLUICE_SAMPLE_SIZE:-2GiB}
+ranks=${SLUICE_DEMO_RANKS:-8}
 sample=".samples/deepseek-like-$size"
 
 bash scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build --preset release --target sluice-load gen-checkpoint -j "$(nproc)" >/dev/null
+cmake --build --preset release --target sluice-load sluice-launch gen-checkpoint -j "$(nproc)" >/dev/null
 if [[ ! -f "$sample/.complete" ]]; then
   echo "demo: generating a $size sample checkpoint in $sample (once)"
   rm -rf "$sample"
@@ -20,3 +24,19 @@ if [[ ! -f "$sample/.complete" ]]; then
 fi
 echo "demo: build/release/examples/sluice-load $sample $*"
 build/release/examples/sluice-load "$sample" "$@"
+if ((ranks > 1)); then
+  echo
+  echo "demo: $ranks ranks, tp1,dp$ranks,ep$ranks, cooperative offload of the shared tables"
+  summary=$(mktemp); trap 'rm -f "$summary"' EXIT
+  build/release/examples/sluice-launch -n "$ranks" --json-out "$summary" -- \
+    "$here/build/release/examples/sluice-load" "$here/$sample" --topology "tp1,dp$ranks,ep$ranks" \
+    --offload shared-cooperative --no-progress
+  /usr/bin/python3 - "$summary" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["totals"]
+gib = 1 << 30
+print(f"demo: {t['tensors']} sink calls over all ranks; read from storage {t['bytes_read']/gib:.2f} GiB in all "
+      f"(each byte once); exchanged {t['bytes_received']/gib:.2f} GiB; written to shared segments "
+      f"{t['shared_bytes_written']/gib:.2f} GiB")
+PY
+fi
