@@ -90,14 +90,16 @@ double memcpy_ceiling(std::byte* a, std::byte* b, std::size_t n, int reps) {
   return since(t0) / reps;
 }
 
-// fio over the same files, same block size and depth; returns GiB/s.
+// fio over the same files, same block size and depth; returns GiB/s. fio drops
+// the files from the page cache before a job unless --invalidate=0: a hot run
+// must say so, or fio measures the disk.
 double fio(const file_set& fs, std::size_t bs, unsigned qd, bool direct, const char* engine) {
   std::string files;
   for (const auto& p : fs.paths) files += (files.empty() ? "" : ":") + p;
   const auto cmd = fmt::format(
       "fio --name=bench --readonly --rw=read --filename={} --bs={} --iodepth={} --ioengine={} --direct={} "
-      "--iomem_align=4096 --file_service_type=sequential --output-format=json 2>/dev/null",
-      files, bs, qd, engine, direct ? 1 : 0);
+      "--iomem_align=4096 --file_service_type=sequential --invalidate={} --output-format=json 2>/dev/null",
+      files, bs, qd, engine, direct ? 1 : 0, direct ? 1 : 0);
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return 0;
   std::string out;
