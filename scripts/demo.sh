@@ -9,6 +9,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
+# ccache hits across clones at different paths (CI builds a fresh clone).
+export CCACHE_BASEDIR="$here"
 size=${SLUICE_SAMPLE_SIZE:-2GiB}
 ranks=${SLUICE_DEMO_RANKS:-8}
 sample=".samples/deepseek-like-$size"

@@ -5,6 +5,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
+# ccache hits across clones at different paths (CI builds a fresh clone).
+export CCACHE_BASEDIR="$here"
 preset=${SLUICE_TEST_PRESET:-asan-ubsan}
 jobs=${SLUICE_JOBS:-$(nproc)}
 
