@@ -207,7 +207,7 @@ int main(int argc, char** argv) try {
   };
   best_of disc_hot, gpu_hot, pread_hot, disc_direct, gpu_direct, pread_direct;
   std::size_t slots_used = 0;
-  auto timed_load = [&](auto& sink, int io) {
+  auto timed_load = [&](auto& sink, sluice::io_mode io) {
     o.io = io;
     const auto t0 = clk::now();
     const auto st = load(ck, sink, pool, o);
@@ -223,15 +223,15 @@ int main(int argc, char** argv) try {
   for (int r = 0; r < repeat; ++r) {
     discard_sink d;
     warm();
-    disc_hot.add(timed_load(d, 2));
+    disc_hot.add(timed_load(d, sluice::io_mode::buffered));
     warm();
-    gpu_hot.add(timed_load(gpu, 2));
+    gpu_hot.add(timed_load(gpu, sluice::io_mode::buffered));
     warm();
     pread_hot.add(pread_loop(paths, pread_buf.data(), max_read, false));
     before_direct();
-    disc_direct.add(timed_load(d, 1));
+    disc_direct.add(timed_load(d, sluice::io_mode::direct));
     before_direct();
-    gpu_direct.add(timed_load(gpu, 1));
+    gpu_direct.add(timed_load(gpu, sluice::io_mode::direct));
     before_direct();
     pread_direct.add(pread_loop(paths, pread_buf.data(), max_read, true));
   }

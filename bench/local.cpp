@@ -174,7 +174,7 @@ int main(int argc, char** argv) try {
 
   // Page-cache hot: re-read right before each timed run.
   const double t_memcpy = memcpy_ceiling(big_a, big_b, 256 << 20, 8);
-  o.io = 2;
+  o.io = sluice::io_mode::buffered;
   sluice_run hot{1e30, 0};
   for (int r = 0; r < repeat; ++r) {
     warm(fs, buf, max_read);
@@ -194,7 +194,7 @@ int main(int argc, char** argv) try {
   if (fio_hot > 0) std::printf("  fio psync                        %7.2f   %.2fx\n", fio_hot, fio_hot / best_alt);
 
   if (cold) {
-    o.io = 1;
+    o.io = sluice::io_mode::direct;
     sluice_run c{1e30, 0};
     for (int r = 0; r < repeat; ++r) {
       drop_caches();

@@ -79,8 +79,8 @@ options parse(int argc, char** argv) {
     else if (a == "--max-read") o.load.max_read = sluice_cli::parse_size(value(i));
     else if (a == "--queue-depth") o.load.queue_depth = static_cast<unsigned>(std::stoul(value(i)));
     else if (a == "--threads") o.load.threads = static_cast<unsigned>(std::stoul(value(i)));
-    else if (a == "--direct") o.load.io = 1;
-    else if (a == "--buffered") o.load.io = 2;
+    else if (a == "--direct") o.load.io = io_mode::direct;
+    else if (a == "--buffered") o.load.io = io_mode::buffered;
     else if (a == "--select") o.select = value(i);
     else if (a == "--digest") o.digest = true;
     else if (a == "--json") o.json = true;

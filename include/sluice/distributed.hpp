@@ -257,8 +257,7 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
     if (opt.load.register_buffers) ring->register_buffers(pool->region(), pool->slot_size());
     std::vector<std::string> paths;
     for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
-    const io_mode mode = opt.load.io == 1 ? io_mode::direct : opt.load.io == 2 ? io_mode::buffered : io_mode::automatic;
-    src = std::make_unique<file_source>(*ring, std::move(paths), mode);
+    src = std::make_unique<file_source>(*ring, std::move(paths), opt.load.io);
   } catch (...) {
     failure = std::current_exception();
   }

@@ -56,7 +56,7 @@ struct load_options {
   unsigned queue_depth = 4;                             ///< reads in flight
   unsigned threads = 1;                                 ///< io_context threads (blocking `load`)
   unsigned ring_entries = 64;                           ///< io_uring SQ entries
-  int io = 0;                                           ///< 0 automatic, 1 O_DIRECT required, 2 buffered
+  io_mode io = io_mode::automatic;                      ///< O_DIRECT when aligned, required, or never
   bool poison = SLUICE_POISON_SLOTS;                    ///< poison released slots
   /// Register the staging pool as io_uring fixed buffers. Registration pins
   /// (and so faults in) the whole budget: worth it for a pool that is reused

@@ -73,14 +73,14 @@ TEST_CASE("a checkpoint loads into device memory through pinned staging byte for
   SLUICE_REQUIRE_DEVICE();
   temp_checkpoint ck_files;
   auto ck = checkpoint::open(ck_files.dir);
-  for (int io : {0, 2}) {  // automatic (O_DIRECT where aligned) and buffered
-    INFO("io mode " << io);
+  for (auto io : {sluice::io_mode::automatic, sluice::io_mode::buffered}) {
+    INFO("io mode " << static_cast<int>(io));
     // Two small slots and poisoning on: a slot reused while a copy still
     // read it would put 0xDB bytes on the device, and the digests would differ.
     auto pool = cuda::make_pinned_pool({.budget = 2 * slot_size_for(64 << 10), .slot_size = slot_size_for(64 << 10),
                                         .poison = true});
     cuda::device_sink s({.streams = 3});
-    if (io == 0) s.reserve(ck);
+    if (io == sluice::io_mode::automatic) s.reserve(ck);
     load_options o;
     o.max_read = 64 << 10;
     o.io = io;

@@ -89,9 +89,9 @@ TEST_CASE("O_DIRECT, buffered and multi-threaded loads deliver the same bytes", 
   auto ck = checkpoint::open(dir.path);
   digest_sink a, b, c;
   auto o = small_staging();
-  o.io = 2;
+  o.io = io_mode::buffered;
   (void)load(ck, a, o);
-  o.io = 0;
+  o.io = io_mode::automatic;
   o.queue_depth = 8;
   (void)load(ck, b, o);
   o.threads = 3;

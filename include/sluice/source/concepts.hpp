@@ -16,6 +16,13 @@
 
 namespace sluice::inline v0 {
 
+/// How a file source reads (see file_source).
+enum class io_mode {
+  automatic,  ///< O_DIRECT when aligned and supported, buffered otherwise
+  direct,     ///< like automatic, but opening without O_DIRECT support is an error
+  buffered,   ///< always through the page cache
+};
+
 /// Counters every source and catalog keeps (monotonic, thread-safe).
 struct io_counters {
   std::atomic<std::uint64_t> bytes_read{0};      ///< payload bytes delivered to callers

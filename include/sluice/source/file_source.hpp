@@ -31,13 +31,6 @@
 
 namespace sluice::inline v0 {
 
-/// How file_source reads.
-enum class io_mode {
-  automatic,  ///< O_DIRECT when aligned and supported, buffered otherwise
-  direct,     ///< like automatic, but opening without O_DIRECT support is an error
-  buffered,   ///< always through the page cache
-};
-
 class file_source {
  public:
   /// Opens every path (throws io_error naming the first that fails).
