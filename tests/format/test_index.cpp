@@ -49,6 +49,13 @@ TEST_CASE("total_size may be a number or a string of digits, and may be absent",
   CHECK_FALSE(parse_index(R"({"metadata":null,"weight_map":{}})", "i").total_size.has_value());
   CHECK(rule_of([] { (void)parse_index(R"({"metadata":{"total_size":-1},"weight_map":{}})", "i"); }) == "index-json");
   CHECK(rule_of([] { (void)parse_index(R"({"metadata":{"total_size":"1e3"},"weight_map":{}})", "i"); }) == "index-json");
+  // Out of uint64's range: an index_error, not undefined behaviour or std::out_of_range (found by fuzz_index).
+  CHECK(rule_of([] { (void)parse_index(R"({"metadata":{"total_size":2184467440737095516157},"weight_map":{}})", "i"); }) == "index-json");
+  CHECK(rule_of([] { (void)parse_index(R"({"metadata":{"total_size":18446744073709551616.0},"weight_map":{}})", "i"); }) == "index-json");
+  CHECK(rule_of([] { (void)parse_index(R"({"metadata":{"total_size":"99999999999999999999999"},"weight_map":{}})", "i"); }) == "index-json");
+  CHECK(rule_of([] { (void)parse_index(R"({"metadata":{"total_size":"+5"},"weight_map":{}})", "i"); }) == "index-json");
+  CHECK(rule_of([] { (void)parse_index(R"({"metadata":{"total_size":1.5},"weight_map":{}})", "i"); }) == "index-json");
+  CHECK(parse_index(R"({"metadata":{"total_size":"18446744073709551615"},"weight_map":{}})", "i").total_size == 18446744073709551615u);
 }
 
 TEST_CASE("a shard name must be a plain file name inside the checkpoint", "[format][index]") {

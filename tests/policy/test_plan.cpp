@@ -253,6 +253,28 @@ TEST_CASE("experts that do not spread over EP are a config error naming the numb
   REQUIRE_NOTHROW(make_plan(deepseek_like(), classifier::deepseek(), 1, 8, 8, offload_kind::none));
 }
 
+TEST_CASE("an expert or layer index that does not fit is a config error naming the tensor", "[policy][plan]") {
+  const classifier c = classifier::deepseek();
+  tensor_info huge{"model.layers.3.mlp.experts.99999999999999999999999.w1.weight", 16, {4, 4}};
+  REQUIRE_THROWS_MATCHES(c.classify(huge), config_error,
+                         Catch::Message("tensor 'model.layers.3.mlp.experts.99999999999999999999999.w1.weight': the expert index "
+                                        "'99999999999999999999999' captured by the pattern is not a number below 2^32"));
+  tensor_info big{"model.layers.3.mlp.experts.4294967296.w1.weight", 16, {4, 4}};
+  REQUIRE_THROWS_AS(c.classify(big), config_error);
+  tensor_info layer{"model.layers.18446744073709551616.self_attn.q_proj.weight", 16, {4, 4}};
+  REQUIRE_THROWS_WITH(c.layer(layer), Catch::Contains("the layer index '18446744073709551616'"));
+  // A user pattern whose group captures something that is not a number.
+  classify_options o;
+  o.expert_pattern = R"(experts\.([a-z]+)\.)";
+  tensor_info named{"mlp.experts.left.weight", 16, {4, 4}};
+  REQUIRE_THROWS_WITH(classifier(o).classify(named), Catch::Contains("the expert index 'left'"));
+  tensor_info ok{"model.layers.3.mlp.experts.4294967295.w1.weight", 16, {4, 4}};
+  c.classify(ok);
+  CHECK(ok.expert == 4294967295);
+  // Through the planner: the error surfaces before any I/O.
+  REQUIRE_THROWS_AS(make_plan(std::vector<tensor_info>{huge}, c, 1, 1, 1, offload_kind::none), config_error);
+}
+
 TEST_CASE("a static model shape is checked at compile time and against the tensors", "[policy][plan][pp]") {
   const auto tensors = deepseek_like(64u << 20);  // 7 layer indices, 16 experts
   using good = plan<tp4_pp2, offload::none, model_shape<7, 16>>;

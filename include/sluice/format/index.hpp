@@ -3,6 +3,8 @@
 /// The sharded index (`model.safetensors.index.json`) and its verification
 /// against the shard headers.
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -80,15 +82,31 @@ struct index {
   if (auto md = root.find("metadata"); md != root.end() && !md->is_null()) {
     if (!md->is_object()) throw index_error("index-json", "metadata is not an object", {file});
     if (auto ts = md->find("total_size"); ts != md->end()) {
-      // Some writers store it as a number, some as a string of digits.
+      // Some writers store it as a number, some as a string of digits. A value
+      // outside uint64 (a float >= 2^64, a 30-digit string) is an error, not a
+      // wrapped or undefined conversion.
+      constexpr double two_to_64 = 18446744073709551616.0;
+      bool ok = false;
       if (ts->is_number_unsigned()) {
         ix.total_size = ts->get<std::uint64_t>();
-      } else if (ts->is_number_float() && ts->get<double>() >= 0 && ts->get<double>() == static_cast<double>(static_cast<std::uint64_t>(ts->get<double>()))) {
-        ix.total_size = static_cast<std::uint64_t>(ts->get<double>());
-      } else if (ts->is_string() && !ts->get_ref<const std::string&>().empty() &&
-                 ts->get_ref<const std::string&>().find_first_not_of("0123456789") == std::string::npos) {
-        ix.total_size = std::stoull(ts->get<std::string>());
-      } else {
+        ok = true;
+      } else if (ts->is_number_float()) {
+        const double d = ts->get<double>();
+        if (d >= 0 && d < two_to_64 && d == std::floor(d)) {
+          ix.total_size = static_cast<std::uint64_t>(d);
+          ok = true;
+        }
+      } else if (ts->is_string()) {
+        const auto& digits = ts->get_ref<const std::string&>();
+        const char* end = digits.data() + digits.size();
+        std::uint64_t v = 0;
+        auto [p, ec] = std::from_chars(digits.data(), end, v);
+        if (!digits.empty() && digits.front() != '-' && digits.front() != '+' && ec == std::errc{} && p == end) {
+          ix.total_size = v;
+          ok = true;
+        }
+      }
+      if (!ok) {
         throw index_error("index-json", fmt::format("metadata.total_size {} is not a non-negative integer", ts->dump()), {file});
       }
     }

@@ -8,6 +8,7 @@
 /// (embeddings) or the last (final norm, lm_head). Patterns are ECMAScript regular expressions,
 /// searched (not matched) in the tensor's name.
 
+#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <regex>
@@ -88,7 +89,7 @@ class classifier {
     }
     if (std::regex_search(t.name, m, *expert_) && m.size() > 1) {
       t.cls = tensor_class::routed_expert;
-      t.expert = std::stoll(m[1].str());
+      t.expert = index_in(t.name, m[1].str(), "expert");
       return;
     }
     t.cls = tensor_class::replicated;
@@ -99,7 +100,7 @@ class classifier {
   void layer(tensor_info& t) const {
     std::smatch m;
     t.layer = -1;
-    if (layer_ && std::regex_search(t.name, m, *layer_) && m.size() > 1) t.layer = std::stoll(m[1].str());
+    if (layer_ && std::regex_search(t.name, m, *layer_) && m.size() > 1) t.layer = index_in(t.name, m[1].str(), "layer");
   }
 
   /// The stage a layer-less tensor goes with (first wins when both patterns match).
@@ -123,6 +124,20 @@ class classifier {
   [[nodiscard]] const classify_options& options() const noexcept { return opt_; }
 
  private:
+  // The number a pattern's capture group found in a (checkpoint-supplied)
+  // name: a typed error naming the tensor when it is not a number that fits,
+  // never std::stoll's out_of_range escaping into the engine. Bounded by 2^32 so
+  // that placement arithmetic (expert x EP) cannot overflow.
+  static constexpr std::int64_t max_index = std::int64_t{1} << 32;
+  static std::int64_t index_in(const std::string& tensor, const std::string& digits, const char* what) {
+    std::int64_t v = 0;
+    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (digits.empty() || ec != std::errc{} || p != digits.data() + digits.size() || v < 0 || v >= max_index)
+      throw config_error(fmt::format("tensor '{}': the {} index '{}' captured by the pattern is not a number below 2^32",
+                                     tensor, what, digits));
+    return v;
+  }
+
   classify_options opt_;
   std::optional<std::regex> expert_;
   std::optional<std::regex> table_;
