@@ -43,6 +43,8 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
   --queue-depth N        reads in flight (default 4)
   --threads N            io_context threads (default 1)
   --direct | --buffered  require O_DIRECT / always use the page cache (default: O_DIRECT when aligned)
+  --inline-copies        copy page-cache hits in the submitting thread, not in io_uring's
+                         io-wq workers (default: workers, so cached reads copy on several cores)
   --select REGEX         load only tensors whose name matches
   --digest               print name, dtype, shape, sha256 per tensor (sorted by name)
   --json                 print the summary as JSON on stdout
@@ -81,6 +83,7 @@ options parse(int argc, char** argv) {
     else if (a == "--threads") o.load.threads = static_cast<unsigned>(std::stoul(value(i)));
     else if (a == "--direct") o.load.io = io_mode::direct;
     else if (a == "--buffered") o.load.io = io_mode::buffered;
+    else if (a == "--inline-copies") o.load.punt_buffered = false;
     else if (a == "--select") o.select = value(i);
     else if (a == "--digest") o.digest = true;
     else if (a == "--json") o.json = true;

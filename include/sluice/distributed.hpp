@@ -257,7 +257,7 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
     if (opt.load.register_buffers) ring->register_buffers(pool->region(), pool->slot_size());
     std::vector<std::string> paths;
     for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
-    src = std::make_unique<file_source>(*ring, std::move(paths), opt.load.io);
+    src = std::make_unique<file_source>(*ring, std::move(paths), opt.load.io, opt.load.punt_buffered);
   } catch (...) {
     failure = std::current_exception();
   }

@@ -57,6 +57,12 @@ struct load_options {
   unsigned threads = 1;                                 ///< io_context threads (blocking `load`)
   unsigned ring_entries = 64;                           ///< io_uring SQ entries
   io_mode io = io_mode::automatic;                      ///< O_DIRECT when aligned, required, or never
+  /// Submit buffered reads with IOSQE_ASYNC: the kernel's io-wq workers copy
+  /// from the page cache, so the reads in flight (queue_depth) copy on several
+  /// cores. Off, the submitting thread copies each cached read inline, one
+  /// after another. Measured on 2 cores, 4 GiB hot (bench-local, qd 4, 32 MiB
+  /// reads): 13.4 vs 9.6 GiB/s into a reused buffer, 11.9 vs 9.8 into place.
+  bool punt_buffered = true;
   bool poison = SLUICE_POISON_SLOTS;                    ///< poison released slots
   /// Register the staging pool as io_uring fixed buffers. Registration pins
   /// (and so faults in) the whole budget: worth it for a pool that is reused

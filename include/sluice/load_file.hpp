@@ -49,7 +49,7 @@ load_stats load(const checkpoint& ck, Sink& s, staging_pool& pool, load_options 
   if (opt.register_buffers) ring.register_buffers(pool.region(), pool.slot_size());
   std::vector<std::string> paths;
   for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
-  file_source src(ring, std::move(paths), opt.io);
+  file_source src(ring, std::move(paths), opt.io, opt.punt_buffered);
   return run_on(ioc, load_async(ck, src, s, pool, opt), opt.threads);
 }
 

@@ -83,14 +83,17 @@ TEST_CASE("every tensor's digest equals an independent hash of the files", "[sta
   REQUIRE(st.slots_used <= st.slots);
 }
 
-TEST_CASE("O_DIRECT, buffered and multi-threaded loads deliver the same bytes", "[stages][load][concurrent]") {
+TEST_CASE("O_DIRECT, buffered (punted or inline) and multi-threaded loads deliver the same bytes", "[stages][load][concurrent]") {
   sluice_test::scratch_dir dir;
   testing::write_checkpoint(dir.path, small_model());
   auto ck = checkpoint::open(dir.path);
-  digest_sink a, b, c;
+  digest_sink a, b, c, d;
   auto o = small_staging();
   o.io = io_mode::buffered;
   (void)load(ck, a, o);
+  o.punt_buffered = false;  // page-cache copies inline in the submitting thread
+  (void)load(ck, d, o);
+  o.punt_buffered = true;
   o.io = io_mode::automatic;
   o.queue_depth = 8;
   (void)load(ck, b, o);
@@ -101,6 +104,7 @@ TEST_CASE("O_DIRECT, buffered and multi-threaded loads deliver the same bytes", 
   for (const auto& [name, dg] : a.digests()) {
     REQUIRE(b.digests().at(name).sha256 == dg.sha256);
     REQUIRE(c.digests().at(name).sha256 == dg.sha256);
+    REQUIRE(d.digests().at(name).sha256 == dg.sha256);
   }
 }
 

@@ -43,7 +43,8 @@ TEST_CASE("many reads beyond the ring's size complete, each exactly once", "[cor
   write_file(dir.path / "f", data);
   asio::io_context ioc;
   uring_context ring(ioc, {.entries = 4});
-  file_source src(ring, {(dir.path / "f").string()}, io_mode::buffered);
+  const bool punt = GENERATE(true, false);  // io-wq workers, or inline in the submitter
+  file_source src(ring, {(dir.path / "f").string()}, io_mode::buffered, punt);
   constexpr int n = 200;
   std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(4096));
   std::vector<std::size_t> got(n, 0);

@@ -114,12 +114,19 @@ class uring_context {
   /// (error_code, bytes): short reads are normal (0 = end of file); errors are
   /// errno values in the system category; a cancelled read completes with
   /// operation_aborted. The buffer must stay valid until completion.
+  /// `punt`: submit with IOSQE_ASYNC, so the kernel's io-wq workers do the
+  /// read instead of the submitting thread trying it inline first; for reads
+  /// served from the page cache this spreads the copying over several cores.
   template <class Token>
   auto async_read_at(int fd, std::span<std::byte> buf, std::uint64_t offset, Token&& token) {
+    return async_read_at(fd, buf, offset, false, std::forward<Token>(token));
+  }
+  template <class Token>
+  auto async_read_at(int fd, std::span<std::byte> buf, std::uint64_t offset, bool punt, Token&& token) {
     return asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
-        [this, fd, buf, offset](auto handler) {
+        [this, fd, buf, offset, punt](auto handler) {
           using H = decltype(handler);
-          auto* op = new read_op<H>(std::move(handler), fd, buf, offset);
+          auto* op = new read_op<H>(std::move(handler), fd, buf, offset, punt);
           asio::dispatch(strand_, [this, op] { submit(op); });
         },
         token);
@@ -158,8 +165,8 @@ class uring_context {
   };
   template <class H>
   struct read_op final : op_base {
-    read_op(H h, int f, std::span<std::byte> b, std::uint64_t o)
-        : handler(std::move(h)), work(asio::make_work_guard(asio::get_associated_executor(handler))), fd(f), buf(b), off(o) {}
+    read_op(H h, int f, std::span<std::byte> b, std::uint64_t o, bool p)
+        : handler(std::move(h)), work(asio::make_work_guard(asio::get_associated_executor(handler))), fd(f), buf(b), off(o), punt(p) {}
     void prep(io_uring_sqe* s, const uring_context& ctx) override {
       const unsigned len = static_cast<unsigned>(std::min<std::size_t>(buf.size(), 1u << 30));
       const int idx = ctx.fixed_index(buf);
@@ -167,6 +174,7 @@ class uring_context {
         ::io_uring_prep_read_fixed(s, fd, buf.data(), len, off, idx);
       else
         ::io_uring_prep_read(s, fd, buf.data(), len, off);
+      if (punt) ::io_uring_sqe_set_flags(s, IOSQE_ASYNC);
     }
     void complete(int res) noexcept override {
       boost::system::error_code ec;
@@ -187,6 +195,7 @@ class uring_context {
     int fd;
     std::span<std::byte> buf;
     std::uint64_t off;
+    bool punt;
   };
 
   int fixed_index(std::span<std::byte> buf) const noexcept {

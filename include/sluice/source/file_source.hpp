@@ -34,8 +34,12 @@ namespace sluice::inline v0 {
 class file_source {
  public:
   /// Opens every path (throws io_error naming the first that fails).
-  file_source(uring_context& ring, std::vector<std::string> paths, io_mode mode = io_mode::automatic)
-      : ring_(&ring), mode_(mode) {
+  /// `punt_buffered`: hand buffered reads to io-wq workers (IOSQE_ASYNC), so
+  /// that page-cache copies of the reads in flight run on several cores
+  /// instead of one after another in the submitting thread (load_options::punt_buffered).
+  file_source(uring_context& ring, std::vector<std::string> paths, io_mode mode = io_mode::automatic,
+              bool punt_buffered = true)
+      : ring_(&ring), mode_(mode), punt_buffered_(punt_buffered) {
     files_.reserve(paths.size());
     try {
       for (auto& p : paths) files_.push_back(open_file(std::move(p)));
@@ -67,10 +71,12 @@ class file_source {
     const int fd = aligned ? f.direct_fd : f.fd;
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
     boost::system::error_code ec;
-    std::size_t n = co_await ring_->async_read_at(fd, dst, offset, asio::redirect_error(asio::use_awaitable, ec));
+    std::size_t n = co_await ring_->async_read_at(fd, dst, offset, punt_buffered_ && !aligned,
+                                                  asio::redirect_error(asio::use_awaitable, ec));
     if (ec == boost::system::errc::invalid_argument && aligned) {
       // Some file systems accept O_DIRECT at open but refuse the read: fall back.
-      n = co_await ring_->async_read_at(f.fd, dst, offset, asio::redirect_error(asio::use_awaitable, ec));
+      n = co_await ring_->async_read_at(f.fd, dst, offset, punt_buffered_,
+                                        asio::redirect_error(asio::use_awaitable, ec));
     }
     if (ec == asio::error::operation_aborted) throw cancelled_error("read cancelled");
     if (ec)
@@ -123,6 +129,7 @@ class file_source {
 
   uring_context* ring_;
   io_mode mode_;
+  bool punt_buffered_;
   std::vector<file> files_;
   io_counters counters_;
 };
