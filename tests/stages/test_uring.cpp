@@ -86,7 +86,8 @@ TEST_CASE("aligned reads into registered staging memory use O_DIRECT and return 
   staging_pool pool({.budget = 2 << 20, .slot_size = 1 << 20});
   uring_context ring(ioc);
   ring.register_buffers(pool.region(), pool.slot_size());  // may be refused without CAP_IPC_LOCK: reads still work
-  file_source src(ring, {(dir.path / "f").string()});
+  // io_mode::direct: the file was just written, so automatic mode would read it from the page cache.
+  file_source src(ring, {(dir.path / "f").string()}, io_mode::direct);
   auto slot = *pool.try_acquire();
   std::size_t got = 0;
   asio::co_spawn(ioc, read_into(src, 1 << 20, slot.bytes(), &got), [](std::exception_ptr e) { if (e) std::rethrow_exception(e); });
@@ -94,6 +95,55 @@ TEST_CASE("aligned reads into registered staging memory use O_DIRECT and return 
   REQUIRE(got == (1u << 20));
   REQUIRE(std::memcmp(slot.bytes().data(), data.data() + (1 << 20), 1 << 20) == 0);
   if (src.direct_alignment(0) == 0) WARN("O_DIRECT not supported by this file system: the buffered path was used");
+}
+
+TEST_CASE("automatic mode reads a range in the page cache buffered and a range not in it with O_DIRECT", "[core][uring]") {
+  sluice_test::scratch_dir dir;
+  const auto data = pattern(2 << 20);
+  const auto path = dir.path / "f";
+  write_file(path, data);
+  asio::io_context ioc;
+  staging_pool pool({.budget = 2 << 20, .slot_size = 1 << 20});
+  uring_context ring(ioc);
+  file_source src(ring, {path.string()}, io_mode::automatic);
+  if (src.direct_alignment(0) == 0) {
+    WARN("O_DIRECT not supported by this file system: nothing to choose");
+    return;
+  }
+  auto slot = *pool.try_acquire();
+  auto read = [&](std::uint64_t off) {
+    std::size_t got = 0;
+    asio::co_spawn(ioc, read_into(src, off, slot.bytes(), &got), [](std::exception_ptr e) { if (e) std::rethrow_exception(e); });
+    ioc.restart();
+    ioc.run();
+    REQUIRE(got == (1u << 20));
+    REQUIRE(std::memcmp(slot.bytes().data(), data.data() + off, 1 << 20) == 0);
+  };
+  read(0);  // just written: in the page cache
+  if (src.direct_reads() == 1) {
+    WARN("cachestat(2) unavailable (Linux < 6.5): automatic mode always reads O_DIRECT");
+    return;
+  }
+  CHECK(src.buffered_reads() == 1);
+  CHECK(src.direct_reads() == 0);
+  // Drop the file from the page cache (clean pages only: write back first; the
+  // whole file, as the kernel keeps a large folio when only part of it is advised).
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::fdatasync(fd) == 0);
+  REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  ::close(fd);
+  read(1 << 20);
+  CHECK(src.direct_reads() == 1);
+  CHECK(src.buffered_reads() == 1);
+  {
+    std::ifstream warm(path, std::ios::binary);  // back into the page cache
+    std::vector<char> sink(data.size());
+    warm.read(sink.data(), static_cast<std::streamsize>(sink.size()));
+  }
+  read(1 << 20);
+  CHECK(src.buffered_reads() == 2);
+  CHECK(src.direct_reads() == 1);
 }
 
 TEST_CASE("opening a missing file names it", "[core][uring]") {

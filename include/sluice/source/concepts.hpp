@@ -18,8 +18,8 @@ namespace sluice::inline v0 {
 
 /// How a file source reads (see file_source).
 enum class io_mode {
-  automatic,  ///< O_DIRECT when aligned and supported, buffered otherwise
-  direct,     ///< like automatic, but opening without O_DIRECT support is an error
+  automatic,  ///< O_DIRECT when aligned and supported, unless the range is mostly in the page cache; buffered otherwise
+  direct,     ///< O_DIRECT whenever aligned (cached or not); opening without O_DIRECT support is an error
   buffered,   ///< always through the page cache
 };
 
