@@ -53,6 +53,9 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
   --topology tp1,dp8,ep8 act as one rank of a distributed load (rank from --rank/--world-size or
                          RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, SLUICE_STORE_DIR; see sluice-launch)
   --offload MODE         none | per-rank | shared-single | shared-cooperative (default none)
+  --overlap auto|on|off   read the next window while this one's collective runs (default auto:
+                         on with at least two hardware threads per local rank)
+  --exchange MODE        all-gather-v | broadcasts: how a window's slices travel (default all-gather-v)
   --rank N --world-size N --local-rank N --local-world-size N   override the environment
   --probe                read headers only: print the per-layer plan (keys, tensors, bytes)
   --contract-out FILE    with --probe: write the load contract (JSON) to FILE
@@ -61,7 +64,7 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
 struct options {
   std::string source;
   load_options load;
-  std::string select, json_out, contract_out, topology, offload = "none";
+  std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto", exchange = "all-gather-v";
   std::optional<std::size_t> rank, world, local_rank, local_world;
   bool digest = false, json = false, progress = true, probe = false;
 };
@@ -92,6 +95,8 @@ options parse(int argc, char** argv) {
     else if (a == "--probe") o.probe = true;
     else if (a == "--topology") o.topology = value(i);
     else if (a == "--offload") o.offload = value(i);
+    else if (a == "--overlap") o.overlap = value(i);
+    else if (a == "--exchange") o.exchange = value(i);
     else if (a == "--rank") o.rank = std::stoul(value(i));
     else if (a == "--world-size") o.world = std::stoul(value(i));
     else if (a == "--local-rank") o.local_rank = std::stoul(value(i));
@@ -163,6 +168,15 @@ int run_distributed(const options& o) {
   if (who.rank >= who.world_size) throw config_error(fmt::format("rank {} is not below the world size {}", who.rank, who.world_size));
   distributed_options dopt;
   dopt.load = o.load;
+  using om = distributed_options::overlap_mode;
+  if (o.overlap == "auto") dopt.overlap = om::automatic;
+  else if (o.overlap == "on") dopt.overlap = om::on;
+  else if (o.overlap == "off") dopt.overlap = om::off;
+  else throw config_error(fmt::format("--overlap '{}': expected auto, on or off", o.overlap));
+  using xm = distributed_options::exchange_mode;
+  if (o.exchange == "all-gather-v") dopt.exchange = xm::all_gather_v;
+  else if (o.exchange == "broadcasts") dopt.exchange = xm::broadcasts;
+  else throw config_error(fmt::format("--exchange '{}': expected all-gather-v or broadcasts", o.exchange));
   open_options oo;
   if (!o.select.empty()) {
     auto re = std::make_shared<std::regex>(o.select);

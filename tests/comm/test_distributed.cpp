@@ -3,6 +3,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -227,10 +228,29 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
   fs::remove_all(copy);
 }
 
-TEST_CASE("4 ranks exchanging windows by one all-gather-v each", "[comm][distributed]") {
+TEST_CASE("4 ranks exchanging windows by broadcasts, one per contributing rank", "[comm][distributed]") {
   auto o = small_options();
-  o.exchange = distributed_options::exchange_mode::all_gather_v;
+  o.exchange = distributed_options::exchange_mode::broadcasts;
   check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+}
+
+TEST_CASE("window reads overlapped with the collectives, or serial, deliver the same tensors", "[comm][distributed]") {
+  auto o = small_options();
+  o.overlap = distributed_options::overlap_mode::on;
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+  o.overlap = distributed_options::overlap_mode::off;
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+}
+
+TEST_CASE("automatic overlap needs two hardware threads per local rank", "[comm][distributed]") {
+  distributed_options o;
+  const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  CHECK(o.overlaps(hw / 2 == 0 ? 1 : hw / 2) == (hw >= 2));
+  CHECK_FALSE(o.overlaps(hw));
+  o.overlap = distributed_options::overlap_mode::on;
+  CHECK(o.overlaps(hw * 4));
+  o.overlap = distributed_options::overlap_mode::off;
+  CHECK_FALSE(o.overlaps(1));
 }
 
 TEST_CASE("TP2 x DP2 plans and loads: every rank holds every non-expert tensor", "[comm][distributed]") {
