@@ -1,6 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
+#include <string>
 
 #include <sluice/memory/shared_host.hpp>
 
@@ -57,4 +62,38 @@ TEST_CASE("a view's lease keeps the segment mapped after the segment object goes
   }
   bytes[0] = std::byte{1};
   REQUIRE(bytes[0] == std::byte{1});
+}
+
+TEST_CASE("a creator killed mid-run leaves no /dev/shm entry, and its segment lives on in the ranks that mapped it",
+          "[memory][shared_host]") {
+  const auto before = dev_shm_entries();
+  int to_parent[2];
+  REQUIRE(::pipe(to_parent) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the creator: make the segment, publish the handle, then wait to be killed
+    ::close(to_parent[0]);
+    auto seg = memory::shared_host::create(1u << 20, "sluice-crash-test");
+    seg.bytes()[123] = std::byte{42};
+    const auto h = seg.handle() + "\n";
+    (void)!::write(to_parent[1], h.data(), h.size());
+    for (;;) ::pause();
+  }
+  ::close(to_parent[1]);
+  std::string handle;
+  char ch = 0;
+  while (::read(to_parent[0], &ch, 1) == 1 && ch != '\n') handle += ch;
+  ::close(to_parent[0]);
+  REQUIRE_FALSE(handle.empty());
+  auto mine = memory::shared_host::attach(handle, 1u << 20);
+  REQUIRE(::kill(child, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFSIGNALED(status));
+  // Nothing named was ever created, so nothing is left behind ...
+  REQUIRE(dev_shm_entries() == before);
+  // ... the creator's handle is gone with it (a late rank gets a clean error) ...
+  REQUIRE_THROWS_AS(memory::shared_host::attach(handle, 1u << 20), io_error);
+  // ... and a rank that had mapped it keeps valid memory until it lets go.
+  REQUIRE(mine.bytes()[123] == std::byte{42});
 }
