@@ -1,8 +1,15 @@
 // The compiled part of sluice::gloo: everything that includes Gloo's headers.
 #include <sluice/comm/gloo.hpp>
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -15,6 +22,9 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#if defined(SLUICE_GLOO_REDIS)
+#include <gloo/rendezvous/redis_store.h>
+#endif
 
 namespace sluice::inline v0::comm {
 
@@ -25,6 +35,45 @@ struct gloo::impl {
 };
 
 namespace {
+#if defined(SLUICE_GLOO_REDIS)
+// Whether a TCP connection to host:port succeeds within `timeout`. Checked
+// before constructing Gloo's RedisStore: its constructor throws on a failed
+// connect without freeing the hiredis context (a leak per attempt), and a
+// blocking connect to an unreachable host would outwait our timeout.
+std::string tcp_unreachable(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (const int r = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); r != 0)
+    return fmt::format("cannot resolve '{}': {}", host, ::gai_strerror(r));
+  std::string why = "no address";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int err = 0;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        const int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+        socklen_t len = sizeof err;
+        if (n == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        if (n == 0) err = ETIMEDOUT;
+      }
+    }
+    ::close(fd);
+    if (err == 0) {
+      ::freeaddrinfo(res);
+      return {};
+    }
+    why = std::strerror(err);
+  }
+  ::freeaddrinfo(res);
+  return why;
+}
+#endif
+
 // Gloo reports a dead peer, a timeout or a misuse as an exception of its own
 // (gloo::IoException, gloo::EnforceNotMet, ...): one sluice error for all.
 template <class F>
@@ -42,22 +91,41 @@ void guarded(const char* what, std::size_t rank, F&& f) {
 gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
     : impl_(std::make_unique<impl>()), rank_(rank), size_(size) {
   if (size == 0 || rank >= size) throw config_error(fmt::format("gloo: rank {} of a world of {}", rank, size));
-  if (opt.store_dir.empty()) throw config_error("gloo: no store directory (set SLUICE_STORE_DIR or gloo_options::store_dir)");
+  const bool redis = opt.store.redis();
+  if (!redis && opt.store_dir.empty())
+    throw config_error("gloo: no rendezvous (set SLUICE_STORE_DIR or SLUICE_STORE=redis://HOST:PORT/PREFIX)");
+#if !defined(SLUICE_GLOO_REDIS)
+  if (redis)
+    throw config_error(fmt::format("gloo: a Redis store ({}:{}) needs sluice built with hiredis's headers (libhiredis-dev)",
+                                   opt.store.redis_host, opt.store.redis_port));
+#endif
   impl_->timeout = opt.timeout;
   guarded("rendezvous", rank, [&] {
     ::gloo::transport::tcp::attr attr;
     attr.hostname = opt.hostname;
     impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
-    ::gloo::rendezvous::FileStore store(opt.store_dir);
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
     ctx->setTimeout(opt.timeout);
+#if defined(SLUICE_GLOO_REDIS)
+    if (redis) {
+      if (auto why = tcp_unreachable(opt.store.redis_host, opt.store.redis_port, opt.timeout); !why.empty())
+        throw comm_error(fmt::format("gloo rendezvous failed on rank {}: cannot reach the Redis store at {}:{}: {}", rank,
+                                     opt.store.redis_host, opt.store.redis_port, why));
+      auto base = std::make_unique<::gloo::rendezvous::RedisStore>(opt.store.redis_host, opt.store.redis_port);
+      ::gloo::rendezvous::PrefixStore store(opt.store.prefix, *base);
+      ctx->connectFullMesh(store, impl_->device);
+      impl_->context = std::move(ctx);
+      return;
+    }
+#endif
+    ::gloo::rendezvous::FileStore store(opt.store_dir);
     ctx->connectFullMesh(store, impl_->device);
     impl_->context = std::move(ctx);
   });
 }
 
 gloo::gloo(const rank_info& who)
-    : gloo(who.rank, who.world_size, gloo_options{who.store_dir, "127.0.0.1", who.timeout}) {}
+    : gloo(who.rank, who.world_size, gloo_options{who.store_dir, who.rendezvous(), who.hostname, who.timeout}) {}
 
 gloo::gloo(gloo&&) noexcept = default;
 gloo& gloo::operator=(gloo&&) noexcept = default;

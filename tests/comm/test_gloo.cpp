@@ -1,8 +1,19 @@
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <sluice/comm/gloo.hpp>
 #include <sluice/comm/local.hpp>
@@ -16,8 +27,61 @@ namespace {
 std::byte pattern(std::size_t rank, std::size_t i) { return static_cast<std::byte>((rank * 131 + i * 7) & 0xff); }
 
 comm::gloo connect(std::size_t rank, std::size_t n, const std::filesystem::path& dir, std::chrono::milliseconds t = 20s) {
-  return comm::gloo(rank, n, comm::gloo_options{dir.string(), "127.0.0.1", t});
+  return comm::gloo(rank, n, comm::gloo_options{.store_dir = dir.string(), .hostname = "127.0.0.1", .timeout = t});
 }
+
+// A redis-server of our own on a free loopback port (Debian's redis-server,
+// installed by scripts/setup.sh), stopped with the object.
+class redis_server {
+ public:
+  redis_server() {
+    if (::access("/usr/bin/redis-server", X_OK) != 0) return;
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ::close(s);
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+    ::close(s);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string port = std::to_string(port_);
+      ::execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
+              "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Ready when it accepts a connection (at most ~5 s).
+    for (int i = 0; i < 100 && !ready(); ++i) std::this_thread::sleep_for(50ms);
+  }
+  ~redis_server() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  redis_server(const redis_server&) = delete;
+  redis_server& operator=(const redis_server&) = delete;
+  [[nodiscard]] bool ready() const {
+    if (pid_ <= 0) return false;
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(s);
+    return ok;
+  }
+  [[nodiscard]] int port() const noexcept { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
 }  // namespace
 
 TEST_CASE("communicators model the concept", "[comm][concepts]") {
@@ -113,4 +177,57 @@ TEST_CASE("a missing peer makes rendezvous time out with comm_error", "[comm][gl
   const auto dir = sluice_test::fresh_dir("gloomissing");
   REQUIRE_THROWS_AS(connect(0, 2, dir, 1s), comm::comm_error);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a Redis store URL parses into host, port and run prefix; bad ones are config errors", "[comm][store]") {
+  const auto a = comm::store_address::parse("redis://10.0.0.1:7000/run-42");
+  CHECK(a.redis());
+  CHECK(a.redis_host == "10.0.0.1");
+  CHECK(a.redis_port == 7000);
+  CHECK(a.prefix == "run-42");
+  const auto b = comm::store_address::parse("redis://store-host");
+  CHECK(b.redis_port == 6379);
+  CHECK(b.prefix.empty());
+  const auto d = comm::store_address::parse("/tmp/some/dir");
+  CHECK_FALSE(d.redis());
+  CHECK(d.dir == "/tmp/some/dir");
+  CHECK_THROWS_WITH(comm::store_address::parse("redis://host:http/x"), Catch::Contains("port 'http' is not a TCP port"));
+  CHECK_THROWS_WITH(comm::store_address::parse("redis://:6379/x"), Catch::Contains("no host"));
+  CHECK_THROWS_AS(comm::store_address::parse("redis://h:70000"), config_error);
+}
+
+TEST_CASE("8 gloo ranks meet through a Redis store, twice under different run prefixes", "[comm][gloo][redis]") {
+  redis_server redis;
+  if (!redis.ready()) {
+    WARN("redis-server not available (scripts/setup.sh installs it): Redis rendezvous not tested");
+    return;
+  }
+  for (const char* run : {"run-a", "run-b"}) {  // run-b meets although run-a's keys are still in Redis
+    auto res = sluice_test::run_ranks(8, [&](std::size_t rank) {
+      comm::gloo_options o;
+      o.store = comm::store_address::parse(fmt::format("redis://127.0.0.1:{}/{}", redis.port(), run));
+      o.timeout = 20s;
+      comm::gloo c(rank, 8, o);
+      std::vector<std::byte> mine(8, static_cast<std::byte>(rank)), all(64);
+      c.all_gather(mine, all);
+      for (std::size_t r = 0; r < 8; ++r)
+        if (all[r * 8] != static_cast<std::byte>(r)) return 10;
+      return 0;
+    });
+    for (std::size_t r = 0; r < 8; ++r) REQUIRE(res[r].code == 0);
+  }
+}
+
+TEST_CASE("an unreachable Redis store is a comm_error naming it", "[comm][gloo][redis]") {
+  comm::gloo_options o;
+  o.store = comm::store_address::parse("redis://127.0.0.1:1/x");  // nothing listens on port 1
+  o.timeout = 2s;
+  try {
+    comm::gloo c(0, 2, o);
+    FAIL("rendezvous succeeded without a store");
+  } catch (const comm::comm_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:1"));
+  } catch (const config_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("needs sluice built with hiredis"));  // built without libhiredis-dev
+  }
 }

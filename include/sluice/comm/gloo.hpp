@@ -3,8 +3,9 @@
 /// `comm::gloo`: host-memory collectives over Gloo's TCP transport (the
 /// sluice::gloo component; Gloo's headers stay in src/gloo). Rendezvous
 /// through a Gloo FileStore directory that every rank reaches (it must exist
-/// and be empty for each run). Every call and the rendezvous are bounded by
-/// `timeout`: a dead or stalled peer gives comm_error, not a hang.
+/// and be empty for each run), or Gloo's RedisStore for several nodes (a
+/// per-run key prefix; see comm/store.hpp). Every call and the rendezvous are
+/// bounded by `timeout`: a dead or stalled peer gives comm_error, not a hang.
 
 #include <chrono>
 #include <cstddef>
@@ -20,6 +21,7 @@ namespace sluice::inline v0::comm {
 /// Settings of a Gloo communicator.
 struct gloo_options {
   std::string store_dir;                      ///< FileStore directory (exists, empty per run)
+  store_address store;                        ///< Redis store (when store.redis()), else store_dir
   std::string hostname = "127.0.0.1";         ///< address this rank listens on
   std::chrono::milliseconds timeout{60000};   ///< rendezvous and every collective
 };
@@ -29,7 +31,7 @@ class gloo {
  public:
   /// Connects to the other ranks (blocks until all arrive or `timeout`).
   gloo(std::size_t rank, std::size_t size, const gloo_options& opt);
-  /// From rank_info (RANK, WORLD_SIZE, SLUICE_STORE_DIR, SLUICE_COMM_TIMEOUT_MS).
+  /// From rank_info (RANK, WORLD_SIZE, SLUICE_STORE_DIR or SLUICE_STORE, SLUICE_GLOO_HOST, SLUICE_COMM_TIMEOUT_MS).
   explicit gloo(const rank_info& who);
   gloo(gloo&&) noexcept;
   gloo& operator=(gloo&&) noexcept;

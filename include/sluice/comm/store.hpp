@@ -1,23 +1,68 @@
 #pragma once
 /// \file
 /// Rank identity and rendezvous settings from the environment, as launchers
-/// set them: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (torchrun) and
-/// SLUICE_STORE_DIR (the file-store directory on one node, created and
-/// emptied by `sluice-launch`), SLUICE_COMM_TIMEOUT_MS.
+/// set them: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (torchrun),
+/// SLUICE_COMM_TIMEOUT_MS, and where the ranks meet:
 ///
-/// Only a file store is supported for now (one node, or a shared filesystem
-/// for several); MASTER_ADDR/MASTER_PORT would need a TCP store (issue 5).
+/// - SLUICE_STORE_DIR: a Gloo file store, a directory every rank reaches (one
+///   node, or a shared filesystem for several), created and emptied by
+///   `sluice-launch`;
+/// - SLUICE_STORE=redis://HOST:PORT/PREFIX: Gloo's Redis store, for nodes
+///   without a shared filesystem (Debian's redis-server; metadata only — the
+///   data goes over Gloo's TCP pairs). PREFIX names the run: keys of an
+///   earlier run under another prefix are ignored;
+/// - SLUICE_GLOO_HOST: the address this rank's Gloo device listens on (peers
+///   on other nodes connect to it; default 127.0.0.1, one node).
 
 #include <chrono>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include <sluice/error.hpp>
 
 namespace sluice::inline v0::comm {
+
+/// Where ranks rendezvous: a file-store directory or a Redis server.
+struct store_address {
+  std::string dir;          ///< file store (when redis_host is empty)
+  std::string redis_host;   ///< Redis store host
+  int redis_port = 6379;
+  std::string prefix;       ///< per-run key prefix (Redis)
+
+  [[nodiscard]] bool redis() const noexcept { return !redis_host.empty(); }
+  [[nodiscard]] bool empty() const noexcept { return dir.empty() && redis_host.empty(); }
+
+  /// "redis://host[:port][/prefix]" or a directory. Throws config_error for a malformed URL.
+  [[nodiscard]] static store_address parse(const std::string& s) {
+    store_address a;
+    constexpr std::string_view scheme = "redis://";
+    if (s.rfind(scheme, 0) != 0) {
+      a.dir = s;
+      return a;
+    }
+    std::string rest = s.substr(scheme.size());
+    if (const auto slash = rest.find('/'); slash != std::string::npos) {
+      a.prefix = rest.substr(slash + 1);
+      rest.resize(slash);
+    }
+    if (const auto colon = rest.rfind(':'); colon != std::string::npos) {
+      const std::string port = rest.substr(colon + 1);
+      char* end = nullptr;
+      const long p = std::strtol(port.c_str(), &end, 10);
+      if (port.empty() || *end || p <= 0 || p > 65535)
+        throw config_error(fmt::format("store '{}': port '{}' is not a TCP port", s, port));
+      a.redis_port = static_cast<int>(p);
+      rest.resize(colon);
+    }
+    if (rest.empty()) throw config_error(fmt::format("store '{}': no host (expected redis://HOST:PORT/PREFIX)", s));
+    a.redis_host = rest;
+    return a;
+  }
+};
 
 /// Who this process is and how it meets its peers.
 struct rank_info {
@@ -26,6 +71,8 @@ struct rank_info {
   std::size_t local_rank = 0;
   std::size_t local_size = 1;   ///< ranks on this node
   std::string store_dir;         ///< file-store directory (empty: none)
+  std::string store;             ///< redis://HOST:PORT/PREFIX (takes precedence over store_dir)
+  std::string hostname = "127.0.0.1";  ///< address this rank's Gloo device listens on
   std::chrono::milliseconds timeout{60000};  ///< per collective and for rendezvous
 
   /// Reads the variables above (missing: a one-rank world). Throws config_error for malformed values.
@@ -45,8 +92,18 @@ struct rank_info {
     r.local_size = num("LOCAL_WORLD_SIZE", r.world_size);
     r.timeout = std::chrono::milliseconds(num("SLUICE_COMM_TIMEOUT_MS", 60000));
     if (const char* d = std::getenv("SLUICE_STORE_DIR")) r.store_dir = d;
+    if (const char* u = std::getenv("SLUICE_STORE"); u && *u) {
+      (void)store_address::parse(u);  // malformed: a config_error now, not at rendezvous
+      r.store = u;
+    }
+    if (const char* h = std::getenv("SLUICE_GLOO_HOST"); h && *h) r.hostname = h;
     if (r.rank >= r.world_size) throw config_error(fmt::format("RANK={} is not below WORLD_SIZE={}", r.rank, r.world_size));
     return r;
+  }
+
+  /// The rendezvous: `store` when set, else the file store in `store_dir`.
+  [[nodiscard]] store_address rendezvous() const {
+    return store.empty() ? store_address{store_dir, {}, 6379, {}} : store_address::parse(store);
   }
 };
 
