@@ -1,12 +1,17 @@
 // sluice-launch: runs N local ranks of a command (torchrun-style environment)
 // and merges their JSON summaries.
 //
-//   sluice-launch -n 8 [--store DIR] [--timeout SECONDS] [--json-out FILE] -- sluice-load ...
+//   sluice-launch -n 8 [--store DIR | --store redis://HOST:PORT/RUN] [--nnodes M --node-rank K]
+//                 [--host ADDR] [--timeout SECONDS] [--json-out FILE] -- sluice-load ...
 //
-// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT, SLUICE_STORE_DIR (a fresh, empty Gloo file-store directory)
-// and SLUICE_JSON_OUT (where the rank writes its JSON summary). When a rank
-// fails, the others get --timeout seconds to fail too, then are killed.
+// Each rank gets RANK (K*N + local rank), WORLD_SIZE (M*N), LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, SLUICE_JSON_OUT (where the rank
+// writes its JSON summary), and its rendezvous: SLUICE_STORE_DIR (a fresh,
+// empty Gloo file-store directory, or --store DIR on a filesystem every node
+// shares) or SLUICE_STORE (--store redis://..., for nodes without one; run it
+// on every node with the same URL), and SLUICE_GLOO_HOST (--host: this node's
+// address that the other nodes reach). When a rank fails, the others get
+// --timeout seconds to fail too, then are killed.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,9 +30,9 @@
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  std::size_t n = 1;
+  std::size_t n = 1, nnodes = 1, node_rank = 0;
   double timeout = 60;
-  std::string store, json_out;
+  std::string store, json_out, host = "127.0.0.1";
   int i = 1;
   for (; i < argc; ++i) {
     const std::string a = argv[i];
@@ -36,10 +41,24 @@ int main(int argc, char** argv) {
     else if (a == "--store" && i + 1 < argc) store = argv[++i];
     else if (a == "--timeout" && i + 1 < argc) timeout = std::stod(argv[++i]);
     else if (a == "--json-out" && i + 1 < argc) json_out = argv[++i];
+    else if (a == "--nnodes" && i + 1 < argc) nnodes = std::stoul(argv[++i]);
+    else if (a == "--node-rank" && i + 1 < argc) node_rank = std::stoul(argv[++i]);
+    else if (a == "--host" && i + 1 < argc) host = argv[++i];
     else {
-      std::fprintf(stderr, "usage: sluice-launch -n N [--store DIR] [--timeout S] [--json-out FILE] -- command args...\n");
+      std::fprintf(stderr,
+                   "usage: sluice-launch -n N [--store DIR|redis://HOST:PORT/RUN] [--nnodes M --node-rank K] [--host ADDR]\n"
+                   "                     [--timeout S] [--json-out FILE] -- command args...\n");
       return 2;
     }
+  }
+  if (nnodes == 0 || node_rank >= nnodes) {
+    std::fprintf(stderr, "sluice-launch: --node-rank %zu is not below --nnodes %zu\n", node_rank, nnodes);
+    return 2;
+  }
+  const bool redis = store.rfind("redis://", 0) == 0;
+  if (nnodes > 1 && store.empty()) {
+    std::fprintf(stderr, "sluice-launch: --nnodes %zu needs --store (a shared directory or redis://HOST:PORT/RUN)\n", nnodes);
+    return 2;
   }
   if (i >= argc || n == 0) {
     std::fprintf(stderr, "sluice-launch: no command (usage: sluice-launch -n N -- command args...)\n");
@@ -49,8 +68,14 @@ int main(int argc, char** argv) {
   if (!::mkdtemp(work_tmpl.data())) { std::perror("sluice-launch: mkdtemp"); return 1; }
   const fs::path work = work_tmpl;
   if (store.empty()) store = (work / "store").string();
-  fs::create_directories(store);
-  if (!fs::is_empty(store)) { std::fprintf(stderr, "sluice-launch: store directory %s is not empty\n", store.c_str()); return 2; }
+  if (!redis) {
+    fs::create_directories(store);
+    // Several nodes share the directory: only node 0 may require it empty.
+    if (node_rank == 0 && !fs::is_empty(store)) {
+      std::fprintf(stderr, "sluice-launch: store directory %s is not empty\n", store.c_str());
+      return 2;
+    }
+  }
 
   std::vector<pid_t> pids;
   for (std::size_t r = 0; r < n; ++r) {
@@ -58,13 +83,15 @@ int main(int argc, char** argv) {
     if (pid < 0) { std::perror("sluice-launch: fork"); return 1; }
     if (pid == 0) {
       auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
-      set("RANK", std::to_string(r));
-      set("WORLD_SIZE", std::to_string(n));
+      set("RANK", std::to_string(node_rank * n + r));
+      set("WORLD_SIZE", std::to_string(nnodes * n));
       set("LOCAL_RANK", std::to_string(r));
       set("LOCAL_WORLD_SIZE", std::to_string(n));
-      set("MASTER_ADDR", "127.0.0.1");
+      set("MASTER_ADDR", host);
       set("MASTER_PORT", "29500");
-      set("SLUICE_STORE_DIR", store);
+      if (redis) set("SLUICE_STORE", store);
+      else set("SLUICE_STORE_DIR", store);
+      set("SLUICE_GLOO_HOST", host);
       set("SLUICE_COMM_TIMEOUT_MS", std::to_string(static_cast<long>(timeout * 1000)));
       set("SLUICE_JSON_OUT", (work / ("rank" + std::to_string(r) + ".json")).string());
       ::execvp(argv[i], argv + i);
@@ -97,7 +124,8 @@ int main(int argc, char** argv) {
   }
 
   // Merge the summaries: every rank's JSON, and sums of the byte counters.
-  nlohmann::json merged = {{"world_size", n}, {"ranks", nlohmann::json::array()}};
+  nlohmann::json merged = {{"world_size", nnodes * n}, {"node_rank", node_rank}, {"local_ranks", n},
+                           {"ranks", nlohmann::json::array()}};
   nlohmann::json totals = nlohmann::json::object();
   for (std::size_t r = 0; r < n; ++r) {
     nlohmann::json j;
@@ -108,7 +136,7 @@ int main(int argc, char** argv) {
     if (j.is_object())
       for (const char* k : {"bytes_read", "storage_bytes", "bytes_received", "bytes_sent", "shared_bytes_written", "tensors"})
         if (j.contains(k) && j[k].is_number()) totals[k] = totals.value(k, std::uint64_t{0}) + j[k].get<std::uint64_t>();
-    merged["ranks"].push_back({{"rank", r}, {"exit", codes[r]}, {"summary", j}});
+    merged["ranks"].push_back({{"rank", node_rank * n + r}, {"exit", codes[r]}, {"summary", j}});
   }
   merged["totals"] = totals;
   const auto text = merged.dump(2);
@@ -118,7 +146,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   for (std::size_t r = 0; r < n; ++r)
     if (codes[r] != 0) {
-      std::fprintf(stderr, "sluice-launch: rank %zu exited with %d\n", r, codes[r]);
+      std::fprintf(stderr, "sluice-launch: rank %zu exited with %d\n", node_rank * n + r, codes[r]);
       rc = 1;
     }
   return rc;
