@@ -24,6 +24,17 @@
 /// `view_kind::metadata` placeholder (unless `placeholders` is off), and every
 /// local rank a `view_kind::shared` view of a shared table in the segment.
 ///
+/// Where the bytes come from is a parameter: the core driver
+/// (`load_distributed_with`) takes a factory of a `slice_reader`, an object
+/// that owns an io_context and a `source` and reads a batch of planned slices
+/// through coalesce | fetch | stage | place into their destinations. The
+/// overloads here read local files (`file_reader`: io_uring); those in
+/// <sluice/source/s3_distributed.hpp> (link sluice::s3) read S3 objects at the
+/// ETags the catalog pinned, through one connection pool per rank sized so
+/// that the ranks of a node share the node's connections
+/// (`distributed_options::connections_per_rank`). The reader is made inside
+/// the failure protocol: a rank that cannot set up its I/O fails every rank.
+///
 /// Failure: after each phase the ranks exchange a status word; a rank that
 /// failed (bad shard, S3 error, sink exception) makes every rank throw
 /// `distributed_error` naming it and its error. A rank that dies makes the
@@ -44,6 +55,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -100,6 +112,11 @@ struct distributed_options {
   /// per local rank. Measured on 2 cores (bench-distributed, 0.5 GiB, 128 MiB
   /// windows): 8 ranks load in 0.53 s serial vs 1.01 s overlapped.
   enum class overlap_mode : std::uint8_t { automatic, on, off } overlap = overlap_mode::automatic;
+  /// S3 sources only: connections (pool size) of this rank's client. 0: the
+  /// S3 config's `max_connections` counts for the node, and each of its
+  /// `local_size` ranks gets max(1, max_connections / local_size): ranks on one
+  /// node share its NIC (and the server's per-client limits).
+  std::size_t connections_per_rank = 0;
 
   /// Whether `overlap` means overlapping with `local_ranks` ranks on this machine.
   [[nodiscard]] bool overlaps(std::size_t local_ranks) const noexcept {
@@ -125,6 +142,7 @@ struct distributed_stats {
   std::uint64_t shared_bytes = 0;         ///< size of the node's shared segment
   std::uint64_t shared_bytes_written = 0; ///< bytes this rank wrote into it
   std::uint32_t windows = 0;
+  std::uint64_t connections = 0;          ///< S3: connections of this rank's client (0: local files)
   bool overlapped = false;                ///< window reads overlapped the collectives (distributed_options::overlap)
   double seconds = 0, setup_seconds = 0, read_seconds = 0, exchange_seconds = 0, deliver_seconds = 0;
   double table_seconds = 0;  ///< reading shared tables into the segment (included in read_seconds), barrier included
@@ -135,10 +153,27 @@ struct distributed_stats {
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
             {"storage_bytes", storage_bytes}, {"planned_read_bytes", planned_read_bytes}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"shared_bytes", shared_bytes},
-            {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"overlapped", overlapped},
+            {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections}, {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
                          {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds}}}};
   }
+};
+
+/// A batch of planned reads: each a byte range of a shard (a tensor_ref of
+/// its own: a slice of a tensor is read like a tensor) and where its bytes go.
+using planned_reads = std::vector<std::pair<tensor_ref, std::span<std::byte>>>;
+
+/// The data path of a distributed load. `read(reads)` reads every range of
+/// the batch straight into its destination and returns once all arrived;
+/// on failure it throws the first error (naming the file or object and the
+/// range) after every read of the batch has completed, so no destination is
+/// written after it returns. `counters().bytes_read` is what storage
+/// delivered (distributed_stats::storage_bytes). A reader may also report
+/// `connections()` (distributed_stats::connections). One thread uses it.
+template <class R>
+concept slice_reader = requires(R& r, const R& cr, planned_reads& reads) {
+  { r.read(reads) } -> std::same_as<void>;
+  { cr.counters() } -> std::same_as<const io_counters&>;
 };
 
 namespace detail {
@@ -162,6 +197,29 @@ template <source Source>
                   place<destination_sink>(s);
   co_await run_pipeline(pipeline, jobs, [](const placement&) {}, opt.stop);
   co_return 0;  // run_on wants a value
+}
+
+// Reads a batch through coalesce | fetch | stage | place on `ioc`, run by the
+// calling thread (one thread: the pipeline and the source share it).
+template <source Source>
+void read_slices(asio::io_context& ioc, Source& src, staging_pool& pool, const load_options& opt, planned_reads& reads) {
+  destination_sink sink;
+  std::vector<tensor_job> jobs;
+  jobs.reserve(reads.size());
+  for (auto& [ref, dst] : reads) {
+    sink.dest.emplace(&ref, dst);
+    jobs.push_back({&ref, dst});
+  }
+  if (jobs.empty()) return;
+  ioc.restart();
+  (void)run_on(ioc, read_into(std::move(jobs), src, sink, pool, opt), 1);
+}
+
+// Every read of a distributed load has a direct destination (the segment or
+// a window buffer): a reader's pool only needs a couple of slots, not the budget.
+inline staging_options reader_staging(const load_options& opt) {
+  const auto slot = slot_size_for(opt.max_read);
+  return {std::min(opt.staging_budget, 2 * slot), slot, opt.poison};
 }
 
 // A window buffer reused while no sink holds a view into it (a sink that
@@ -226,13 +284,51 @@ inline std::uint64_t plan_digest(const policy::load_plan& p) {
 
 }  // namespace detail
 
-/// Loads this rank's part of `ck` into `s` per `plan`, exchanging the rest
-/// over `c`. Every rank must call it with the same checkpoint and plan.
-/// Throws distributed_error (a rank failed), comm::comm_error (a peer is gone)
-/// or config_error (the plan does not fit the world) — on every rank.
-template <comm::communicator Comm, sink Sink>
-distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
-                                   const distributed_options& opt = {}) {
+/// The local-file data path of a distributed load (the default): an io_uring
+/// `file_source` over the checkpoint's shards (`opt.io`, `opt.punt_buffered`,
+/// `opt.ring_entries`), on an io_context of its own that `read` runs on the
+/// calling thread, and a two-slot staging pool (reads go straight to their
+/// destinations). Throws io_error if io_uring is unavailable.
+class file_reader {
+ public:
+  file_reader(const checkpoint& ck, const load_options& opt) : opt_(opt) {
+    ioc_ = std::make_unique<asio::io_context>(1);
+    pool_ = std::make_unique<staging_pool>(detail::reader_staging(opt));
+    ring_ = std::make_unique<uring_context>(*ioc_, uring_options{opt.ring_entries, opt.register_buffers});
+    if (opt.register_buffers) ring_->register_buffers(pool_->region(), pool_->slot_size());
+    std::vector<std::string> paths;
+    for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
+    src_ = std::make_unique<file_source>(*ring_, std::move(paths), opt.io, opt.punt_buffered);
+  }
+
+  /// Reads the batch (see slice_reader).
+  void read(planned_reads& reads) { detail::read_slices(*ioc_, *src_, *pool_, opt_, reads); }
+  [[nodiscard]] const io_counters& counters() const noexcept { return src_->counters(); }
+
+ private:
+  load_options opt_;
+  // Destroyed in reverse: the source before its ring, the ring before the io_context.
+  std::unique_ptr<asio::io_context> ioc_;
+  std::unique_ptr<staging_pool> pool_;
+  std::unique_ptr<uring_context> ring_;
+  std::unique_ptr<file_source> src_;
+};
+
+static_assert(slice_reader<file_reader>);
+
+/// The driver, with the data path as a parameter: loads this rank's part of
+/// `ck` into `s` per `plan`, exchanging the rest over `c`, reading through
+/// the reader that `make_reader()` returns (a std::unique_ptr to a
+/// slice_reader). It is called once, after the ranks agreed on the plan and
+/// inside the failure protocol: if it throws on any rank, every rank throws
+/// distributed_error naming that rank ("... while setting up I/O: ...").
+/// Every rank must call it with the same checkpoint and plan. Throws
+/// distributed_error (a rank failed), comm::comm_error (a peer is gone) or
+/// config_error (the plan does not fit the world) — on every rank.
+template <comm::communicator Comm, sink Sink, class MakeReader>
+  requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
+distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
+                                        const distributed_options& opt, MakeReader make_reader) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
@@ -260,22 +356,13 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
     detail::check_peers(c, failure, "comparing load plans");
   }
 
-  // I/O set-up: one io_context, ring, staging pool and source for every window.
-  std::unique_ptr<asio::io_context> ioc;
-  std::unique_ptr<staging_pool> pool;
-  std::unique_ptr<uring_context> ring;
-  std::unique_ptr<file_source> src;
+  // I/O set-up: one reader (io_context, staging pool, source) for every window.
+  using reader_type = typename std::invoke_result_t<MakeReader&>::element_type;
+  std::unique_ptr<reader_type> reader;
   try {
-    ioc = std::make_unique<asio::io_context>(1);
-    // Every read here has a direct destination (segment or window buffer):
-    // the pool only needs a couple of slots, not the whole budget.
-    const auto slot = slot_size_for(opt.load.max_read);
-    pool = std::make_unique<staging_pool>(staging_options{std::min(opt.load.staging_budget, 2 * slot), slot, opt.load.poison});
-    ring = std::make_unique<uring_context>(*ioc, uring_options{opt.load.ring_entries, opt.load.register_buffers});
-    if (opt.load.register_buffers) ring->register_buffers(pool->region(), pool->slot_size());
-    std::vector<std::string> paths;
-    for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
-    src = std::make_unique<file_source>(*ring, std::move(paths), opt.load.io, opt.load.punt_buffered);
+    reader = make_reader();
+    if (!reader) throw config_error("load_distributed_with: the reader factory returned no reader");
+    if constexpr (requires { reader->connections(); }) st.connections = reader->connections();
   } catch (...) {
     failure = std::current_exception();
   }
@@ -284,18 +371,9 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
   // Reads planned for this rank, as tensor_refs of their byte ranges (the
   // pipeline reads tensors; a slice is a tensor of its own here).
   std::uint64_t fetched = 0;
-  auto run_reads = [&](std::vector<std::pair<tensor_ref, std::span<std::byte>>>& reads) {
-    detail::destination_sink sink;
-    std::vector<tensor_job> jobs;
-    jobs.reserve(reads.size());
-    for (auto& [ref, dst] : reads) {
-      sink.dest.emplace(&ref, dst);
-      jobs.push_back({&ref, dst});
-      fetched += ref.size;
-    }
-    if (jobs.empty()) return;
-    ioc->restart();
-    (void)run_on(*ioc, detail::read_into(std::move(jobs), *src, sink, *pool, opt.load), 1);
+  auto run_reads = [&](planned_reads& reads) {
+    for (const auto& r : reads) fetched += r.first.size;
+    reader->read(reads);
   };
   auto slice_ref = [&ck](const policy::plan_entry& e, const policy::planned_read& r) {
     tensor_ref t = ck.tensors()[e.index];
@@ -340,7 +418,7 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
     // This rank's slices of the shared tables, straight into the segment.
     const auto r0 = clock::now();
     try {
-      std::vector<std::pair<tensor_ref, std::span<std::byte>>> reads;
+      planned_reads reads;
       for (const auto& e : plan.entries) {
         if (!e.shared()) continue;
         for (const auto& r : e.reads)
@@ -394,7 +472,7 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
       ws.local = buffers[w % 2][1].get(local_bytes);
       std::vector<std::size_t> fill(ws.base.begin(), ws.base.end() - 1);
       std::uint64_t local_fill = 0;
-      std::vector<std::pair<tensor_ref, std::span<std::byte>>> reads;
+      planned_reads reads;
       for (std::size_t i = ws.begin; i < ws.end; ++i) {
         const auto& e = plan.entries[i];
         if (e.shared()) continue;
@@ -519,9 +597,20 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
   }
   detail::check_peers(c, failure, "finishing the sink");
   st.bytes_read = fetched;
-  st.storage_bytes = src->counters().bytes_read.load();
+  st.storage_bytes = reader->counters().bytes_read.load();
   st.seconds = since(t0);
   return st;
+}
+
+/// Loads this rank's part of `ck` into `s` per `plan` from local files
+/// (file_reader), exchanging the rest over `c`. Every rank must call it with
+/// the same checkpoint and plan. Throws distributed_error (a rank failed),
+/// comm::comm_error (a peer is gone) or config_error (the plan does not fit
+/// the world) — on every rank.
+template <comm::communicator Comm, sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
+                                   const distributed_options& opt = {}) {
+  return load_distributed_with(ck, c, plan, s, opt, [&ck, &opt] { return std::make_unique<file_reader>(ck, opt.load); });
 }
 
 /// The plan for `ck` under a topology string ("tp1,dp8,ep8", "tp4,pp2") and an offload
@@ -533,27 +622,65 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
                            opt.plan);
 }
 
+namespace detail {
+
+// Joins the world `who` describes (one rank: comm::local; more: comm::gloo
+// through its store, when built with sluice::gloo) and returns f(communicator).
+template <class F>
+distributed_stats in_world(const comm::rank_info& who, F&& f) {
+  if (who.world_size == 1) {
+    comm::local c;
+    return f(c);
+  }
+#if defined(SLUICE_HAS_GLOO)
+  comm::gloo c(who);
+  return f(c);
+#else
+  throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
+#endif
+}
+
+// The tool-level plan: `topology` must have WORLD_SIZE ranks.
+inline policy::load_plan tool_plan(const checkpoint& ck, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, const distributed_options& opt) {
+  auto plan = plan_for(ck, topology, offload, opt);
+  if (plan.world != who.world_size)
+    throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology, plan.world, who.world_size));
+  return plan;
+}
+
+// After joining the world: opens the checkpoint (`open()`) and plans it inside
+// the failure protocol, so that a rank that cannot open it fails every rank at
+// once rather than leaving its peers to time out.
+template <comm::communicator Comm, class Open>
+std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std::string_view topology,
+                                                       std::string_view offload, const comm::rank_info& who,
+                                                       const distributed_options& opt) {
+  std::exception_ptr failure;
+  std::optional<checkpoint> ck;
+  std::optional<policy::load_plan> plan;
+  try {
+    ck.emplace(open());
+    plan.emplace(tool_plan(*ck, topology, offload, who, opt));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  check_peers(c, failure, "opening the checkpoint");
+  return {std::move(*ck), std::move(*plan)};
+}
+
+}  // namespace detail
+
 /// The one call for tools (sluice-load): plans `ck` for `topology` and
 /// `offload`, joins the world described by `who` (one rank: comm::local;
 /// more: comm::gloo through `who.store_dir`, when built with sluice::gloo)
-/// and loads this rank's part into `s`.
+/// and loads this rank's part into `s` from local files.
 template <sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, std::string_view topology, std::string_view offload,
                                    const comm::rank_info& who, Sink& s, distributed_options opt = {}) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
-  const auto plan = plan_for(ck, topology, offload, opt);
-  if (plan.world != who.world_size)
-    throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology, plan.world, who.world_size));
-  if (who.world_size == 1) {
-    comm::local c;
-    return load_distributed(ck, c, plan, s, opt);
-  }
-#if defined(SLUICE_HAS_GLOO)
-  comm::gloo c(who);
-  return load_distributed(ck, c, plan, s, opt);
-#else
-  throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
-#endif
+  const auto plan = detail::tool_plan(ck, topology, offload, who, opt);
+  return detail::in_world(who, [&](auto& c) { return load_distributed(ck, c, plan, s, opt); });
 }
 
 /// Like the call above, but opens the checkpoint at `location` after joining
@@ -565,31 +692,10 @@ distributed_stats load_distributed(const std::filesystem::path& location, std::s
                                    std::string_view offload, const comm::rank_info& who, Sink& s,
                                    distributed_options opt = {}, const open_options& open = {}) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
-  auto run = [&](auto& c) {
-    std::exception_ptr failure;
-    std::optional<checkpoint> ck;
-    std::optional<policy::load_plan> plan;
-    try {
-      ck.emplace(checkpoint::open(location, open));
-      plan.emplace(plan_for(*ck, topology, offload, opt));
-      if (plan->world != who.world_size)
-        throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology, plan->world, who.world_size));
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    detail::check_peers(c, failure, "opening the checkpoint");
-    return load_distributed(*ck, c, *plan, s, opt);
-  };
-  if (who.world_size == 1) {
-    comm::local c;
-    return run(c);
-  }
-#if defined(SLUICE_HAS_GLOO)
-  comm::gloo c(who);
-  return run(c);
-#else
-  throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
-#endif
+  return detail::in_world(who, [&](auto& c) {
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(location, open); }, topology, offload, who, opt);
+    return load_distributed(ck, c, plan, s, opt);
+  });
 }
 
 }  // namespace sluice::inline v0
