@@ -1,0 +1,150 @@
+#pragma once
+/// \file
+/// The distributed load from S3 (link sluice::s3): the driver of
+/// <sluice/distributed.hpp> with an `s3_reader` as its data path. Every rank
+/// opens the checkpoint through an `s3_catalog` (index + headers, ETags
+/// pinned) and reads only its planned slices, each with range GETs straight
+/// into the window buffer or the node's shared segment, at the version the
+/// catalog saw: an object replaced mid-load fails with
+/// s3_object_changed_error, a deleted one with s3_not_found_error — and, as
+/// every rank failure does, makes every rank throw distributed_error naming
+/// the rank and the object's key.
+///
+/// Connections: ranks on one node share its NIC, so the S3 config's
+/// `max_connections` counts for the node: each rank's client gets
+/// max(1, max_connections / local ranks) connections (the plan's
+/// `local_size`), unless `distributed_options::connections_per_rank` sets it
+/// explicitly. distributed_stats::connections records what a rank used.
+
+#include <utility>   // before Asio (Boost 1.74)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/comm/concepts.hpp>
+#include <sluice/comm/store.hpp>
+#include <sluice/distributed.hpp>
+#include <sluice/source/s3/config.hpp>
+#include <sluice/source/s3_source.hpp>
+
+namespace sluice::inline v0 {
+
+/// Connections of one rank's S3 client: `per_rank` when non-zero, else the
+/// node's `node_connections` split among its `local_ranks` (at least 1).
+[[nodiscard]] constexpr std::size_t rank_connections(std::size_t node_connections, std::size_t local_ranks,
+                                                     std::size_t per_rank = 0) noexcept {
+  if (per_rank) return per_rank;
+  return std::max<std::size_t>(1, node_connections / std::max<std::size_t>(1, local_ranks));
+}
+
+/// The S3 data path of a distributed load (a slice_reader): an `s3_source`
+/// over the checkpoint's shards with its own client (`connections`
+/// connections, the rest of the catalog's config), every object pinned to the
+/// ETag the catalog saw, on an io_context of its own that `read` runs on the
+/// calling thread. Up to 2 x `connections` GETs are in flight (as in
+/// s3_load.hpp: fetch releases results in order, so depth == connections would
+/// leave a connection idle behind the oldest request). Reads go straight to
+/// their destinations: the staging pool has two slots. Makes no request when
+/// constructed (unless the catalog has not yet seen an object: then it HEADs
+/// it, through the catalog).
+class s3_reader {
+ public:
+  s3_reader(const checkpoint& ck, s3_catalog& cat, std::size_t connections, const load_options& opt)
+      : opt_(opt), pool_(detail::reader_staging(opt)), src_(ioc_.get_executor(), with_connections(cat.cfg(), connections), uris(ck)) {
+    for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src_.pin(i, cat.object_info(ck.shards()[i].name));
+    opt_.queue_depth = std::max<unsigned>(opt_.queue_depth, 2 * static_cast<unsigned>(src_.client().cfg().max_connections));
+  }
+
+  /// Reads the batch (see slice_reader).
+  void read(planned_reads& reads) { detail::read_slices(ioc_, src_, pool_, opt_, reads); }
+  [[nodiscard]] const io_counters& counters() const noexcept { return src_.counters(); }
+  /// Connections of this reader's client (its pool size).
+  [[nodiscard]] std::size_t connections() const noexcept { return connections_; }
+
+ private:
+  static s3::config with_connections(s3::config cfg, std::size_t n) {
+    cfg.max_connections = std::max<std::size_t>(1, n);
+    return cfg;
+  }
+  static std::vector<std::string> uris(const checkpoint& ck) {
+    std::vector<std::string> u;
+    for (const auto& sh : ck.shards()) u.push_back(sh.uri);
+    return u;
+  }
+
+  load_options opt_;
+  asio::io_context ioc_{1};   // declared first: destroyed after the client that runs on it
+  staging_pool pool_;
+  s3_source src_;
+  std::size_t connections_ = src_.client().cfg().max_connections;
+};
+
+static_assert(slice_reader<s3_reader>);
+
+/// Loads this rank's part of `ck` (opened through `cat`) into `s` per `plan`,
+/// reading from S3 (s3_reader, rank_connections(cat.cfg().max_connections,
+/// plan.local_size, opt.connections_per_rank) connections) and exchanging the
+/// rest over `c`. As load_distributed() for local files otherwise: every rank
+/// calls it with the same checkpoint and plan; on every rank it throws
+/// distributed_error (a rank failed: an S3 error names the object's key),
+/// comm::comm_error (a peer is gone) or config_error.
+template <comm::communicator Comm, sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, s3_catalog& cat, Comm& c, const policy::load_plan& plan, Sink& s,
+                                   const distributed_options& opt = {}) {
+  return load_distributed_with(ck, c, plan, s, opt, [&] {
+    const auto n = rank_connections(cat.cfg().max_connections, plan.local_size, opt.connections_per_rank);
+    return std::make_unique<s3_reader>(ck, cat, n, opt.load);
+  });
+}
+
+/// For tools: plans `ck` (opened through `cat`) for `topology` and `offload`,
+/// joins the world described by `who` (one rank: comm::local; more:
+/// comm::gloo, when built with sluice::gloo) and loads this rank's part into
+/// `s` from S3. `opt.plan.local_size` defaults to `who.local_size`.
+template <sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, s3_catalog& cat, std::string_view topology,
+                                   std::string_view offload, const comm::rank_info& who, Sink& s,
+                                   distributed_options opt = {}) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  const auto plan = detail::tool_plan(ck, topology, offload, who, opt);
+  return detail::in_world(who, [&](auto& c) { return load_distributed(ck, cat, c, plan, s, opt); });
+}
+
+/// Where an S3 checkpoint is.
+struct s3_location {
+  std::string uri;                  ///< "s3://bucket/prefix/"
+  std::optional<s3::config> cfg;    ///< none: s3::config::from_environment(), resolved after joining the world
+};
+
+/// Like the call above, but opens the checkpoint at `location` (an
+/// s3_catalog, then checkpoint::open) after joining the world, so that a rank
+/// that cannot (no credentials, a missing object, a corrupt header) makes
+/// every rank throw distributed_error naming it, at once.
+template <sink Sink>
+distributed_stats load_distributed(const s3_location& location, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, Sink& s, distributed_options opt = {},
+                                   const open_options& open = {}) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  return detail::in_world(who, [&](auto& c) {
+    std::optional<s3_catalog> cat;
+    auto [ck, plan] = detail::open_and_plan(
+        c,
+        [&] {
+          cat.emplace(location.uri, location.cfg ? *location.cfg : s3::config::from_environment());
+          return checkpoint::open(*cat, open);
+        },
+        topology, offload, who, opt);
+    return load_distributed(ck, *cat, c, plan, s, opt);
+  });
+}
+
+}  // namespace sluice::inline v0

@@ -1,0 +1,315 @@
+// Tests for include/sluice/source/s3_distributed.hpp: a generated checkpoint
+// uploaded to the S3 test server (s3rver with SigV4 verification, see
+// tests/source/s3_test_support.hpp), loaded by N forked ranks talking Gloo
+// over loopback, each reading only its planned slices from S3.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <sluice/sink/digest_sink.hpp>
+#include <sluice/source/s3_distributed.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "multiprocess.hpp"
+#include "source/s3_test_support.hpp"
+
+using namespace sluice;
+using namespace std::chrono_literals;
+using sluice_test::servers;
+namespace fs = std::filesystem;
+
+#define REQUIRE_S3_SERVERS()                                   \
+  do {                                                         \
+    if (!servers().error.empty()) {                            \
+      WARN("SKIPPED: no S3 test server: " << servers().error); \
+      return;                                                  \
+    }                                                          \
+  } while (0)
+
+namespace {
+
+// Digests what the rank holds (bytes and shared views) and records every call.
+struct recording_sink {
+  digest_sink digests;
+  std::vector<std::string> calls;  // tensor names, in call order
+  bool accept(tensor_view v) {
+    calls.push_back(std::string(v.name()));
+    if (v.kind == view_kind::metadata) return true;
+    return digests.accept(std::move(v));
+  }
+};
+
+// The same small model as test_distributed.cpp: many windows, sliced tensors, shared tables.
+const fs::path& checkpoint_dir() {
+  static const fs::path dir = [] {
+    testing::generator_options o;
+    o.experts = 8;
+    o.layers = 3;
+    o.engram_rows = 4096;
+    o.max_shard_bytes = 128u << 10;
+    auto d = sluice_test::fresh_dir("dist-s3-ckpt");
+    testing::write_checkpoint(d, o);
+    return d;
+  }();
+  return dir;
+}
+
+distributed_options small_options() {
+  distributed_options o;
+  o.load.staging_budget = 8u << 20;
+  o.load.max_read = 1u << 20;
+  o.load.register_buffers = false;
+  o.plan.window_bytes = 96u << 10;
+  o.plan.split_bytes = 64u << 10;
+  return o;
+}
+
+// The test server's config: S3RVER credentials, 4 connections (for the node).
+constexpr std::size_t node_connections = 4;
+s3::config s3_config() {
+  auto c = sluice_test::test_config(servers().http);
+  c.max_connections = node_connections;
+  return c;
+}
+
+task<void> upload_dir(s3::client& c, std::string bucket, std::string prefix, fs::path dir, bool create) {
+  if (create) co_await c.create_bucket(bucket);  // (s3rver: 409 BucketAlreadyExists the second time)
+  for (const auto& f : fs::directory_iterator(dir)) {
+    std::ifstream in(f.path(), std::ios::binary);
+    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> body(chars.size());
+    std::memcpy(body.data(), chars.data(), chars.size());
+    (void)co_await c.put(bucket, prefix + f.path().filename().string(), body);
+  }
+}
+
+// Uploads the generated checkpoint under `prefix` ("ck/") of `bucket`.
+void upload(const std::string& bucket, const std::string& prefix, bool create_bucket = false) {
+  asio::io_context ioc;
+  s3::client c(ioc.get_executor(), s3_config());
+  run_blocking(ioc, upload_dir(c, bucket, prefix, checkpoint_dir(), create_bucket));
+}
+
+// The bucket every test reads, with the checkpoint under "ck/" (uploaded once).
+const std::string& bucket() {
+  static const std::string b = [] {
+    auto name = sluice_test::unique_bucket("dist");
+    upload(name, "ck/", true);
+    return name;
+  }();
+  return b;
+}
+
+// Deletes one object (the sluice client has no DELETE: botocore signs it).
+bool delete_object(const std::string& bucket, const std::string& key) {
+  static const char* script = R"PY(
+import sys, boto3
+endpoint, bucket, key = sys.argv[1:4]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER")
+s3.delete_object(Bucket=bucket, Key=key)
+)PY";
+  return sluice_test::run_capture({SLUICE_PYTHON3, "-c", script, servers().http, bucket, key}).first == 0;
+}
+
+std::map<std::string, std::string> reference_digests() {
+  auto ck = checkpoint::open(checkpoint_dir());
+  digest_sink d;
+  load_options lo;
+  lo.register_buffers = false;
+  lo.staging_budget = 8u << 20;
+  lo.max_read = 1u << 20;
+  (void)load(ck, d, lo);
+  std::map<std::string, std::string> m;
+  for (auto& [n, t] : d.digests()) m[n] = t.sha256;
+  return m;
+}
+
+struct run_options {
+  distributed_options dopt = small_options();
+  bool open_after_joining = false;  // the s3_location overload (as sluice-load calls it)
+  std::function<std::string(std::size_t)> prefix = [](std::size_t) { return std::string("ck/"); };
+  std::function<void(std::size_t, const checkpoint&, const std::string&)> after_open;
+};
+
+// Runs `n` ranks loading s3://bucket/<prefix(rank)>; each writes its result
+// (or error) to out/rank<r>.json.
+std::vector<nlohmann::json> run_load(std::size_t n, const std::string& topology, const std::string& offload,
+                                     const run_options& ro = {}) {
+  const auto& b = bucket();  // uploaded before forking
+  const auto store = sluice_test::fresh_dir("dist-s3-store");
+  const auto out = sluice_test::fresh_dir("dist-s3-out");
+  auto res = sluice_test::run_ranks(
+      n,
+      [&](std::size_t rank) {
+        nlohmann::json j;
+        int code = 0;
+        try {
+          comm::rank_info who;
+          who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
+          who.store_dir = store.string();
+          who.timeout = 20s;
+          const std::string uri = "s3://" + b + "/" + ro.prefix(rank);
+          recording_sink s;
+          distributed_stats st;
+          if (ro.open_after_joining) {
+            st = load_distributed(s3_location{uri, s3_config()}, topology, offload, who, s, ro.dopt);
+          } else {
+            s3_catalog cat(uri, s3_config());
+            auto ck = checkpoint::open(cat);
+            if (ro.after_open) ro.after_open(rank, ck, ro.prefix(rank));
+            st = load_distributed(ck, cat, topology, offload, who, s, ro.dopt);
+          }
+          j["stats"] = st.to_json();
+          for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
+          j["calls"] = s.calls;
+        } catch (const std::exception& e) {
+          j["error"] = e.what();
+          code = 3;
+        }
+        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        return code;
+      },
+      120s);
+  std::vector<nlohmann::json> results;
+  for (std::size_t r = 0; r < n; ++r) {
+    nlohmann::json j;
+    std::ifstream f(out / fmt::format("rank{}.json", r));
+    if (f) f >> j;
+    j["exit"] = res[r].code;
+    j["timed_out"] = res[r].timed_out;
+    results.push_back(std::move(j));
+  }
+  fs::remove_all(store);
+  fs::remove_all(out);
+  return results;
+}
+
+// Every rank holds exactly its tensors, equal to the single-process local
+// load; every tensor byte was read from S3 once over all ranks.
+void check_load(std::size_t n, const std::string& topology, const std::string& offload, const run_options& ro,
+                std::size_t want_connections) {
+  INFO(n << " ranks, " << topology << ", " << offload);
+  const auto ref = reference_digests();
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto opt = ro.dopt;
+  opt.plan.local_size = n;
+  const auto plan = plan_for(ck, topology, offload, opt);
+  const auto results = run_load(n, topology, offload, ro);
+  std::uint64_t read = 0, storage = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto& j = results[r];
+    INFO("rank " << r << ": " << j.dump().substr(0, 2000));
+    REQUIRE(j["exit"] == 0);
+    std::set<std::string> owned, got;
+    for (const auto& e : plan.entries)
+      if (e.owners.contains(static_cast<policy::rank_t>(r))) owned.insert(e.info.name);
+    for (auto& [name, sha] : j["digests"].items()) {
+      got.insert(name);
+      REQUIRE(sha.get<std::string>() == ref.at(name));
+    }
+    REQUIRE(got == owned);
+    REQUIRE(j["calls"] == results[0]["calls"]);  // every sink saw the same sequence
+    REQUIRE(j["calls"].size() == ck.tensors().size());
+    REQUIRE(j["stats"]["connections"].get<std::size_t>() == want_connections);
+    read += j["stats"]["bytes_read"].get<std::uint64_t>();
+    storage += j["stats"]["storage_bytes"].get<std::uint64_t>();
+  }
+  REQUIRE(read == ck.tensor_bytes());
+  REQUIRE(storage == ck.tensor_bytes());  // each byte fetched from S3 once, by one rank
+}
+
+}  // namespace
+
+TEST_CASE("each rank's S3 connections are the node's divided among its local ranks, unless set per rank",
+          "[comm][distributed][s3]") {
+  STATIC_REQUIRE(rank_connections(16, 4) == 4);
+  STATIC_REQUIRE(rank_connections(16, 3) == 5);
+  STATIC_REQUIRE(rank_connections(4, 8) == 1);   // at least one
+  STATIC_REQUIRE(rank_connections(16, 0) == 16);
+  STATIC_REQUIRE(rank_connections(16, 8, 6) == 6);
+  STATIC_REQUIRE(slice_reader<s3_reader>);
+}
+
+TEST_CASE("a one-rank distributed load from S3 equals the local load", "[comm][distributed][s3]") {
+  REQUIRE_S3_SERVERS();
+  const auto& b = bucket();
+  recording_sink s;
+  comm::rank_info who;
+  auto st = load_distributed(s3_location{"s3://" + b + "/ck/", s3_config()}, "tp1,dp1,ep1", "shared-cooperative", who, s,
+                             small_options());
+  const auto ref = reference_digests();
+  const auto tensor_bytes = checkpoint::open(checkpoint_dir()).tensor_bytes();
+  REQUIRE(s.digests.digests().size() == ref.size());
+  for (auto& [n, d] : s.digests.digests()) REQUIRE(d.sha256 == ref.at(n));
+  CHECK(st.bytes_read == tensor_bytes);
+  CHECK(st.storage_bytes == tensor_bytes);
+  CHECK(st.connections == node_connections);
+  CHECK(st.shared_views == 4);
+  CHECK(st.windows > 1);
+}
+
+TEST_CASE("2 ranks load from S3 with cooperative shared tables: exact tensors, each byte read once",
+          "[comm][distributed][s3]") {
+  REQUIRE_S3_SERVERS();
+  run_options ro;
+  ro.open_after_joining = true;
+  check_load(2, "tp1,dp2,ep2", "shared-cooperative", ro, node_connections / 2);
+}
+
+TEST_CASE("4 ranks load from S3 with cooperative shared tables: exact tensors, each byte read once",
+          "[comm][distributed][s3]") {
+  REQUIRE_S3_SERVERS();
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", {}, node_connections / 4);
+}
+
+TEST_CASE("connections per rank can be set explicitly", "[comm][distributed][s3]") {
+  REQUIRE_S3_SERVERS();
+  run_options ro;
+  ro.dopt.connections_per_rank = 3;
+  check_load(2, "tp1,dp2,ep2", "shared-cooperative", ro, 3);
+}
+
+TEST_CASE("an S3 object missing on one rank's path makes every rank fail naming the rank and the key",
+          "[comm][distributed][s3]") {
+  REQUIRE_S3_SERVERS();
+  if (!sluice_test::python_has_module("boto3")) {
+    WARN("SKIPPED: python3 has no boto3 (to delete an object)");
+    return;
+  }
+  const auto& b = bucket();
+  upload(b, "ck-r1/");  // rank 1's own copy
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto opt = small_options();
+  opt.plan.local_size = 4;
+  const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", opt);
+  std::string victim;  // a shard that rank 1 reads from
+  for (const auto& e : plan.entries)
+    for (const auto& r : e.reads)
+      if (r.reader == 1 && victim.empty()) victim = ck.shards()[ck.tensors()[e.index].shard].name;
+  REQUIRE_FALSE(victim.empty());
+  run_options ro;
+  ro.prefix = [](std::size_t rank) { return std::string(rank == 1 ? "ck-r1/" : "ck/"); };
+  // Rank 1 opened its checkpoint (headers read, ETags pinned); then the object goes.
+  ro.after_open = [&](std::size_t rank, const checkpoint&, const std::string& prefix) {
+    if (rank == 1 && !delete_object(b, prefix + victim)) throw std::runtime_error("delete_object failed");
+  };
+  const auto results = run_load(4, "tp1,dp4,ep4", "shared-cooperative", ro);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r].dump());
+    REQUIRE(results[r]["exit"] == 3);
+    REQUIRE_FALSE(results[r]["timed_out"].get<bool>());
+    const auto msg = results[r]["error"].get<std::string>();
+    REQUIRE_THAT(msg, Catch::Contains("rank 1 failed while reading"));
+    REQUIRE_THAT(msg, Catch::Contains("ck-r1/" + victim));
+  }
+}
