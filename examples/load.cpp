@@ -25,6 +25,7 @@
 #include <sluice/probe.hpp>
 #include <sluice/sluice.hpp>
 #if SLUICE_HAS_S3
+#include <sluice/source/s3_distributed.hpp>
 #include <sluice/source/s3_load.hpp>
 #endif
 
@@ -57,6 +58,8 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
                          on with at least two hardware threads per local rank)
   --exchange MODE        all-gather-v | broadcasts: how a window's slices travel (default all-gather-v)
   --rank N --world-size N --local-rank N --local-world-size N   override the environment
+  --connections-per-rank N   s3:// with --topology: connections of each rank's S3 client (default: the
+                         per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)
   --probe                read headers only: print the per-layer plan (keys, tensors, bytes)
   --contract-out FILE    with --probe: write the load contract (JSON) to FILE
 )";
@@ -66,6 +69,7 @@ struct options {
   load_options load;
   std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto", exchange = "all-gather-v";
   std::optional<std::size_t> rank, world, local_rank, local_world;
+  std::size_t connections_per_rank = 0;
   bool digest = false, json = false, progress = true, probe = false;
 };
 
@@ -101,6 +105,7 @@ options parse(int argc, char** argv) {
     else if (a == "--world-size") o.world = std::stoul(value(i));
     else if (a == "--local-rank") o.local_rank = std::stoul(value(i));
     else if (a == "--local-world-size") o.local_world = std::stoul(value(i));
+    else if (a == "--connections-per-rank") o.connections_per_rank = std::stoul(value(i));
     else if (a == "--contract-out") o.contract_out = value(i);
     else if (!a.starts_with("--") && o.source.empty()) o.source = a;
     else throw config_error(fmt::format("unknown argument '{}' (see --help)", a));
@@ -168,6 +173,7 @@ int run_distributed(const options& o) {
   if (who.rank >= who.world_size) throw config_error(fmt::format("rank {} is not below the world size {}", who.rank, who.world_size));
   distributed_options dopt;
   dopt.load = o.load;
+  dopt.connections_per_rank = o.connections_per_rank;
   using om = distributed_options::overlap_mode;
   if (o.overlap == "auto") dopt.overlap = om::automatic;
   else if (o.overlap == "on") dopt.overlap = om::on;
@@ -185,8 +191,17 @@ int run_distributed(const options& o) {
   const std::string topo = o.topology.empty() ? fmt::format("tp1,dp{},ep{}", who.world_size, who.world_size) : o.topology;
   owned_digests digests;
   discard_sink discard;
-  auto st = o.digest ? load_distributed(std::filesystem::path(o.source), topo, o.offload, who, digests, dopt, oo)
-                     : load_distributed(std::filesystem::path(o.source), topo, o.offload, who, discard, dopt, oo);
+  auto run = [&](auto& sink) -> distributed_stats {
+    if (o.source.starts_with("s3://")) {
+#if SLUICE_HAS_S3
+      return load_distributed(s3_location{o.source, std::nullopt}, topo, o.offload, who, sink, dopt, oo);
+#else
+      throw config_error("this sluice-load was built without the s3 component");
+#endif
+    }
+    return load_distributed(std::filesystem::path(o.source), topo, o.offload, who, sink, dopt, oo);
+  };
+  auto st = o.digest ? run(digests) : run(discard);
   auto j = st.to_json();
   j["peak_rss_bytes"] = sluice_cli::peak_rss();
   if (o.digest)
@@ -202,10 +217,11 @@ int run_distributed(const options& o) {
   if (o.json) std::printf("%s\n", j.dump(2).c_str());
   else
     std::fprintf(stderr, "rank %zu/%zu (%s, offload %s): %llu tensors delivered, read %s from storage, received %s, "
-                         "shared segment %s, %.2f s\n",
+                         "shared segment %s, %s%.2f s\n",
                  who.rank, who.world_size, topo.c_str(), o.offload.c_str(), static_cast<unsigned long long>(st.tensors),
                  human_bytes(static_cast<double>(st.bytes_read)).c_str(), human_bytes(static_cast<double>(st.bytes_received)).c_str(),
-                 human_bytes(static_cast<double>(st.shared_bytes)).c_str(), st.seconds);
+                 human_bytes(static_cast<double>(st.shared_bytes)).c_str(),
+                 st.connections ? fmt::format("{} S3 connections, ", st.connections).c_str() : "", st.seconds);
   return 0;
 }
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# sluice-launch -n N -- sluice-load s3://bucket/prefix/ --topology tp1,dpN,epN
+# --offload shared-cooperative, against the S3 test server (s3rver): the ranks'
+# owned digests together equal the local load's, every tensor byte is read
+# from S3 once (summed over ranks), each rank's client has the node's 16
+# connections / N (or --connections-per-rank); a rank pointed at a missing
+# prefix fails every rank with an error naming the rank and the prefix.
+# Usage: check_launch_s3.sh SLUICE_LAUNCH SLUICE_LOAD CKPT SOURCE_DIR
+set -euo pipefail
+launch=$(realpath "$1") load=$(realpath "$2") ck=$(realpath "$3") src=$4
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+if [[ -z "${SLUICE_S3_ENDPOINT:-}" ]]; then eval "$(bash "$src/scripts/s3-server.sh" start)"; fi
+export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1 AWS_ENDPOINT_URL=$SLUICE_S3_ENDPOINT
+
+total=$(/usr/bin/python3 -c "
+import os,struct,sys
+d=sys.argv[1]; t=0
+for f in os.listdir(d):
+  if f.endswith('.safetensors'):
+    n=struct.unpack('<Q',open(os.path.join(d,f),'rb').read(8))[0]; t+=os.path.getsize(os.path.join(d,f))-8-n
+print(t)" "$ck")
+bucket="sluice-launch-$$-$RANDOM"
+/usr/bin/python3 - "$ck" "$bucket" <<'PY'
+import os, sys, boto3
+d, bucket = sys.argv[1], sys.argv[2]
+s3 = boto3.client("s3", endpoint_url=os.environ["SLUICE_S3_ENDPOINT"], region_name="us-east-1")
+s3.create_bucket(Bucket=bucket)
+for f in sorted(os.listdir(d)):
+    if os.path.isfile(os.path.join(d, f)):
+        s3.upload_file(os.path.join(d, f), bucket, "ck/" + f)
+PY
+"$load" "$ck" --digest --no-progress 2>/dev/null | sort > "$work/local.txt"
+
+# check N PER_RANK [extra sluice-load args...]
+check() {
+  local n=$1 per_rank=$2; shift 2
+  rm -f "$work"/digests.*
+  (cd "$work" && "$launch" -n "$n" --json-out "$work/s3.json" -- sh -c \
+     'exec "$0" "$@" > "'"$work"'/digests.$RANK" 2>/dev/null' \
+     "$load" "s3://$bucket/ck/" --topology "tp1,dp$n,ep$n" --offload shared-cooperative --digest --no-progress "$@")
+  /usr/bin/python3 - "$work/s3.json" "$total" "$per_rank" <<'PY'
+import json, sys
+j, total, per_rank = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+t = j["totals"]
+assert t["bytes_read"] == total and t["storage_bytes"] == total, f"read {t} over the ranks, the checkpoint holds {total}"
+conns = [r["summary"]["connections"] for r in j["ranks"]]
+assert conns == [per_rank] * len(conns), f"connections per rank {conns}, expected {per_rank}"
+PY
+  sort -u "$work"/digests.* > "$work/s3.txt"
+  if ! cmp -s "$work/local.txt" "$work/s3.txt"; then
+    echo "FAIL: $n ranks over S3: owned digests differ from the local load"; diff "$work/local.txt" "$work/s3.txt" | head; exit 1
+  fi
+  echo "ok: $n ranks read $total bytes from S3 in all (each byte once), $per_rank connections each, $(wc -l < "$work/s3.txt") digests equal the local load"
+}
+check 2 8
+check 4 4
+check 2 3 --connections-per-rank 3
+
+# Rank 1 points at a prefix with no checkpoint: every rank fails, naming rank 1 and the prefix.
+if (cd "$work" && "$launch" -n 2 --timeout 30 -- sh -c \
+     'p=ck/; [ "$RANK" = 1 ] && p=missing/; exec "$0" "s3://$1/$p" --topology tp1,dp2,ep2 --no-progress 2> "'"$work"'/err.$RANK"' \
+     "$load" "$bucket" 2>/dev/null); then
+  echo "FAIL: a rank with a missing prefix loaded"; exit 1
+fi
+for r in 0 1; do
+  grep -q "rank 1 failed while opening the checkpoint.*s3://$bucket/missing/" "$work/err.$r" || {
+    echo "FAIL: rank $r's error does not name rank 1 and the prefix:"; cat "$work/err.$r"; exit 1; }
+done
+echo "ok: a missing prefix on rank 1 -> $(head -c 300 "$work/err.0")"
+echo "sluice-launch s3 checks: passed"
