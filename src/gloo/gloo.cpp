@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <exception>
 #include <string>
 #include <vector>
@@ -118,10 +119,36 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
       return;
     }
 #endif
-    ::gloo::rendezvous::FileStore store(opt.store_dir);
+    // A prefix on a file store is a subdirectory (Gloo's FileStore makes no
+    // directories for the '/' that PrefixStore would put in its keys).
+    std::string dir = opt.store_dir;
+    if (!opt.store.prefix.empty()) {
+      dir = (std::filesystem::path(dir) / opt.store.prefix).string();
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) throw comm_error(fmt::format("gloo rendezvous failed on rank {}: cannot create {}: {}", rank, dir, ec.message()));
+    }
+    ::gloo::rendezvous::FileStore store(dir);
     ctx->connectFullMesh(store, impl_->device);
     impl_->context = std::move(ctx);
   });
+}
+
+std::optional<gloo> gloo::group(const rank_info& who, std::span<const std::size_t> members, std::string_view name) {
+  if (name.empty() || name.find('/') != std::string_view::npos)
+    throw config_error(fmt::format("gloo group: name '{}' must be non-empty and without '/'", name));
+  std::optional<std::size_t> index;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (members[i] >= who.world_size)
+      throw config_error(fmt::format("gloo group '{}': rank {} is not in the world of {}", name, members[i], who.world_size));
+    for (std::size_t j = 0; j < i; ++j)
+      if (members[j] == members[i]) throw config_error(fmt::format("gloo group '{}': rank {} is listed twice", name, members[i]));
+    if (members[i] == who.rank) index = i;
+  }
+  if (!index) return std::nullopt;
+  gloo_options o{who.store_dir, who.rendezvous(), who.hostname, who.timeout};
+  o.store.prefix = o.store.prefix.empty() ? fmt::format("group-{}", name) : fmt::format("{}/group-{}", o.store.prefix, name);
+  return gloo(*index, members.size(), o);
 }
 
 gloo::gloo(const rank_info& who)

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sluice/distributed.hpp>
+#include <sluice/format/writer.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/generator.hpp>
 
@@ -337,4 +338,113 @@ TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[c
   fs::remove_all(store);
   fs::remove_all(out);
   fs::remove_all(copy);
+}
+
+TEST_CASE("a group is checked: duplicates, ranks outside the world and empty names are config errors", "[comm][groups]") {
+  comm::rank_info who;
+  who.rank = 0, who.world_size = 4, who.store_dir = "/nonexistent";
+  const std::vector<std::size_t> dup{0, 2, 2}, outside{0, 4}, fine{1, 3};
+  REQUIRE_THROWS_WITH(comm::gloo::group(who, dup, "g"), Catch::Contains("rank 2 is listed twice"));
+  REQUIRE_THROWS_WITH(comm::gloo::group(who, outside, "g"), Catch::Contains("rank 4 is not in the world of 4"));
+  REQUIRE_THROWS_AS(comm::gloo::group(who, fine, ""), config_error);
+  REQUIRE_FALSE(comm::gloo::group(who, fine, "g").has_value());  // not a member: nothing touched
+}
+
+TEST_CASE("a load on the subgroup {0, 2, 5} of six ranks; the others are untouched", "[comm][distributed][groups]") {
+  const auto ref = reference_digests();
+  const auto store = sluice_test::fresh_dir("group-store");
+  const auto out = sluice_test::fresh_dir("group-out");
+  const std::vector<std::size_t> members{0, 2, 5};
+  auto opt = small_options();
+  opt.plan.local_size = members.size();
+  opt.plan.uneven_experts = true;  // 8 experts per layer over EP=3
+  auto res = sluice_test::run_ranks(6, [&](std::size_t rank) {
+    comm::rank_info who;
+    who.rank = rank, who.world_size = 6, who.local_rank = rank, who.local_size = 6;
+    who.store_dir = store.string();
+    who.timeout = 20s;
+    auto c = comm::gloo::group(who, members, "trio");
+    if (!c) return 0;  // outside the group: no collective, no store key
+    auto ck = checkpoint::open(checkpoint_dir());
+    const auto plan = plan_for(ck, "tp1,dp3,ep3", "shared-cooperative", opt);
+    recording_sink s;
+    const auto st = load_distributed(ck, *c, plan, s, opt);
+    nlohmann::json j;
+    j["group_rank"] = c->rank();
+    j["bytes_read"] = st.bytes_read;
+    for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
+    std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+    return 0;
+  });
+  for (std::size_t r = 0; r < 6; ++r) REQUIRE(res[r].code == 0);
+  auto ck = checkpoint::open(checkpoint_dir());
+  const auto plan = plan_for(ck, "tp1,dp3,ep3", "shared-cooperative", opt);
+  std::uint64_t read = 0;
+  for (std::size_t r = 0; r < 6; ++r) {
+    const bool member = r == 0 || r == 2 || r == 5;
+    REQUIRE(fs::exists(out / fmt::format("rank{}.json", r)) == member);
+    if (!member) continue;
+    nlohmann::json j;
+    std::ifstream(out / fmt::format("rank{}.json", r)) >> j;
+    const auto g = j["group_rank"].get<std::size_t>();
+    REQUIRE(members[g] == r);
+    std::set<std::string> owned, got;
+    for (const auto& e : plan.entries)
+      if (e.owners.contains(static_cast<policy::rank_t>(g))) owned.insert(e.info.name);
+    for (auto& [name, sha] : j["digests"].items()) {
+      got.insert(name);
+      REQUIRE(sha.get<std::string>() == ref.at(name));
+    }
+    REQUIRE(got == owned);
+    read += j["bytes_read"].get<std::uint64_t>();
+  }
+  REQUIRE(read == ck.tensor_bytes());
+  // The rendezvous holds the group's keys only, under its name.
+  std::vector<std::string> top;
+  for (auto& e : fs::directory_iterator(store)) top.push_back(e.path().filename().string());
+  REQUIRE(top == std::vector<std::string>{"group-trio"});
+  fs::remove_all(store);
+  fs::remove_all(out);
+}
+
+TEST_CASE("ranks with nothing to read take part in every collective and finish", "[comm][distributed][groups]") {
+  // Two small tensors, four ranks: two ranks are idle readers.
+  const auto dir = sluice_test::fresh_dir("idle-ck");
+  std::vector<std::byte> a(3000), b(5000);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::byte>(i * 7);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(i * 13 + 1);
+  format::writer().add("model.norm.weight", format::dtype::U8, {a.size()}, a)
+      .add("model.embed_tokens.weight", format::dtype::U8, {b.size()}, b)
+      .write(dir / "model.safetensors");
+  const auto store = sluice_test::fresh_dir("idle-store");
+  const auto out = sluice_test::fresh_dir("idle-out");
+  auto res = sluice_test::run_ranks(4, [&](std::size_t rank) {
+    comm::rank_info who;
+    who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+    who.store_dir = store.string();
+    who.timeout = 20s;
+    recording_sink s;
+    auto ck = checkpoint::open(dir);
+    const auto st = load_distributed(ck, "tp1,dp4,ep4", "none", who, s, small_options());
+    nlohmann::json j;
+    j["planned"] = st.planned_read_bytes;
+    for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
+    std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+    return 0;
+  });
+  digest_sink ref;
+  (void)load(checkpoint::open(dir), ref, load_options{.staging_budget = 1u << 20, .max_read = 64u << 10, .register_buffers = false});
+  std::size_t idle = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    REQUIRE(res[r].code == 0);
+    nlohmann::json j;
+    std::ifstream(out / fmt::format("rank{}.json", r)) >> j;
+    idle += j["planned"].get<std::uint64_t>() == 0 ? 1 : 0;
+    REQUIRE(j["digests"].size() == 2);
+    for (auto& [name, sha] : j["digests"].items()) REQUIRE(sha.get<std::string>() == ref.digests().at(name).sha256);
+  }
+  REQUIRE(idle >= 2);
+  fs::remove_all(dir);
+  fs::remove_all(store);
+  fs::remove_all(out);
 }

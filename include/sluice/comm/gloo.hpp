@@ -10,8 +10,10 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <sluice/comm/concepts.hpp>
 #include <sluice/comm/store.hpp>
@@ -33,6 +35,15 @@ class gloo {
   gloo(std::size_t rank, std::size_t size, const gloo_options& opt);
   /// From rank_info (RANK, WORLD_SIZE, SLUICE_STORE_DIR or SLUICE_STORE, SLUICE_GLOO_HOST, SLUICE_COMM_TIMEOUT_MS).
   explicit gloo(const rank_info& who);
+
+  /// A communicator among `members` (global ranks, any order and spacing, e.g.
+  /// {0, 2, 5}): a member gets one whose rank is its index in `members`; a rank
+  /// outside gets nullopt and touches nothing (no store key, no socket). Every
+  /// member must pass the same `members` and `name`; groups meet under their
+  /// own name in the world's rendezvous, so several can coexist. Throws
+  /// config_error for a duplicate or out-of-range member or an empty name.
+  [[nodiscard]] static std::optional<gloo> group(const rank_info& who, std::span<const std::size_t> members,
+                                                 std::string_view name);
   gloo(gloo&&) noexcept;
   gloo& operator=(gloo&&) noexcept;
   ~gloo();
