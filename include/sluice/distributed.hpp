@@ -136,6 +136,7 @@ struct distributed_stats {
   std::uint64_t shared_views = 0;         ///< shared-segment views delivered
   std::uint64_t bytes_read = 0;           ///< tensor bytes this rank read from storage
   std::uint64_t storage_bytes = 0;        ///< bytes the source delivered (incl. O_DIRECT alignment)
+  std::uint64_t requests = 0;             ///< reads (files) or GETs (S3) issued, retries included
   std::uint64_t planned_read_bytes = 0;   ///< what the plan gave this rank
   std::uint64_t bytes_sent = 0;           ///< bytes this rank contributed to collectives
   std::uint64_t bytes_received = 0;       ///< bytes this rank received by collectives
@@ -151,7 +152,7 @@ struct distributed_stats {
     return {{"rank", rank}, {"world_size", world}, {"local_rank", local_rank}, {"topology", topology},
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
-            {"storage_bytes", storage_bytes}, {"planned_read_bytes", planned_read_bytes}, {"bytes_sent", bytes_sent},
+            {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections}, {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
@@ -200,26 +201,31 @@ template <source Source>
 }
 
 // Reads a batch through coalesce | fetch | stage | place on `ioc`, run by the
-// calling thread (one thread: the pipeline and the source share it).
+// calling thread (one thread: the pipeline and the source share it). Ranges
+// of `stage_below` bytes or more are read straight into their destination;
+// smaller ones into a staging slot, merged with file-adjacent ones into one
+// request (up to max_read), and copied out.
 template <source Source>
-void read_slices(asio::io_context& ioc, Source& src, staging_pool& pool, const load_options& opt, planned_reads& reads) {
+void read_slices(asio::io_context& ioc, Source& src, staging_pool& pool, const load_options& opt, planned_reads& reads,
+                 std::uint64_t stage_below = 0) {
   destination_sink sink;
   std::vector<tensor_job> jobs;
   jobs.reserve(reads.size());
   for (auto& [ref, dst] : reads) {
     sink.dest.emplace(&ref, dst);
-    jobs.push_back({&ref, dst});
+    jobs.push_back({&ref, ref.size < stage_below ? std::span<std::byte>{} : dst});
   }
   if (jobs.empty()) return;
   ioc.restart();
   (void)run_on(ioc, read_into(std::move(jobs), src, sink, pool, opt), 1);
 }
 
-// Every read of a distributed load has a direct destination (the segment or
-// a window buffer): a reader's pool only needs a couple of slots, not the budget.
-inline staging_options reader_staging(const load_options& opt) {
+// Every read of a distributed load has a destination (the segment or a
+// window buffer): a reader's pool only needs slots for the reads it stages
+// (`slots`, at least 2), not the whole budget.
+inline staging_options reader_staging(const load_options& opt, std::size_t slots = 2) {
   const auto slot = slot_size_for(opt.max_read);
-  return {std::min(opt.staging_budget, 2 * slot), slot, opt.poison};
+  return {std::min(opt.staging_budget, std::max<std::size_t>(2, slots) * slot), slot, opt.poison};
 }
 
 // A window buffer reused while no sink holds a view into it (a sink that
@@ -598,6 +604,7 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
   detail::check_peers(c, failure, "finishing the sink");
   st.bytes_read = fetched;
   st.storage_bytes = reader->counters().bytes_read.load();
+  st.requests = reader->counters().requests.load();
   st.seconds = since(t0);
   return st;
 }

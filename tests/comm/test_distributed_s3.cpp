@@ -48,13 +48,15 @@ struct recording_sink {
   }
 };
 
-// The same small model as test_distributed.cpp: many windows, sliced tensors, shared tables.
+// The small model of test_distributed.cpp (many windows, sliced tensors),
+// with 2 MiB shared tables: slices of s3_reader::staged_below (1 MiB) or more
+// are read straight into place, smaller ones staged and merged.
 const fs::path& checkpoint_dir() {
   static const fs::path dir = [] {
     testing::generator_options o;
     o.experts = 8;
     o.layers = 3;
-    o.engram_rows = 4096;
+    o.engram_rows = 16384;
     o.max_shard_bytes = 128u << 10;
     auto d = sluice_test::fresh_dir("dist-s3-ckpt");
     testing::write_checkpoint(d, o);
@@ -254,6 +256,9 @@ TEST_CASE("a one-rank distributed load from S3 equals the local load", "[comm][d
   CHECK(st.bytes_read == tensor_bytes);
   CHECK(st.storage_bytes == tensor_bytes);
   CHECK(st.connections == node_connections);
+  // Adjacent small slices share a GET (each GET costs a round trip).
+  const auto tensors = checkpoint::open(checkpoint_dir()).tensors().size();
+  CHECK(st.requests < tensors / 2);
   CHECK(st.shared_views == 4);
   CHECK(st.windows > 1);
 }

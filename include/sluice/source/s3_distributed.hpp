@@ -52,20 +52,27 @@ namespace sluice::inline v0 {
 /// ETag the catalog saw, on an io_context of its own that `read` runs on the
 /// calling thread. Up to 2 x `connections` GETs are in flight (as in
 /// s3_load.hpp: fetch releases results in order, so depth == connections would
-/// leave a connection idle behind the oldest request). Reads go straight to
-/// their destinations: the staging pool has two slots. Makes no request when
-/// constructed (unless the catalog has not yet seen an object: then it HEADs
-/// it, through the catalog).
+/// leave a connection idle behind the oldest request). Slices of
+/// `staged_below` bytes or more are read straight into their destinations;
+/// smaller ones through a staging slot (one per connection), merged with
+/// file-adjacent ones into one GET up to `max_read`: every GET costs a round
+/// trip. Makes no request when constructed (unless the catalog has not yet
+/// seen an object: then it HEADs it, through the catalog).
 class s3_reader {
  public:
+  /// Slices below this size are staged and merged (see above).
+  static constexpr std::uint64_t staged_below = std::uint64_t{1} << 20;
+
   s3_reader(const checkpoint& ck, s3_catalog& cat, std::size_t connections, const load_options& opt)
-      : opt_(opt), pool_(detail::reader_staging(opt)), src_(ioc_.get_executor(), with_connections(cat.cfg(), connections), uris(ck)) {
+      : opt_(opt),
+        pool_(detail::reader_staging(opt, connections)),
+        src_(ioc_.get_executor(), with_connections(cat.cfg(), connections), uris(ck)) {
     for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src_.pin(i, cat.object_info(ck.shards()[i].name));
     opt_.queue_depth = std::max<unsigned>(opt_.queue_depth, 2 * static_cast<unsigned>(src_.client().cfg().max_connections));
   }
 
   /// Reads the batch (see slice_reader).
-  void read(planned_reads& reads) { detail::read_slices(ioc_, src_, pool_, opt_, reads); }
+  void read(planned_reads& reads) { detail::read_slices(ioc_, src_, pool_, opt_, reads, staged_below); }
   [[nodiscard]] const io_counters& counters() const noexcept { return src_.counters(); }
   /// Connections of this reader's client (its pool size).
   [[nodiscard]] std::size_t connections() const noexcept { return connections_; }
