@@ -5,7 +5,10 @@
 #include <sluice/source/s3/client.hpp>
 #include <sluice/source/s3/connection_pool.hpp>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstring>
@@ -13,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -217,6 +221,13 @@ struct client::impl {
   connection_pool<connection> pool;
   ssl::context tls_ctx;
   io_counters counters;
+  // Cancellation (client::cancel, from any thread): the flag stops new
+  // attempts and retries; the sockets of attempts in flight are shut down
+  // (shutdown(2) on the descriptor: thread-safe, wakes a pending read with
+  // EOF, and leaves closing to the coroutine that owns the socket).
+  std::atomic<bool> cancelled{false};
+  std::mutex active_mutex;
+  std::multiset<int> active_fds;
   std::mutex rng_mutex;
   std::mt19937_64 rng{std::random_device{}()};
 
@@ -418,17 +429,52 @@ struct client::impl {
   };
 
   /// One attempt on a pooled connection. Returns the response or throws attempt_failure.
+  // Registers a connected socket as in flight for the attempt's duration
+  // (declared after the lease, so it deregisters before the socket closes).
+  class in_flight {
+   public:
+    in_flight(impl& i, int fd) : impl_(&i), fd_(fd) {
+      std::lock_guard lock(impl_->active_mutex);
+      impl_->active_fds.insert(fd_);
+    }
+    ~in_flight() {
+      std::lock_guard lock(impl_->active_mutex);
+      impl_->active_fds.erase(impl_->active_fds.find(fd_));
+    }
+    in_flight(const in_flight&) = delete;
+    in_flight& operator=(const in_flight&) = delete;
+
+   private:
+    impl* impl_;
+    int fd_;
+  };
+
+  void cancel() {
+    cancelled = true;
+    std::lock_guard lock(active_mutex);
+    for (int fd : active_fds) ::shutdown(fd, SHUT_RDWR);
+  }
+
+  [[noreturn]] void throw_cancelled(const op& o) const {
+    throw cancelled_error(fmt::format("S3 {} cancelled (endpoint {}, bucket {}, key {}{})", o.name, cfg.endpoint.url(), o.bucket,
+                                      o.key, o.ranged ? fmt::format(", bytes={}-{}", o.begin, o.end - 1) : ""));
+  }
+
   [[nodiscard]] task<response> attempt(op& o, std::size_t& progress) {
     auto lease = co_await pool.acquire();
+    if (cancelled) throw_cancelled(o);
     std::string phase = "connect";
     const std::string host = host_for(o.bucket);
     const bool reused = lease.conn && lease.conn->host == host;
+    std::optional<in_flight> registered;
     try {
       if (!reused) {
         lease.conn = std::make_unique<connection>();
         co_await connect(*lease.conn, host, phase);
       }
       connection& c = *lease.conn;
+      registered.emplace(*this, c.lowest().socket().native_handle());
+      if (cancelled) throw_cancelled(o);  // a cancel() before the registration saw no socket
       response r;
       bool reusable = true;
       try {
@@ -510,6 +556,7 @@ struct client::impl {
       } catch (attempt_failure& f) {
         failure = std::move(f);
       }
+      if (cancelled) throw_cancelled(o);  // the failure is the cancellation's doing: not retried
       if (!failure->retryable || attempt_no >= max_attempts) fail(o, *failure, attempt_no, progress);
       ++counters.retries;
       // A stale keep-alive connection fails before any response: retry at once.
@@ -531,6 +578,8 @@ asio::any_io_executor client::get_executor() const noexcept { return impl_->ex; 
 const io_counters& client::counters() const noexcept { return impl_->counters; }
 std::size_t client::idle_connections() const { return impl_->pool.idle(); }
 std::size_t client::busy_connections() const { return impl_->pool.in_use(); }
+void client::cancel() { impl_->cancel(); }
+bool client::cancelled() const noexcept { return impl_->cancelled; }
 
 task<object_info> client::head(std::string bucket, std::string key) {
   op o;

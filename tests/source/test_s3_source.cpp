@@ -1,18 +1,29 @@
 // Tests for include/sluice/source/s3_source.hpp (s3_source, s3_catalog) against
 // s3rver with SigV4 verification (see s3_test_support.hpp).
+#include <sluice/source/s3_load.hpp>
 #include <sluice/source/s3_source.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <sluice/sink/discard_sink.hpp>
+#include <sluice/testing/generator.hpp>
+
 #include "s3_test_support.hpp"
+#include "support/coro.hpp"
 
 using namespace sluice;
 using sluice_test::servers;
@@ -202,4 +213,49 @@ TEST_CASE("the configuration from AWS environment variables reaches the HTTPS se
   }
   s3_catalog cat("s3://" + bucket + "/p/", cfg);
   CHECK(cat.list() == std::vector<std::string>{"x.bin"});
+}
+
+TEST_CASE("a load from S3 stopped while its GETs stall ends promptly, every slot and connection returned",
+          "[source][s3][cancel]") {
+  REQUIRE_S3_SERVERS();
+  const auto bucket = sluice_test::unique_bucket("stop");
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, testing::options_for_size(4u << 20));
+  {
+    asio::io_context ioc;
+    s3::client c(ioc.get_executor(), sluice_test::test_config(servers().http));
+    std::map<std::string, std::vector<std::byte>> objects;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path)) {
+      std::ifstream in(f.path(), std::ios::binary);
+      std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+      objects["ck/" + f.path().filename().string()] = std::vector<std::byte>(
+          reinterpret_cast<const std::byte*>(bytes.data()), reinterpret_cast<const std::byte*>(bytes.data()) + bytes.size());
+    }
+    run_blocking(ioc, upload_all(c, bucket, objects));
+  }
+  // Opened directly; the data path goes through a proxy whose range GETs send
+  // nothing for a minute (the low-speed window is 10 s, retries 4).
+  s3_catalog direct("s3://" + bucket + "/ck/", sluice_test::test_config(servers().http));
+  const auto ck = checkpoint::open(direct);
+  sluice_test::fault_proxy proxy(servers().http, "stall-header", 1);
+  s3_catalog stalled("s3://" + bucket + "/ck/", sluice_test::test_config(proxy.endpoint));
+  (void)stalled.list();  // sizes and ETags (not range GETs: not stalled)
+  std::stop_source stop;
+  load_options opt;
+  opt.staging_budget = 16u << 20;
+  opt.max_read = 1u << 20;
+  opt.stop = stop.get_token();
+  staging_pool pool({opt.staging_budget, slot_size_for(opt.max_read), opt.poison});
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop.request_stop();
+  });
+  discard_sink sink;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(load(ck, stalled, sink, pool, opt), cancelled_error);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stopper.join();
+  INFO("stopped after " << seconds << " s");
+  CHECK(seconds < 3.0);  // not the 10 s low-speed window, nor its retries
+  CHECK(pool.free_count() == pool.slot_count());
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,8 @@ class s3_reader {
         src_(ioc_.get_executor(), with_connections(cat.cfg(), connections), uris(ck)) {
     for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src_.pin(i, cat.object_info(ck.shards()[i].name));
     opt_.queue_depth = std::max<unsigned>(opt_.queue_depth, 2 * static_cast<unsigned>(src_.client().cfg().max_connections));
+    // A stop cancels GETs in flight too (see s3_load.hpp).
+    if (opt.stop.stop_possible()) on_stop_.emplace(opt.stop, cancel_gets{&src_});
   }
 
   /// Reads the batch (see slice_reader).
@@ -88,11 +91,17 @@ class s3_reader {
     return u;
   }
 
+  struct cancel_gets {
+    s3_source* src;
+    void operator()() const { src->cancel(); }
+  };
+
   load_options opt_;
-  asio::io_context ioc_{1};   // declared first: destroyed after the client that runs on it
+  asio::io_context ioc_{1};   // before the client that runs on it: destroyed after it
   staging_pool pool_;
   s3_source src_;
   std::size_t connections_ = src_.client().cfg().max_connections;
+  std::optional<std::stop_callback<cancel_gets>> on_stop_;   // last: gone before src_
 };
 
 static_assert(slice_reader<s3_reader>);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <algorithm>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ load_stats load(const checkpoint& ck, s3_catalog& cat, Sink& s, staging_pool& po
   s3_source src(ioc.get_executor(), cat.cfg(), std::move(uris));
   for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, cat.object_info(ck.shards()[i].name));
   opt.queue_depth = std::max<unsigned>(opt.queue_depth, 2 * static_cast<unsigned>(cat.cfg().max_connections));
+  // A stop aborts the pipeline's channels; GETs in flight would still wait for
+  // their bytes (a stalled one up to the low-speed window, times its retries):
+  // cancel them too.
+  std::stop_callback cancel_gets(opt.stop, [&src] { src.cancel(); });
   return run_on(ioc, load_async(ck, src, s, pool, opt), opt.threads);
 }
 

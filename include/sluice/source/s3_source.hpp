@@ -66,10 +66,15 @@ class s3_source {
     files_.at(file).info = std::move(info);
   }
 
+  /// Cancels every read in flight and to come (cancelled_error): see
+  /// s3::client::cancel. Thread-safe; the blocking loads call it from their
+  /// stop token's callback.
+  void cancel() { client_->cancel(); }
+
   /// Reads up to dst.size() bytes at `offset` of file `file` into `dst` with
   /// one range GET (body read straight into `dst`). Returns the count: fewer
   /// only at the end of the object, 0 at or past it. `dst` must stay valid
-  /// until the task completes. Not cancellable once started.
+  /// until the task completes (or cancel() ends it).
   [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
     const s3::object_info pinned = co_await info(file);
     if (offset >= pinned.size || dst.empty()) co_return 0;

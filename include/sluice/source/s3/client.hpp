@@ -80,6 +80,14 @@ class client {
   /// Connections currently checked out (0 when no operation is in flight).
   [[nodiscard]] std::size_t busy_connections() const;
 
+  /// Cancels every operation, now and from now on: requests in flight end
+  /// within moments (their sockets are shut down) and with cancelled_error
+  /// naming the request, as does any later one; nothing is retried. Thread-safe
+  /// (call it from a stop callback). A request still connecting ends when the
+  /// connect does (at most config::connect_timeout). Permanent for this client.
+  void cancel();
+  [[nodiscard]] bool cancelled() const noexcept;
+
   /// HEAD: size and ETag.
   [[nodiscard]] task<object_info> head(std::string bucket, std::string key);
 
