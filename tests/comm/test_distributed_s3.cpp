@@ -20,6 +20,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "multiprocess.hpp"
+#include "recording_sink.hpp"
 #include "source/s3_test_support.hpp"
 
 using namespace sluice;
@@ -27,26 +28,10 @@ using namespace std::chrono_literals;
 using sluice_test::servers;
 namespace fs = std::filesystem;
 
-#define REQUIRE_S3_SERVERS()                                   \
-  do {                                                         \
-    if (!servers().error.empty()) {                            \
-      WARN("SKIPPED: no S3 test server: " << servers().error); \
-      return;                                                  \
-    }                                                          \
-  } while (0)
 
 namespace {
 
-// Digests what the rank holds (bytes and shared views) and records every call.
-struct recording_sink {
-  digest_sink digests;
-  std::vector<std::string> calls;  // tensor names, in call order
-  bool accept(tensor_view v) {
-    calls.push_back(std::string(v.name()));
-    if (v.kind == view_kind::metadata) return true;
-    return digests.accept(std::move(v));
-  }
-};
+using sluice_test::recording_sink;
 
 // The small model of test_distributed.cpp (many windows, sliced tensors),
 // with 2 MiB shared tables: slices of s3_reader::staged_below (1 MiB) or more

@@ -218,6 +218,15 @@ inline const s3_servers& servers() {
   return s;
 }
 
+/// In a test case: returns (the test then reports SKIPPED) when there is no S3 test server.
+#define REQUIRE_S3_SERVERS()                                                           \
+  do {                                                                                 \
+    if (!sluice_test::servers().error.empty()) {                                       \
+      WARN("SKIPPED: no S3 test server: " << sluice_test::servers().error);            \
+      return;                                                                          \
+    }                                                                                  \
+  } while (0)
+
 /// A client config for the test servers: S3RVER/S3RVER, fast retries.
 inline sluice::s3::config test_config(const std::string& endpoint, const std::string& secret = "S3RVER") {
   sluice::s3::config c;

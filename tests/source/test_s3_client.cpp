@@ -22,14 +22,6 @@ using sluice_test::servers;
 
 namespace {
 
-#define REQUIRE_S3_SERVERS()                                   \
-  do {                                                         \
-    if (!servers().error.empty()) {                            \
-      WARN("SKIPPED: no S3 test server: " << servers().error); \
-      return;                                                  \
-    }                                                          \
-  } while (0)
-
 task<void> upload(s3::client& c, std::string bucket, std::string key, std::vector<std::byte> data) {
   // s3rver answers 409 BucketAlreadyExists (not ...OwnedByYou) for our own buckets: create once.
   static std::set<std::string> created;

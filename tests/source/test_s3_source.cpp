@@ -30,14 +30,6 @@ using sluice_test::servers;
 
 namespace {
 
-#define REQUIRE_S3_SERVERS()                                   \
-  do {                                                         \
-    if (!servers().error.empty()) {                            \
-      WARN("SKIPPED: no S3 test server: " << servers().error); \
-      return;                                                  \
-    }                                                          \
-  } while (0)
-
 task<void> upload_all(s3::client& c, std::string bucket, std::map<std::string, std::vector<std::byte>> objects) {
   co_await c.create_bucket(bucket);
   for (const auto& [key, data] : objects) (void)co_await c.put(bucket, key, data);
