@@ -58,6 +58,7 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
                          on with at least two hardware threads per local rank)
   --exchange MODE        all-gather-v | broadcasts: how a window's slices travel (default all-gather-v)
   --rank N --world-size N --local-rank N --local-world-size N   override the environment
+  --connections N        s3://: S3 connections (concurrent range GETs) of the node (default 16)
   --connections-per-rank N   s3:// with --topology: connections of each rank's S3 client (default: the
                          per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)
   --probe                read headers only: print the per-layer plan (keys, tensors, bytes)
@@ -70,6 +71,7 @@ struct options {
   std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto", exchange = "all-gather-v";
   std::optional<std::size_t> rank, world, local_rank, local_world;
   std::size_t connections_per_rank = 0;
+  std::size_t connections = 0;  // 0: the S3 config's default
   bool digest = false, json = false, progress = true, probe = false;
 };
 
@@ -106,6 +108,10 @@ options parse(int argc, char** argv) {
     else if (a == "--local-rank") o.local_rank = std::stoul(value(i));
     else if (a == "--local-world-size") o.local_world = std::stoul(value(i));
     else if (a == "--connections-per-rank") o.connections_per_rank = std::stoul(value(i));
+    else if (a == "--connections") {
+      o.connections = std::stoul(value(i));
+      if (o.connections == 0) throw config_error("--connections must be at least 1");
+    }
     else if (a == "--contract-out") o.contract_out = value(i);
     else if (!a.starts_with("--") && o.source.empty()) o.source = a;
     else throw config_error(fmt::format("unknown argument '{}' (see --help)", a));
@@ -163,6 +169,15 @@ struct owned_digests {
   bool accept(tensor_view v) { return v.kind == view_kind::metadata ? false : d.accept(std::move(v)); }
 };
 
+#if SLUICE_HAS_S3
+// The S3 configuration from the environment, with --connections applied.
+s3::config s3_config_for(const options& o) {
+  auto cfg = s3::config::from_environment();
+  if (o.connections) cfg.max_connections = o.connections;
+  return cfg;
+}
+#endif
+
 int run_distributed(const options& o) {
   auto who = comm::rank_info::from_env();
   if (o.rank) who.rank = *o.rank;
@@ -194,7 +209,8 @@ int run_distributed(const options& o) {
   auto run = [&](auto& sink) -> distributed_stats {
     if (o.source.starts_with("s3://")) {
 #if SLUICE_HAS_S3
-      return load_distributed(s3_location{o.source, std::nullopt}, topo, o.offload, who, sink, dopt, oo);
+      return load_distributed(s3_location{o.source, o.connections ? std::optional(s3_config_for(o)) : std::nullopt}, topo,
+                              o.offload, who, sink, dopt, oo);
 #else
       throw config_error("this sluice-load was built without the s3 component");
 #endif
@@ -240,7 +256,7 @@ int main(int argc, char** argv) try {
     std::optional<checkpoint> probed;
 #if SLUICE_HAS_S3
     std::optional<s3_catalog> cat;
-    if (o.source.starts_with("s3://")) probed = checkpoint::open(cat.emplace(o.source), oo);
+    if (o.source.starts_with("s3://")) probed = checkpoint::open(cat.emplace(o.source, s3_config_for(o)), oo);
 #endif
     if (!probed) probed = checkpoint::open(o.source, oo);
     auto report = probe_contract(*probed);
@@ -292,7 +308,7 @@ int main(int argc, char** argv) try {
   std::optional<checkpoint> opened;
   if (o.source.starts_with("s3://")) {
 #if SLUICE_HAS_S3
-    s3_catalog cat(o.source);
+    s3_catalog cat(o.source, s3_config_for(o));
     opened = checkpoint::open(cat, oo);
     progress_display display(progress, o.progress && !o.json);
     st = o.digest ? load(*opened, cat, digests, o.load) : load(*opened, cat, discard, o.load);

@@ -30,6 +30,13 @@ for ep in "$SLUICE_S3_ENDPOINT" "$SLUICE_S3_HTTPS_ENDPOINT"; do
   fi
   echo "ok: $(wc -l < "$work/s3.txt") tensor digests over $ep equal the local load"
 done
+AWS_ENDPOINT_URL=$SLUICE_S3_ENDPOINT "$tools/sluice-load" "s3://$bucket/ck/" --digest --no-progress --max-read 1MiB \
+  --connections 2 > "$work/s3c.txt" 2>/dev/null
+cmp -s "$work/local.txt" "$work/s3c.txt" || { echo "FAIL: digests with --connections 2 differ from the local load"; exit 1; }
+echo "ok: --connections 2: digests equal the local load"
+if "$tools/sluice-load" "s3://$bucket/ck/" --connections 0 > /dev/null 2> "$work/c0.err" || ! grep -q "at least 1" "$work/c0.err"; then
+  echo "FAIL: --connections 0 was not refused:"; cat "$work/c0.err"; exit 1
+fi
 if AWS_ENDPOINT_URL=$SLUICE_S3_ENDPOINT AWS_SECRET_ACCESS_KEY=wrong \
    "$tools/sluice-load" "s3://$bucket/ck/" --no-progress > /dev/null 2> "$work/bad.err"; then
   echo "FAIL: a wrong secret loaded"; exit 1
