@@ -53,51 +53,26 @@ void drop_caches() {
   if (!f) throw std::runtime_error("cannot drop caches (needs root)");
 }
 
-double pread_loop(const file_set& fs, std::byte* buf, std::size_t bs, bool direct) {
+// Where a contender's bytes go: `reuse` — one max_read buffer for every read
+// (the classic loop; the buffer stays in the 32 MiB last-level cache here);
+// `into_place` — every byte of every file to its own place in a
+// checkpoint-sized, pre-faulted arena (files back to back), as a loader fills
+// host tensors: the destination cannot stay in the cache, so this is the
+// comparison a loader lives by.
+enum class dest { reuse, into_place };
+
+double pread_loop(const file_set& fs, std::byte* buf, std::size_t bs, bool direct, dest d = dest::reuse) {
   const auto t0 = clk::now();
+  std::byte* file_base = buf;
   for (const auto& p : fs.paths) {
     const int fd = ::open(p.c_str(), O_RDONLY | (direct ? O_DIRECT : 0));
-    for (off_t off = 0;;) {
-      const auto n = ::pread(fd, buf, bs, off);
+    off_t off = 0;
+    for (;;) {
+      const auto n = ::pread(fd, d == dest::into_place ? file_base + off : buf, bs, off);
       if (n <= 0) break;
       off += n;
     }
-    ::close(fd);
-  }
-  return since(t0);
-}
-
-// Into place: every byte of every file to its own place in a checkpoint-sized,
-// pre-faulted arena (files back to back), as a loader fills host tensors. Unlike
-// a loop that reuses one max_read buffer, the destination cannot stay in the
-// last-level cache (32 MiB here), so this is the comparison a loader lives by.
-double pread_into(const file_set& fs, std::byte* arena, std::size_t bs) {
-  const auto t0 = clk::now();
-  std::byte* dst = arena;
-  for (const auto& p : fs.paths) {
-    const int fd = ::open(p.c_str(), O_RDONLY);
-    for (off_t off = 0;;) {
-      const auto n = ::pread(fd, dst + off, bs, off);
-      if (n <= 0) break;
-      off += n;
-    }
-    dst += ::lseek(fd, 0, SEEK_END);
-    ::close(fd);
-  }
-  return since(t0);
-}
-
-double mmap_into(const file_set& fs, std::byte* arena) {
-  const auto t0 = clk::now();
-  std::byte* dst = arena;
-  for (const auto& p : fs.paths) {
-    const int fd = ::open(p.c_str(), O_RDONLY);
-    const auto size = static_cast<std::size_t>(::lseek(fd, 0, SEEK_END));
-    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    ::madvise(m, size, MADV_SEQUENTIAL);
-    std::memcpy(dst, m, size);
-    dst += size;
-    ::munmap(m, size);
+    if (d == dest::into_place) file_base += off;
     ::close(fd);
   }
   return since(t0);
@@ -105,15 +80,18 @@ double mmap_into(const file_set& fs, std::byte* arena) {
 
 void warm(const file_set& fs, std::byte* buf, std::size_t bs) { (void)pread_loop(fs, buf, bs, false); }
 
-double mmap_memcpy(const file_set& fs, std::byte* dst, std::size_t dst_size) {
+double mmap_memcpy(const file_set& fs, std::byte* dst, std::size_t chunk, dest d = dest::reuse) {
   const auto t0 = clk::now();
+  std::byte* file_base = dst;
   for (const auto& p : fs.paths) {
     const int fd = ::open(p.c_str(), O_RDONLY);
     const auto size = static_cast<std::size_t>(::lseek(fd, 0, SEEK_END));
     void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     ::madvise(m, size, MADV_SEQUENTIAL);
-    for (std::size_t off = 0; off < size; off += dst_size)
-      std::memcpy(dst, static_cast<const std::byte*>(m) + off, std::min(dst_size, size - off));
+    for (std::size_t off = 0; off < size; off += chunk)
+      std::memcpy(d == dest::into_place ? file_base + off : dst, static_cast<const std::byte*>(m) + off,
+                  std::min(chunk, size - off));
+    if (d == dest::into_place) file_base += size;
     ::munmap(m, size);
     ::close(fd);
   }
@@ -187,17 +165,24 @@ class thp_always {
 struct sluice_run {
   double seconds = 0, cpu = 0;
 };
-sluice_run run_sluice(const sluice::checkpoint& ck, sluice::staging_pool& pool, sluice::load_options o) {
-  sluice::discard_sink s;
+template <class Sink>
+sluice_run run_sluice(const sluice::checkpoint& ck, Sink& s, sluice::staging_pool& pool, const sluice::load_options& o) {
   const double c0 = sluice_cli::cpu_seconds();
   const auto t0 = clk::now();
-  (void)sluice::load(ck, s, pool, o);
-  return {since(t0), sluice_cli::cpu_seconds() - c0};
+  const auto st = sluice::load(ck, s, pool, o);
+  const sluice_run r{since(t0), sluice_cli::cpu_seconds() - c0};
+  if (st.accepted != ck.tensors().size()) throw std::runtime_error("bench: the sink declined tensors");
+  return r;
 }
-// sluice into the same arena layout: each tensor's caller destination is where
-// its bytes sit in the back-to-back files (tensors of >= 1 MiB are read
-// straight into it, smaller ones go through staging).
-sluice_run run_sluice_into(const sluice::checkpoint& ck, std::byte* arena, sluice::staging_pool& pool, sluice::load_options o) {
+sluice_run run_sluice(const sluice::checkpoint& ck, sluice::staging_pool& pool, const sluice::load_options& o) {
+  sluice::discard_sink s;
+  return run_sluice(ck, s, pool, o);
+}
+// sluice into the arena of dest::into_place: each tensor's caller destination
+// is where its bytes sit in the back-to-back files (tensors of >= 1 MiB are
+// read straight into it, smaller ones go through staging).
+sluice_run run_sluice_into(const sluice::checkpoint& ck, std::byte* arena, sluice::staging_pool& pool,
+                           const sluice::load_options& o) {
   sluice::host_sink s({.allocate = false});
   std::vector<std::uint64_t> base;
   std::uint64_t b = 0;
@@ -206,12 +191,7 @@ sluice_run run_sluice_into(const sluice::checkpoint& ck, std::byte* arena, sluic
     b += sh.header.file_size;
   }
   for (const auto& t : ck.tensors()) s.set_destination(t.name, {arena + base[t.shard] + t.offset, t.size});
-  const double c0 = sluice_cli::cpu_seconds();
-  const auto t0 = clk::now();
-  const auto st = sluice::load(ck, s, pool, o);
-  const sluice_run r{since(t0), sluice_cli::cpu_seconds() - c0};
-  if (st.accepted != ck.tensors().size()) throw std::runtime_error("bench: the host sink declined tensors");
-  return r;
+  return run_sluice(ck, s, pool, o);
 }
 }  // namespace
 
@@ -293,8 +273,8 @@ int main(int argc, char** argv) try {
   auto* arena = aligned_buffer(fs.bytes);
   const sluice_run into = best_sluice([&] { return run_sluice_into(ck, arena, pool, o); });
   const sluice_run into_inline = best_sluice([&] { return run_sluice_into(ck, arena, pool, inline_copies); });
-  const double t_pread_into = best([&] { warm(fs, buf, max_read); return pread_into(fs, arena, max_read); });
-  const double t_mmap_into = best([&] { warm(fs, buf, max_read); return mmap_into(fs, arena); });
+  const double t_pread_into = best([&] { warm(fs, buf, max_read); return pread_loop(fs, arena, max_read, false, dest::into_place); });
+  const double t_mmap_into = best([&] { warm(fs, buf, max_read); return mmap_memcpy(fs, arena, max_read, dest::into_place); });
   const double best_into = std::max(data / t_pread_into, data / t_mmap_into);
   std::printf("\npage-cache hot, into one reused buffer   GiB/s   vs best of pread/mmap\n");
   std::printf("  memcpy ceiling (1 thread)        %7.2f\n", 0.25 / t_memcpy);

@@ -93,7 +93,7 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
     : impl_(std::make_unique<impl>()), rank_(rank), size_(size) {
   if (size == 0 || rank >= size) throw config_error(fmt::format("gloo: rank {} of a world of {}", rank, size));
   const bool redis = opt.store.redis();
-  if (!redis && opt.store_dir.empty())
+  if (!redis && opt.store.dir.empty())
     throw config_error("gloo: no rendezvous (set SLUICE_STORE_DIR or SLUICE_STORE=redis://HOST:PORT/PREFIX)");
 #if !defined(SLUICE_GLOO_REDIS)
   if (redis)
@@ -121,7 +121,7 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
 #endif
     // A prefix on a file store is a subdirectory (Gloo's FileStore makes no
     // directories for the '/' that PrefixStore would put in its keys).
-    std::string dir = opt.store_dir;
+    std::string dir = opt.store.dir;
     if (!opt.store.prefix.empty()) {
       dir = (std::filesystem::path(dir) / opt.store.prefix).string();
       std::error_code ec;
@@ -146,13 +146,13 @@ std::optional<gloo> gloo::group(const rank_info& who, std::span<const std::size_
     if (members[i] == who.rank) index = i;
   }
   if (!index) return std::nullopt;
-  gloo_options o{who.store_dir, who.rendezvous(), who.hostname, who.timeout};
+  auto o = gloo_options::from(who);
   o.store.prefix = o.store.prefix.empty() ? fmt::format("group-{}", name) : fmt::format("{}/group-{}", o.store.prefix, name);
   return gloo(*index, members.size(), o);
 }
 
 gloo::gloo(const rank_info& who)
-    : gloo(who.rank, who.world_size, gloo_options{who.store_dir, who.rendezvous(), who.hostname, who.timeout}) {}
+    : gloo(who.rank, who.world_size, gloo_options::from(who)) {}
 
 gloo::gloo(gloo&&) noexcept = default;
 gloo& gloo::operator=(gloo&&) noexcept = default;

@@ -27,7 +27,7 @@ namespace {
 std::byte pattern(std::size_t rank, std::size_t i) { return static_cast<std::byte>((rank * 131 + i * 7) & 0xff); }
 
 comm::gloo connect(std::size_t rank, std::size_t n, const std::filesystem::path& dir, std::chrono::milliseconds t = 20s) {
-  return comm::gloo(rank, n, comm::gloo_options{.store_dir = dir.string(), .hostname = "127.0.0.1", .timeout = t});
+  return comm::gloo(rank, n, comm::gloo_options{.store = {.dir = dir.string()}, .hostname = "127.0.0.1", .timeout = t});
 }
 
 // A redis-server of our own on a free loopback port (Debian's redis-server,

@@ -22,10 +22,12 @@ namespace sluice::inline v0::comm {
 
 /// Settings of a Gloo communicator.
 struct gloo_options {
-  std::string store_dir;                      ///< FileStore directory (exists, empty per run)
-  store_address store;                        ///< Redis store (when store.redis()), else store_dir
+  store_address store;                        ///< a Redis store, or a FileStore directory (exists, empty per run)
   std::string hostname = "127.0.0.1";         ///< address this rank listens on
   std::chrono::milliseconds timeout{60000};   ///< rendezvous and every collective
+
+  /// From rank_info: its rendezvous, listening address and timeout.
+  [[nodiscard]] static gloo_options from(const rank_info& who) { return {who.rendezvous(), who.hostname, who.timeout}; }
 };
 
 /// A Gloo full-mesh context among `size` ranks. Move-only.

@@ -101,7 +101,7 @@ struct index {
         const char* end = digits.data() + digits.size();
         std::uint64_t v = 0;
         auto [p, ec] = std::from_chars(digits.data(), end, v);
-        if (!digits.empty() && digits.front() != '-' && digits.front() != '+' && ec == std::errc{} && p == end) {
+        if (!digits.empty() && ec == std::errc{} && p == end) {  // from_chars takes no sign for unsigned types
           ix.total_size = v;
           ok = true;
         }
