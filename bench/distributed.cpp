@@ -2,8 +2,9 @@
 //   1. aggregate GiB/s of a whole load for 1, 2, 4, 8 ranks (one node, Gloo over loopback);
 //   2. the exchange's throughput vs one raw Gloo broadcast of the same bytes:
 //      both are (bytes that travel) / (seconds of the collectives), where the
-//      bytes that travel are the slices every reader contributes (each reaches
-//      every other rank), and the raw broadcast sends all of them from rank 0;
+//      bytes that travel are the slices every reader sends to the ranks that
+//      keep them (under DP, every other rank: the same bytes on the wire as a
+//      broadcast), and the raw broadcast sends all of them from rank 0;
 //   3. with window reads overlapping the collectives and serial (the
 //      `overlap` option; `automatic` picks serial on a machine with fewer than
 //      two hardware threads per rank);
@@ -58,7 +59,6 @@ std::vector<nlohmann::json> run(const fs::path& dir, std::size_t n, const std::s
     o.plan.window_bytes = window;
     o.plan.local_size = n;
     o.overlap = overlap;
-    if (std::getenv("SLUICE_BENCH_BROADCASTS")) o.exchange = distributed_options::exchange_mode::broadcasts;
     const auto plan = plan_for(ck, fmt::format("tp1,dp{},ep{}", n, n), offload, o);
     counting_sink s;
     nlohmann::json j;
@@ -165,9 +165,8 @@ int main(int argc, char** argv) {
         xs = std::min(xs, max_of(runk, "seconds", "exchange"));
         rs = std::min(rs, max_of(runk, "raw_broadcast_seconds"));
         ags = std::min(ags, max_of(runk, "raw_allgatherv_seconds"));
-        travel = 0;  // every rank's contribution, once
-        for (auto& j : runk) travel += j["bytes_sent"].get<double>();
         rb = runk[0]["raw_broadcast_bytes"].get<double>();
+        travel = rb;  // every slice that travels, once (it reaches every other rank)
       }
       std::string ex = "-", raw = "-", ratio = "-", agv = "-";
       if (n > 1 && xs > 0) {

@@ -56,7 +56,6 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
   --offload MODE         none | per-rank | shared-single | shared-cooperative (default none)
   --overlap auto|on|off   read the next window while this one's collective runs (default auto:
                          on with at least two hardware threads per local rank)
-  --exchange MODE        all-gather-v | broadcasts: how a window's slices travel (default all-gather-v)
   --rank N --world-size N --local-rank N --local-world-size N   override the environment
   --connections N        s3://: S3 connections (concurrent range GETs) of the node (default 16)
   --connections-per-rank N   s3:// with --topology: connections of each rank's S3 client (default: the
@@ -68,7 +67,7 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
 struct options {
   std::string source;
   load_options load;
-  std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto", exchange = "all-gather-v";
+  std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto";
   std::optional<std::size_t> rank, world, local_rank, local_world;
   std::size_t connections_per_rank = 0;
   std::size_t connections = 0;  // 0: the S3 config's default
@@ -102,7 +101,6 @@ options parse(int argc, char** argv) {
     else if (a == "--topology") o.topology = value(i);
     else if (a == "--offload") o.offload = value(i);
     else if (a == "--overlap") o.overlap = value(i);
-    else if (a == "--exchange") o.exchange = value(i);
     else if (a == "--rank") o.rank = std::stoul(value(i));
     else if (a == "--world-size") o.world = std::stoul(value(i));
     else if (a == "--local-rank") o.local_rank = std::stoul(value(i));
@@ -194,10 +192,6 @@ int run_distributed(const options& o) {
   else if (o.overlap == "on") dopt.overlap = om::on;
   else if (o.overlap == "off") dopt.overlap = om::off;
   else throw config_error(fmt::format("--overlap '{}': expected auto, on or off", o.overlap));
-  using xm = distributed_options::exchange_mode;
-  if (o.exchange == "all-gather-v") dopt.exchange = xm::all_gather_v;
-  else if (o.exchange == "broadcasts") dopt.exchange = xm::broadcasts;
-  else throw config_error(fmt::format("--exchange '{}': expected all-gather-v or broadcasts", o.exchange));
   open_options oo;
   if (!o.select.empty()) {
     auto re = std::make_shared<std::regex>(o.select);

@@ -10,17 +10,20 @@
 ///    of each node creates the node's shared segment (memory/shared_host.hpp),
 ///    the others attach it; each rank reads its planned slices straight into it.
 /// 3. Then, a window at a time (plan order): each rank reads its planned
-///    slices through the pipeline (coalesce | fetch | stage | place) straight
-///    into the window's buffer; one collective step gives every rank every
-///    slice that must travel, each rank contributing what it read (one
-///    broadcast per contributing rank in rank order, or one `all_gather_v`);
-///    finally every rank calls its sink for every tensor of the window, in
-///    plan order. Double-buffered: window w+1 is read while w's collective
-///    runs on a helper thread (never on the io_context doing the I/O), where
-///    the machine has the cores for it (distributed_options::overlap).
+///    slices through the pipeline (coalesce | fetch | stage | place) — the
+///    bytes it keeps straight into its part of the window's buffer, what it
+///    reads only for others into scratch; one exchange (point-to-point, over
+///    the communicator's transport) carries each slice from its reader to the
+///    ranks that keep it and to no other (a TP rank gets its part of a split
+///    tensor; an expert travels only to its EP replicas; a stage's tensors
+///    stay in the stage); finally every rank calls its sink for every tensor
+///    of the window, in plan order. Double-buffered: window w+1 is read while
+///    w's exchange runs on a helper thread (never on the io_context doing the
+///    I/O), where the machine has the cores for it (distributed_options::overlap).
 ///
 /// Every rank's sink sees the same sequence of calls (same names, same
-/// order): owners get the bytes (`view_kind::bytes`), non-owners a
+/// order): owners get the bytes (`view_kind::bytes`; under TP > 1 a rank's
+/// part of a split tensor, `tensor_view::part` saying which), non-owners a
 /// `view_kind::metadata` placeholder (unless `placeholders` is off), and every
 /// local rank a `view_kind::shared` view of a shared table in the segment.
 ///
@@ -98,13 +101,6 @@ struct distributed_options {
   policy::plan_options plan;         ///< window size, local size, split threshold
   policy::classify_options classify = policy::classifier::deepseek().options();  ///< tensor classes
   bool placeholders = true;          ///< call the sink with a metadata view for tensors this rank does not own
-  /// How a window's slices travel: one all-gather-v (the default), or one
-  /// broadcast per contributing rank, in rank order. Measured on a quiet 2-core
-  /// machine (bench-distributed, best of 5, 2/4/8 ranks): all-gather-v at
-  /// 0.90/0.84/0.85x and broadcasts at 0.92/0.80/0.75x of a raw Gloo broadcast
-  /// of the same bytes (an earlier measurement on a busy machine favoured the
-  /// broadcasts; both stay available).
-  enum class exchange_mode : std::uint8_t { broadcasts, all_gather_v } exchange = exchange_mode::all_gather_v;
   /// Whether window w+1 is read while window w's collective runs. Both use CPU
   /// (page-cache copies; TCP copies on loopback or a NIC without offload), so
   /// overlapping pays only when each local rank has cores to spare:
@@ -448,9 +444,11 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
   // then it delivers w. Only one thread uses the communicator at a time.
   struct window_state {
     std::size_t begin = 0, end = 0;
-    std::vector<std::size_t> counts, base;
-    lease exchange, local;
-    std::vector<std::vector<std::span<std::byte>>> where;  // by (entry, read)
+    lease kept, scratch;                       // what this rank keeps; what it reads or packs for others
+    std::vector<std::span<std::byte>> kept_at;  // by entry (i - begin): this rank's part of the tensor
+    std::vector<comm::send_message> sends;
+    std::vector<comm::recv_message> recvs;
+    std::uint64_t sent = 0, received = 0;
   };
   detail::window_buffer buffers[2][2];
   std::size_t next_entry = 0;
@@ -461,58 +459,102 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     ws.end = ws.begin;
     while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
     next_entry = ws.end;
-    ws.counts.assign(c.size(), 0);
-    std::uint64_t local_bytes = 0;
-    for (std::size_t i = ws.begin; i < ws.end; ++i)
-      for (const auto& r : plan.entries[i].reads) {
-        if (plan.entries[i].shared()) continue;
-        if (r.exchanged) ws.counts[r.reader] += r.size;
-        else if (r.reader == me) local_bytes += r.size;
-      }
-    ws.base.assign(c.size() + 1, 0);
-    for (std::size_t r = 0; r < c.size(); ++r) ws.base[r + 1] = ws.base[r] + ws.counts[r];
-    ws.where.resize(ws.end - ws.begin);
+    ws.kept_at.resize(ws.end - ws.begin);
     const auto r0 = clock::now();
     try {
-      ws.exchange = buffers[w % 2][0].get(ws.base.back());
-      ws.local = buffers[w % 2][1].get(local_bytes);
-      std::vector<std::size_t> fill(ws.base.begin(), ws.base.end() - 1);
-      std::uint64_t local_fill = 0;
-      planned_reads reads;
+      // Pass 1: offsets in the two regions (kept: this rank's parts of the
+      // tensors it owns, where its own reads and its messages land; scratch:
+      // what it reads only for others, and packed column parts).
+      constexpr std::size_t none = ~std::size_t{0};
+      struct region_at { bool kept; std::size_t off; };
+      struct my_read { std::size_t entry, read; region_at at; };
+      struct column_cut { std::size_t entry, read, from; std::uint32_t part; region_at at; };  // part of mine[from]
+      struct message_at { std::size_t peer; std::uint32_t tag; region_at at; std::size_t size; bool send; };
+      std::vector<std::size_t> kept_off(ws.end - ws.begin, none);
+      std::vector<my_read> mine;
+      std::vector<column_cut> cuts;
+      std::vector<message_at> msgs;
+      std::size_t kept_total = 0, scratch_total = 0;
+      std::uint32_t tag = 0;
       for (std::size_t i = ws.begin; i < ws.end; ++i) {
         const auto& e = plan.entries[i];
         if (e.shared()) continue;
-        ws.where[i - ws.begin].resize(e.reads.size());
+        const bool owned = e.owners.contains(me);
+        if (owned) kept_off[i - ws.begin] = kept_total, kept_total += plan.kept_bytes(e);
+        const auto first_mine = mine.size();
         for (std::size_t k = 0; k < e.reads.size(); ++k) {
-          const auto& r = e.reads[k];
-          std::span<std::byte> at;
-          if (r.exchanged) {
-            at = ws.exchange.bytes().subspan(fill[r.reader], r.size);
-            fill[r.reader] += r.size;
-          } else if (r.reader == me) {
-            at = ws.local.bytes().subspan(local_fill, r.size);
-            local_fill += r.size;
+          const auto& rd = e.reads[k];
+          if (rd.reader != me) continue;
+          if (plan.keeps_as_read(e, rd, me)) {
+            mine.push_back({i, k, {true, kept_off[i - ws.begin] + rd.offset - plan.kept_begin(e, me)}});
+          } else {
+            mine.push_back({i, k, {false, scratch_total}});
+            scratch_total += rd.size;
           }
-          ws.where[i - ws.begin][k] = at;
-          if (r.reader == me) reads.emplace_back(slice_ref(e, r), at);
+          if (e.split == policy::tp_split::columns && owned) {  // my own part of these rows
+            const auto row = policy::load_plan::row_bytes(e);
+            cuts.push_back({i, k, mine.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
+                            {true, kept_off[i - ws.begin] + rd.offset / row * (row / plan.tp)}});
+          }
         }
+        plan.for_each_message(e, [&](const policy::planned_message& m) {
+          const auto& rd = e.reads[m.read];
+          if (rd.reader == me) {
+            std::size_t from = first_mine;  // this read among mine
+            while (mine[from].read != m.read) ++from;
+            region_at src = mine[from].at;  // the bytes as read (no split, or a row split)
+            if (e.split != policy::tp_split::columns) {
+              // sent as read
+            } else if (owned && m.part == plan.tp_rank(me)) {
+              src = {true, kept_off[i - ws.begin] + m.at};  // my own part, cut from the rows
+            } else {  // one packed copy of part m.part of these rows, for all its receivers
+              if (cuts.empty() || cuts.back().entry != i || cuts.back().read != m.read || cuts.back().part != m.part) {
+                cuts.push_back({i, m.read, from, m.part, {false, scratch_total}});
+                scratch_total += m.size;
+              }
+              src = cuts.back().at;
+            }
+            msgs.push_back({m.to, tag, src, m.size, true});
+          }
+          if (m.to == me) msgs.push_back({rd.reader, tag, {true, kept_off[i - ws.begin] + m.at}, m.size, false});
+          ++tag;
+        });
+      }
+      // Pass 2: the buffers, the spans, the reads, the column cuts.
+      ws.kept = buffers[w % 2][0].get(kept_total);
+      ws.scratch = buffers[w % 2][1].get(scratch_total);
+      auto span_of = [&ws](region_at at, std::size_t n) {
+        return (at.kept ? ws.kept : ws.scratch).bytes().subspan(at.off, n);
+      };
+      for (std::size_t i = ws.begin; i < ws.end; ++i)
+        if (kept_off[i - ws.begin] != none) ws.kept_at[i - ws.begin] = span_of({true, kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i]));
+      for (const auto& m : msgs) {
+        if (m.send) ws.sends.push_back({m.peer, m.tag, span_of(m.at, m.size)}), ws.sent += m.size;
+        else ws.recvs.push_back({m.peer, m.tag, span_of(m.at, m.size)}), ws.received += m.size;
+      }
+      planned_reads reads;
+      for (const auto& r : mine) {
+        const auto& e = plan.entries[r.entry];
+        reads.emplace_back(slice_ref(e, e.reads[r.read]), span_of(r.at, e.reads[r.read].size));
       }
       run_reads(reads);
+      // Column-split tensors: cut each TP part out of the rows this rank read.
+      for (const auto& cut : cuts) {
+        const auto& e = plan.entries[cut.entry];
+        const auto& rd = e.reads[cut.read];
+        const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
+        const std::byte* src = span_of(mine[cut.from].at, rd.size).data();
+        auto dst = span_of(cut.at, rows * part);
+        for (std::uint64_t j = 0; j < rows; ++j) std::memcpy(dst.data() + j * part, src + j * row + cut.part * part, part);
+      }
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
     st.read_seconds += since(r0);
     return ws;
   };
-  // The window's collective: one broadcast per contributing rank (rank order), or one all-gather-v.
-  auto exchange = [&c, &opt](window_state& ws) {
-    if (opt.exchange == distributed_options::exchange_mode::all_gather_v) {
-      c.all_gather_v(ws.exchange.bytes(), ws.counts);
-    } else {
-      for (std::size_t r = 0; r < c.size(); ++r)  // same order on every rank
-        if (ws.counts[r]) c.broadcast(ws.exchange.bytes().subspan(ws.base[r], ws.counts[r]), r);
-    }
-  };
+  // The window's exchange: each slice goes from its reader to the ranks that keep it.
+  auto exchange = [&c](window_state& ws) { c.exchange(ws.sends, ws.recvs); };
   auto deliver = [&](window_state& ws) {
     const auto d0 = clock::now();
     try {
@@ -528,18 +570,11 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
           st.shared_views += 1;
         } else if (e.owners.contains(me)) {
           v.kind = view_kind::bytes;
-          const auto& at = ws.where[i - ws.begin];
-          if (at.size() == 1) {
-            v.bytes = at[0];
-            const auto xb = ws.exchange.bytes();
-            v.hold = at[0].data() >= xb.data() && at[0].data() < xb.data() + xb.size() ? ws.exchange : ws.local;
-          } else {
-            auto whole = lease::allocate(e.info.size);  // slices by several readers: assemble
-            for (std::size_t k = 0; k < at.size(); ++k)
-              if (!at[k].empty()) std::memcpy(whole.bytes().data() + e.reads[k].offset, at[k].data(), at[k].size());
-            v.bytes = whole.bytes();
-            v.hold = std::move(whole);
-          }
+          v.bytes = ws.kept_at[i - ws.begin];
+          v.hold = ws.kept;
+          if (e.split != policy::tp_split::none)
+            v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.tp_rank(me)),
+                      static_cast<std::uint32_t>(plan.tp)};
           st.owned += 1;
         } else if (opt.placeholders) {
           v.kind = view_kind::metadata;
@@ -586,8 +621,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     if (helper.joinable()) helper.join();
     if (exchange_failure) std::rethrow_exception(exchange_failure);  // a peer is gone: every rank sees it
     st.exchange_seconds += exchange_seconds;
-    st.bytes_sent += cur.counts[me];
-    st.bytes_received += cur.base.back() - cur.counts[me];
+    st.bytes_sent += cur.sent;
+    st.bytes_received += cur.received;
     deliver(cur);
     cur = window_state{};  // release window w's buffers before w+2 reuses them
     if (w + 1 < plan.windows) {

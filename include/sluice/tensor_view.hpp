@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// `tensor_view`: what the stage stage hands to sinks — a tensor (or an
-/// ordered piece of one) with its bytes and the lease that keeps them alive.
+/// ordered piece of one, or a rank's TP part of one) with its bytes and the
+/// lease that keeps them alive.
 
 #include <cstdint>
 #include <span>
@@ -24,23 +25,45 @@ enum class view_kind : std::uint8_t {
              ///< placeholder, not a copy; sinks must not expect to own or free it
 };
 
+/// The tensor-parallel part of a tensor a view carries: under TP > 1 a rank
+/// keeps part `index` of `count` equal parts along dimension `dim` (0: a block
+/// of rows; 1: a block of columns of every row, packed row-major). count 1:
+/// the whole tensor.
+struct tensor_part {
+  std::uint32_t dim = 0;
+  std::uint32_t index = 0;
+  std::uint32_t count = 1;
+  friend bool operator==(const tensor_part&, const tensor_part&) = default;
+};
+
 struct tensor_view {
   const tensor_ref* tensor = nullptr;   ///< name, dtype, shape, location (outlives the load)
   std::uint64_t offset = 0;             ///< of `bytes` within the tensor
   std::span<const std::byte> bytes;     ///< valid while `hold` (or the destination) lives
   lease hold;                           ///< the staging slot or owned buffer; release it when done
   view_kind kind = view_kind::bytes;
+  tensor_part part;                     ///< the TP part `bytes` belong to (whole tensor by default)
 
   [[nodiscard]] const std::string& name() const noexcept { return tensor->name; }
   [[nodiscard]] format::dtype dtype() const noexcept { return tensor->type; }
   [[nodiscard]] const std::vector<std::uint64_t>& shape() const noexcept { return tensor->shape; }
   /// Size of the whole tensor in bytes.
   [[nodiscard]] std::uint64_t tensor_size() const noexcept { return tensor->size; }
-  /// The first piece of its tensor.
+  /// Whether the view carries one TP part rather than the whole tensor.
+  [[nodiscard]] bool is_part() const noexcept { return part.count > 1; }
+  /// Bytes of the part (the whole tensor's size when it is not split).
+  [[nodiscard]] std::uint64_t part_size() const noexcept { return tensor->size / part.count; }
+  /// Shape of the part: the tensor's, with dimension `part.dim` divided by the count.
+  [[nodiscard]] std::vector<std::uint64_t> part_shape() const {
+    auto s = tensor->shape;
+    if (is_part() && part.dim < s.size()) s[part.dim] /= part.count;
+    return s;
+  }
+  /// The first piece of its tensor (or part).
   [[nodiscard]] bool first() const noexcept { return offset == 0; }
-  /// The last piece of its tensor (a whole tensor is first and last).
+  /// The last piece of its tensor or part (a whole one is first and last).
   [[nodiscard]] bool last() const noexcept {
-    return kind == view_kind::metadata || offset + bytes.size() == tensor->size;
+    return kind == view_kind::metadata || offset + bytes.size() == part_size();
   }
   [[nodiscard]] bool whole() const noexcept { return first() && last(); }
 };

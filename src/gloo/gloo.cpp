@@ -6,7 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <exception>
@@ -23,6 +26,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #if defined(SLUICE_GLOO_REDIS)
 #include <gloo/rendezvous/redis_store.h>
 #endif
@@ -33,6 +37,7 @@ struct gloo::impl {
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
   std::chrono::milliseconds timeout{};
+  std::uint64_t exchanges = 0;  // exchange() calls so far: the same count on every rank
 };
 
 namespace {
@@ -199,6 +204,44 @@ void gloo::all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> c
     o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), std::vector<std::size_t>(counts.begin(), counts.end()));
     o.setTimeout(impl_->timeout);
     ::gloo::allgatherv(o);
+  });
+}
+
+void gloo::exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) {
+  auto check = [this](std::size_t peer, const char* what) {
+    if (peer >= size_ || peer == rank_)
+      throw config_error(fmt::format("gloo exchange: rank {} cannot {} rank {} (world of {})", rank_, what, peer, size_));
+  };
+  for (const auto& m : sends) check(m.peer, "send to");
+  for (const auto& m : recvs) check(m.peer, "receive from");
+  // A slot per message: this exchange's sequence number and the message's
+  // tag, under a prefix byte that Gloo's own collectives do not use.
+  const std::uint64_t seq = impl_->exchanges++ & 0xffffffu;
+  auto slot = [seq](std::uint32_t tag) { return (std::uint64_t{0xa5} << 56) | (seq << 32) | tag; };
+  guarded("exchange", rank_, [&] {
+    auto& ctx = *impl_->context;
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> rx, tx;
+    rx.reserve(recvs.size()), tx.reserve(sends.size());
+    for (const auto& m : recvs) {
+      if (m.bytes.empty()) continue;
+      rx.push_back(ctx.createUnboundBuffer(m.bytes.data(), m.bytes.size()));
+      rx.back()->recv(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+    }
+    for (const auto& m : sends) {
+      if (m.bytes.empty()) continue;
+      // Gloo's buffer type is not const-correct; a send only reads it.
+      tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
+      tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+    }
+    const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
+    auto left = [&] {
+      return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                        deadline - std::chrono::steady_clock::now()));
+    };
+    for (auto& b : rx)
+      if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was aborted", rank_));
+    for (auto& b : tx)
+      if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was aborted", rank_));
   });
 }
 

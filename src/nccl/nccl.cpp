@@ -218,6 +218,27 @@ void nccl::all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> c
   impl_->wait(impl_->stream, "all_gather_v");
 }
 
+void nccl::exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) {
+  for (const auto& m : sends)
+    if (m.peer >= size_ || m.peer == rank_) throw config_error(fmt::format("NCCL exchange: rank {} cannot send to rank {}", rank_, m.peer));
+  for (const auto& m : recvs)
+    if (m.peer >= size_ || m.peer == rank_) throw config_error(fmt::format("NCCL exchange: rank {} cannot receive from rank {}", rank_, m.peer));
+  if (sends.empty() && recvs.empty()) return;
+  // NCCL pairs a peer's sends with our receives in the order they are issued
+  // within the group: both sides list their messages in the same (plan) order.
+  impl_->call(::ncclGroupStart(), "ncclGroupStart");
+  for (const auto& m : recvs)
+    if (!m.bytes.empty())
+      impl_->call(::ncclRecv(m.bytes.data(), m.bytes.size(), ncclUint8, static_cast<int>(m.peer), impl_->comm, impl_->stream),
+                  "ncclRecv");
+  for (const auto& m : sends)
+    if (!m.bytes.empty())
+      impl_->call(::ncclSend(m.bytes.data(), m.bytes.size(), ncclUint8, static_cast<int>(m.peer), impl_->comm, impl_->stream),
+                  "ncclSend");
+  impl_->call(::ncclGroupEnd(), "ncclGroupEnd");
+  impl_->wait(impl_->stream, "exchange");
+}
+
 void nccl::barrier() {
   // An all-reduce of one int in device memory: returns when every rank reached it.
   void* d = nullptr;

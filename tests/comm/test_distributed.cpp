@@ -9,6 +9,7 @@
 
 #include <sluice/distributed.hpp>
 #include <sluice/format/writer.hpp>
+#include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/generator.hpp>
 
@@ -62,6 +63,44 @@ std::map<std::string, std::string> reference_digests() {
   std::map<std::string, std::string> m;
   for (auto& [n, t] : d.digests()) m[n] = t.sha256;
   return m;
+}
+
+// The digest of the part of `e` that rank `r` keeps under `plan` (the whole
+// tensor's when it is not split), cut from the single-process load's bytes.
+std::string expected_digest(const policy::load_plan& plan, const policy::plan_entry& e, policy::rank_t r,
+                            const checkpoint& ck, const std::map<std::string, std::string>& whole) {
+  if (e.split == policy::tp_split::none) return whole.at(e.info.name);
+  static std::map<std::string, std::vector<std::byte>> bytes = [] {
+    auto c = checkpoint::open(checkpoint_dir());
+    std::map<std::string, std::vector<std::byte>> m;
+    auto keep = [&m](tensor_view v) {
+      auto& b = m[v.name()];
+      b.resize(v.tensor_size());
+      if (!v.bytes.empty()) std::memcpy(b.data() + v.offset, v.bytes.data(), v.bytes.size());
+      return true;
+    };
+    callback_sink cs(keep);
+    load_options lo;
+    lo.register_buffers = false;
+    (void)load(c, cs, lo);
+    return m;
+  }();
+  const auto& all = bytes.at(e.info.name);
+  const auto n = plan.kept_bytes(e), k = plan.tp_rank(r);
+  std::vector<std::byte> part(n);
+  if (e.split == policy::tp_split::rows) {
+    std::memcpy(part.data(), all.data() + plan.kept_begin(e, r), n);
+  } else {
+    const auto row = policy::load_plan::row_bytes(e), w = row / plan.tp;
+    for (std::uint64_t j = 0; j < e.info.shape[0]; ++j) std::memcpy(part.data() + j * w, all.data() + j * row + k * w, w);
+  }
+  digest_sink d;
+  tensor_view v;
+  v.tensor = &ck.tensors()[e.index];
+  v.bytes = part;
+  v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(plan.tp)};
+  d.accept(std::move(v));
+  return d.digests().at(e.info.name).sha256;
 }
 
 // Runs `n` ranks; each writes its result (or error) to out/rank<r>.json.
@@ -119,6 +158,7 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   auto ck = checkpoint::open(checkpoint_dir());
   auto opt = small_options();
   opt.plan.local_size = n;
+  opt.plan.split_bytes = dopt.plan.split_bytes;
   const auto plan = plan_for(ck, topology, offload, opt);
   const auto results = run_load(n, topology, offload, dopt);
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0;
@@ -134,9 +174,12 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
       if (e.owners.contains(static_cast<policy::rank_t>(r))) owned.insert(e.info.name);
     for (auto& [name, sha] : j["digests"].items()) {
       got.insert(name);
-      REQUIRE(sha.get<std::string>() == ref.at(name));
+      REQUIRE(sha.get<std::string>() == expected_digest(plan, plan.entry(name), static_cast<policy::rank_t>(r), ck, ref));
     }
     REQUIRE(got == owned);
+    // It received exactly what it keeps but did not read: its parts, not whole tensors.
+    REQUIRE(j["stats"]["bytes_received"].get<std::uint64_t>() == plan.received_bytes[r]);
+    REQUIRE(j["stats"]["bytes_sent"].get<std::uint64_t>() == plan.sent_bytes[r]);
     // Every rank's sink saw the same sequence of calls.
     std::vector<std::string> names, names0;
     for (auto& c : j["calls"]) names.push_back(c.get<std::string>());
@@ -221,10 +264,21 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
   fs::remove_all(copy);
 }
 
-TEST_CASE("4 ranks exchanging windows by broadcasts, one per contributing rank", "[comm][distributed]") {
+TEST_CASE("TP2 x DP2: each rank holds its TP part of split tensors and receives only that", "[comm][distributed][tp]") {
   auto o = small_options();
-  o.exchange = distributed_options::exchange_mode::broadcasts;
-  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+  o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by several ranks
+  check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);
+}
+
+TEST_CASE("TP4: row and column parts, one rank per part", "[comm][distributed][tp]") {
+  check_load(4, "tp4,dp1,ep4", "none");
+  auto o = small_options();
+  o.plan.split_bytes = 4u << 10;
+  check_load(4, "tp4,dp1,ep2", "per-rank", o);
+}
+
+TEST_CASE("TP2 x PP2: parts within each stage, stages apart", "[comm][distributed][tp][pp]") {
+  check_load(4, "tp2,dp1,ep2,pp2", "shared-single");
 }
 
 TEST_CASE("window reads overlapped with the collectives, or serial, deliver the same tensors", "[comm][distributed]") {
@@ -244,10 +298,6 @@ TEST_CASE("automatic overlap needs two hardware threads per local rank", "[comm]
   CHECK(o.overlaps(hw * 4));
   o.overlap = distributed_options::overlap_mode::off;
   CHECK_FALSE(o.overlaps(1));
-}
-
-TEST_CASE("TP2 x DP2 plans and loads: every rank holds every non-expert tensor", "[comm][distributed]") {
-  check_load(4, "tp2,dp2,ep4", "shared-single");
 }
 
 namespace {
@@ -364,6 +414,7 @@ TEST_CASE("a load on the subgroup {0, 2, 5} of six ranks; the others are untouch
     nlohmann::json j;
     j["group_rank"] = c->rank();
     j["bytes_read"] = st.bytes_read;
+    j["stats"] = st.to_json();
     for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
     std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
     return 0;
@@ -385,9 +436,10 @@ TEST_CASE("a load on the subgroup {0, 2, 5} of six ranks; the others are untouch
       if (e.owners.contains(static_cast<policy::rank_t>(g))) owned.insert(e.info.name);
     for (auto& [name, sha] : j["digests"].items()) {
       got.insert(name);
-      REQUIRE(sha.get<std::string>() == ref.at(name));
+      REQUIRE(sha.get<std::string>() == expected_digest(plan, plan.entry(name), static_cast<policy::rank_t>(g), ck, ref));
     }
     REQUIRE(got == owned);
+    REQUIRE(j["stats"]["bytes_received"].get<std::uint64_t>() == plan.received_bytes[g]);
     read += j["bytes_read"].get<std::uint64_t>();
   }
   REQUIRE(read == ck.tensor_bytes());

@@ -92,6 +92,9 @@ TEST_CASE("communicators model the concept", "[comm][concepts]") {
   c.all_gather(in, out);
   REQUIRE(out == in);
   REQUIRE_THROWS_AS(c.broadcast(out, 1), comm::comm_error);
+  c.exchange({}, {});  // a world of one has nothing to exchange
+  const comm::send_message m{0, 0, in};
+  REQUIRE_THROWS_AS(c.exchange(std::span(&m, 1), {}), comm::comm_error);
 }
 
 TEST_CASE("4 gloo ranks broadcast, all-gather and all-gather-v over loopback", "[comm][gloo]") {
@@ -123,6 +126,56 @@ TEST_CASE("4 gloo ranks broadcast, all-gather and all-gather-v over loopback", "
       for (std::size_t i = 0; i < counts[r]; ++i)
         if (v[off + i] != pattern(r, i)) return 12;
       off += counts[r];
+    }
+    c.barrier();
+    return 0;
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(res[r].code == 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("4 gloo ranks exchange targeted messages; a rank with none still takes part", "[comm][gloo]") {
+  const auto dir = sluice_test::fresh_dir("gloo-x");
+  auto res = sluice_test::run_ranks(4, [&](std::size_t rank) {
+    auto c = connect(rank, 4, dir);
+    // Rank r (r < 3) sends (r+1) x 100000 + q bytes to each q > r; rank 3 sends nothing.
+    // Several messages between the same pair, told apart by their tags.
+    auto size_of = [](std::size_t from, std::size_t to) { return (from + 1) * 100000 + to; };
+    std::vector<std::vector<std::byte>> out, in;
+    std::vector<comm::send_message> sends;
+    std::vector<comm::recv_message> recvs;
+    std::uint32_t tag = 0;
+    for (std::size_t from = 0; from < 4; ++from)
+      for (std::size_t to = from + 1; to < 4; ++to)
+        for (int copy = 0; copy < 2; ++copy, ++tag) {
+          if (from == 3) continue;
+          if (from == rank) {
+            out.emplace_back(size_of(from, to));
+            for (std::size_t i = 0; i < out.back().size(); ++i) out.back()[i] = pattern(from * 16 + tag, i);
+            sends.push_back({to, tag, out.back()});
+          }
+          if (to == rank) {
+            in.emplace_back(size_of(from, to));
+            recvs.push_back({from, tag, in.back()});
+          }
+        }
+    c.exchange(sends, recvs);
+    for (const auto& m : recvs)
+      for (std::size_t i = 0; i < m.bytes.size(); i += 997)
+        if (m.bytes[i] != pattern(m.peer * 16 + m.tag, i)) return 20;
+    // Twice more, nothing to say: the calls still pair up.
+    c.exchange({}, {});
+    c.exchange({}, {});
+    // A message to oneself is a config_error, not a hang.
+    std::vector<std::byte> b(4);
+    const comm::send_message self{rank, 0, b};
+    try {
+      c.exchange(std::span(&self, 1), {});
+      return 21;
+    } catch (const config_error&) {
     }
     c.barrier();
     return 0;

@@ -122,19 +122,66 @@ TEST_CASE("two nodes each read their own copy of a shared table", "[policy][plan
   REQUIRE_THROWS_AS(make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::none, {3}), config_error);
 }
 
-TEST_CASE("TP2: row-sliced weights plan one contiguous row block per TP rank", "[policy][plan][topology]") {
+TEST_CASE("TP2: row-split weights plan one read per TP part, by a rank that keeps it", "[policy][plan][topology]") {
   const auto tensors = deepseek_like(64u << 20);
   const auto p = make_plan(tensors, classifier::deepseek(), 2, 4, 8, offload_kind::shared_cooperative);
   REQUIRE(p.world == 8);
   const auto& q = p.entry("model.layers.0.self_attn.q_proj.weight");
-  REQUIRE(q.tp_ranges.size() == 2);
-  REQUIRE(q.tp_ranges[0].begin == 0);
-  REQUIRE(q.tp_ranges[0].end == q.info.size / 2);
-  REQUIRE(q.tp_ranges[1].end == q.info.size);
+  REQUIRE(q.split == tp_split::rows);
+  REQUIRE(p.kept_bytes(q) == q.info.size / 2);
   REQUIRE(q.reads.size() == 2);
-  REQUIRE(p.entry("model.layers.0.self_attn.o_proj.weight").tp_ranges.empty());
+  for (std::size_t k = 0; k < 2; ++k) {
+    REQUIRE(q.reads[k].offset == k * q.info.size / 2);
+    REQUIRE(p.tp_rank(q.reads[k].reader) == k);  // read by a keeper of part k
+  }
+  REQUIRE(p.kept_begin(q, 1) == q.info.size / 2);
+  // Each message carries a part to a DP replica of its keeper, and nowhere else.
+  std::vector<std::uint64_t> got(p.world, 0);
+  p.for_each_message(q, [&](const planned_message& m) {
+    REQUIRE(p.tp_rank(m.to) == p.tp_rank(q.reads[m.read].reader));
+    REQUIRE(m.size == q.info.size / 2);
+    REQUIRE(m.at == 0);
+    got[m.to] += m.size;
+  });
+  for (rank_t r = 0; r < 8; ++r) REQUIRE(got[r] == (r == q.reads[0].reader || r == q.reads[1].reader ? 0 : q.info.size / 2));
+  // Row-parallel weights split by columns; their norms and biases stay whole.
+  const auto& o = p.entry("model.layers.0.self_attn.o_proj.weight");
+  REQUIRE(o.split == tp_split::columns);
+  REQUIRE(p.entry("model.layers.0.input_layernorm.weight").split == tp_split::none);
   require_reads_tile(p);
   REQUIRE(p.read_imbalance() <= 1.05);
+}
+
+TEST_CASE("TP: a column split sends each rank its columns of the rows read, packed", "[policy][plan][topology]") {
+  std::vector<tensor_info> tensors{{"model.layers.0.self_attn.o_proj.weight", 64 * 32 * 2, {64, 32}},
+                                   {"model.layers.0.mlp.down_proj.weight", 64 * 30 * 2, {64, 30}},  // 30 % 4: whole
+                                   {"model.layers.0.input_layernorm.weight", 64 * 2, {64}}};
+  plan_options o;
+  o.split_bytes = 1024;  // blocks of rows across readers
+  const auto p = make_plan(tensors, classifier::deepseek(), 4, 1, 1, offload_kind::none, o);
+  const auto& w = p.entry("model.layers.0.self_attn.o_proj.weight");
+  REQUIRE(w.split == tp_split::columns);
+  REQUIRE(p.entry("model.layers.0.mlp.down_proj.weight").split == tp_split::none);
+  REQUIRE(w.reads.size() == 4);
+  std::uint64_t rows = 0;
+  for (const auto& r : w.reads) {
+    REQUIRE(r.offset % (32 * 2) == 0);  // whole rows
+    REQUIRE(r.size % (32 * 2) == 0);
+    rows += r.size / (32 * 2);
+  }
+  REQUIRE(rows == 64);
+  // Every rank ends with its 64 x 8 part: what it receives plus its own cut of what it read.
+  std::vector<std::uint64_t> have(4, 0);
+  p.for_each_message(w, [&](const planned_message& m) {
+    REQUIRE(m.part == p.tp_rank(m.to));
+    REQUIRE(m.to != w.reads[m.read].reader);
+    REQUIRE(m.at == w.reads[m.read].offset / (32 * 2) * 8 * 2);
+    have[m.to] += m.size;
+  });
+  for (const auto& r : w.reads) have[r.reader] += r.size / 4;
+  for (auto h : have) REQUIRE(h == 64 * 8 * 2);
+  REQUIRE(p.received_bytes[0] + p.received_bytes[1] + p.received_bytes[2] + p.received_bytes[3] ==
+          3 * w.info.size / 4 + 3 * (64 * 30 * 2) + 3 * 64 * 2);
 }
 
 TEST_CASE("windows cut the non-shared bytes in file order", "[policy][plan]") {
@@ -201,7 +248,8 @@ TEST_CASE("TP4xPP2: a stage owns a contiguous range of layers, embeddings first,
   REQUIRE(std::accumulate(p.read_bytes.begin(), p.read_bytes.end(), std::uint64_t{0}) == total(tensors));
   // TP slices still cut row-parallel weights within a stage.
   const auto& q = p.entry("model.layers.5.self_attn.q_proj.weight");
-  REQUIRE(q.tp_ranges.size() == 4);
+  REQUIRE(q.split == tp_split::rows);
+  REQUIRE(q.reads.size() == 4);
   for (const auto& r : q.reads) REQUIRE(p.stage_of(r.reader) == 1);
 }
 

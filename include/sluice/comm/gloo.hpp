@@ -55,6 +55,9 @@ class gloo {
   void broadcast(std::span<std::byte> buf, std::size_t root);
   void all_gather(std::span<const std::byte> in, std::span<std::byte> out);
   void all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts);
+  /// Point-to-point over Gloo's unbound buffers (one per message; every
+  /// receive is posted before any send, all are waited for with the timeout).
+  void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs);
   void barrier();
 
  private:

@@ -23,6 +23,9 @@ class local {
     if (!in.empty() && in.data() != out.data()) std::memmove(out.data(), in.data(), in.size());
   }
   void all_gather_v(std::span<std::byte>, std::span<const std::size_t>) const noexcept {}
+  void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) const {
+    if (!sends.empty() || !recvs.empty()) throw comm_error("local communicator: no peer to exchange messages with");
+  }
   void barrier() const noexcept {}
 };
 

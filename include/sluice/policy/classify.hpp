@@ -2,8 +2,8 @@
 /// \file
 /// Tensor classes from names: routed experts (expert index parsed from the
 /// name), shared/offloaded tables (by pattern and/or a size threshold) and
-/// replicated tensors (everything else); which tensors are row-sliced
-/// under tensor parallelism; and, for pipeline stages, each tensor's layer
+/// replicated tensors (everything else); which tensors TP ranks split by
+/// rows or by columns; and, for pipeline stages, each tensor's layer
 /// index and whether a layer-less tensor belongs to the first stage
 /// (embeddings) or the last (final norm, lm_head). Patterns are ECMAScript regular expressions,
 /// searched (not matched) in the tensor's name.
@@ -33,6 +33,10 @@ struct classify_options {
   /// (column-parallel layers: q/k/v, gate/up, and the vocabulary).
   std::string row_sliced_pattern =
       R"((q_proj|k_proj|v_proj|gate_proj|up_proj|embed_tokens|lm_head)\.weight$)";
+  /// Weights whose columns (dim 1) are split across TP ranks when TP > 1
+  /// (row-parallel layers: the attention output and the MLP down projection;
+  /// their biases and the norms stay whole).
+  std::string column_sliced_pattern = R"((o_proj|down_proj)\.weight$)";
   /// A decoder layer's tensor; capture group 1 is the layer index (a PP stage
   /// owns a contiguous range of layers).
   std::string layer_pattern = R"(layers\.(\d+)\.)";
@@ -55,6 +59,8 @@ class classifier {
       if (!opt_.table_pattern.empty()) table_ = std::regex(opt_.table_pattern, std::regex::ECMAScript | std::regex::optimize);
       if (!opt_.row_sliced_pattern.empty())
         row_ = std::regex(opt_.row_sliced_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.column_sliced_pattern.empty())
+        column_ = std::regex(opt_.column_sliced_pattern, std::regex::ECMAScript | std::regex::optimize);
       if (!opt_.layer_pattern.empty()) layer_ = std::regex(opt_.layer_pattern, std::regex::ECMAScript | std::regex::optimize);
       if (!opt_.first_stage_pattern.empty())
         first_ = std::regex(opt_.first_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
@@ -120,6 +126,19 @@ class classifier {
   [[nodiscard]] bool row_sliced(const tensor_info& t) const {
     return row_ && t.shape.size() >= 1 && t.shape[0] > 0 && std::regex_search(t.name, *row_);
   }
+  /// Whether TP ranks each take a block of this tensor's columns (dim 1).
+  [[nodiscard]] bool column_sliced(const tensor_info& t) const {
+    return column_ && t.shape.size() >= 2 && t.shape[0] > 0 && t.shape[1] > 0 && std::regex_search(t.name, *column_);
+  }
+  /// How `tp` ranks split the tensor: by its patterns, where `tp` divides the
+  /// split dimension into whole bytes; otherwise every owner keeps it whole
+  /// (an engine that pads uneven shards slices such a tensor itself).
+  [[nodiscard]] tp_split split(const tensor_info& t, std::size_t tp) const {
+    if (tp <= 1 || t.size == 0) return tp_split::none;
+    if (row_sliced(t) && t.shape[0] % tp == 0 && t.size % tp == 0) return tp_split::rows;
+    if (column_sliced(t) && t.shape[1] % tp == 0 && (t.size / t.shape[0]) % tp == 0) return tp_split::columns;
+    return tp_split::none;
+  }
 
   [[nodiscard]] const classify_options& options() const noexcept { return opt_; }
 
@@ -142,6 +161,7 @@ class classifier {
   std::optional<std::regex> expert_;
   std::optional<std::regex> table_;
   std::optional<std::regex> row_;
+  std::optional<std::regex> column_;
   std::optional<std::regex> layer_;
   std::optional<std::regex> first_;
   std::optional<std::regex> last_;

@@ -76,6 +76,25 @@ enum class tensor_class : std::uint8_t {
   return "?";
 }
 
+/// How the TP ranks of a stage share a tensor (TP > 1).
+enum class tp_split : std::uint8_t {
+  none,     ///< every owner keeps the whole tensor
+  rows,     ///< dim 0: TP rank k keeps rows [k R/TP, (k+1) R/TP): one contiguous byte range
+            ///< (the output dim of a column-parallel linear: q/k/v, gate/up, vocabulary)
+  columns,  ///< dim 1: TP rank k keeps columns [k C/TP, (k+1) C/TP) of every row: strided in
+            ///< the file (the input dim of a row-parallel linear: o_proj, down_proj). Planned
+            ///< as reads of whole rows, sliced in the reader's buffer (bench-tp-slices)
+};
+
+[[nodiscard]] constexpr std::string_view split_name(tp_split s) noexcept {
+  switch (s) {
+    case tp_split::none: return "none";
+    case tp_split::rows: return "rows";
+    case tp_split::columns: return "columns";
+  }
+  return "?";
+}
+
 /// Where a rank keeps a tensor.
 enum class destination : std::uint8_t {
   none,         ///< this rank does not own the tensor

@@ -6,8 +6,11 @@
 ///
 /// For every tensor, in file order, the plan holds its owners, the byte
 /// ranges each reader reads (one range, or slices: cooperative tables,
-/// TP row blocks, tensors above `split_bytes`), each owner's destination,
-/// its place in the node's shared segment, and the window it is exchanged in.
+/// TP parts, blocks of rows, tensors above `split_bytes`), each owner's
+/// destination and TP part, its place in the node's shared segment, and the
+/// window it is exchanged in. Each exchange message carries bytes from their
+/// reader to one rank that keeps them, and only to such ranks: a rank
+/// receives its TP part of a split tensor, not the whole.
 ///
 /// Pipeline stages (PP > 1): stage k is ranks [k*TP*DP, (k+1)*TP*DP) and owns
 /// a contiguous range of layers (the layer index comes from the name, see
@@ -62,7 +65,18 @@ struct planned_read {
   std::uint64_t offset = 0;  ///< within the tensor
   std::uint64_t size = 0;
   rank_t reader = 0;
-  bool exchanged = false;    ///< sent to the other owners by the window's collective
+  bool exchanged = false;    ///< some of its bytes travel to other ranks (load_plan::for_each_message)
+};
+
+/// One message of a window's exchange: bytes of `read` (for a column-split
+/// tensor: TP part `part` of the read's rows, packed) that rank `to` keeps at
+/// offset `at` of its part of the tensor.
+struct planned_message {
+  std::size_t read = 0;  ///< index in plan_entry::reads
+  rank_t to = 0;
+  std::uint64_t size = 0;
+  std::uint64_t at = 0;  ///< in the receiver's kept bytes of the tensor
+  std::uint32_t part = 0;
 };
 
 /// A tensor's plan.
@@ -72,8 +86,7 @@ struct plan_entry {
   rank_set owners;
   destination owner_destination = destination::device;  ///< where owners keep it
   std::vector<planned_read> reads;  ///< disjoint, in offset order, tiling the tensor (per node for shared tables)
-  /// TP > 1 and row-sliced: byte range of the tensor each TP rank keeps (indexed by tp_rank).
-  std::vector<byte_range> tp_ranges;
+  tp_split split = tp_split::none;  ///< TP > 1: how the owners share it (each keeps its TP part)
   std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
   std::uint32_t window = 0;
   std::int32_t stage = -1;          ///< the pipeline stage that owns it; -1: every stage
@@ -94,6 +107,8 @@ class load_plan {
   std::uint32_t windows = 0;
   std::uint64_t shared_bytes = 0;     ///< size of each node's shared segment
   std::vector<std::uint64_t> read_bytes;  ///< storage bytes each rank reads
+  std::vector<std::uint64_t> sent_bytes;      ///< bytes each rank sends in the exchanges (per receiver)
+  std::vector<std::uint64_t> received_bytes;  ///< bytes each rank receives in the exchanges
 
   /// The node of a rank (ranks are grouped by host contiguously).
   [[nodiscard]] std::size_t node_of(rank_t r) const noexcept { return r / local_size; }
@@ -102,6 +117,49 @@ class load_plan {
   [[nodiscard]] std::size_t stage_size() const noexcept { return tp * dp; }
   /// The pipeline stage of a rank.
   [[nodiscard]] std::size_t stage_of(rank_t r) const noexcept { return r / stage_size(); }
+  /// The TP rank of a rank (the part of a split tensor it keeps).
+  [[nodiscard]] std::size_t tp_rank(rank_t r) const noexcept { return (r % stage_size()) % tp; }
+  /// Bytes rank `r` keeps of a tensor it owns: its TP part, or the whole tensor.
+  [[nodiscard]] std::uint64_t kept_bytes(const plan_entry& e) const noexcept {
+    return e.split == tp_split::none ? e.info.size : e.info.size / tp;
+  }
+  /// Where rank `r`'s part starts in the tensor (rows; 0 otherwise).
+  [[nodiscard]] std::uint64_t kept_begin(const plan_entry& e, rank_t r) const noexcept {
+    return e.split == tp_split::rows ? tp_rank(r) * kept_bytes(e) : 0;
+  }
+  /// Bytes per row (dim 0) of a column-split tensor.
+  [[nodiscard]] static std::uint64_t row_bytes(const plan_entry& e) noexcept {
+    return e.info.shape.empty() || e.info.shape[0] == 0 ? e.info.size : e.info.size / e.info.shape[0];
+  }
+  /// Whether rank `r` keeps the bytes of `read` as they lie in the file (it
+  /// owns the tensor and, for a row split, the read is its part), so that its
+  /// reader can read them straight into its kept bytes.
+  [[nodiscard]] bool keeps_as_read(const plan_entry& e, const planned_read& rd, rank_t r) const noexcept {
+    if (!e.owners.contains(r) || e.split == tp_split::columns) return false;
+    if (e.split == tp_split::none) return true;
+    return rd.offset >= kept_begin(e, r) && rd.offset + rd.size <= kept_begin(e, r) + kept_bytes(e);
+  }
+  /// Calls f(planned_message) for every message that carries `e`'s bytes from
+  /// their reader to the other ranks that keep them, in one order every rank
+  /// agrees on (read, then TP part, then receiver). Shared tables: none.
+  template <class F>
+  void for_each_message(const plan_entry& e, F&& f) const {
+    if (e.shared()) return;
+    const auto owners = e.owners.members();
+    for (std::size_t k = 0; k < e.reads.size(); ++k) {
+      const auto& rd = e.reads[k];
+      if (e.split == tp_split::columns) {
+        const auto row = row_bytes(e), w = row / tp, a = rd.offset / row, b = (rd.offset + rd.size) / row;
+        for (std::uint32_t part = 0; part < tp; ++part)
+          for (auto q : owners)
+            if (q != rd.reader && tp_rank(q) == part) f(planned_message{k, q, (b - a) * w, a * w, part});
+      } else {
+        for (auto q : owners)
+          if (q != rd.reader && keeps_as_read(e, rd, q))
+            f(planned_message{k, q, rd.size, rd.offset - kept_begin(e, q), static_cast<std::uint32_t>(tp_rank(q))});
+      }
+    }
+  }
   /// "tp1,dp8,ep8" (",pp2" appended when PP > 1)
   [[nodiscard]] std::string topology_string() const {
     return pp > 1 ? fmt::format("tp{},dp{},ep{},pp{}", tp, dp, ep, pp) : fmt::format("tp{},dp{},ep{}", tp, dp, ep);
@@ -263,6 +321,7 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
         e.owner_destination = destination::device;
         break;
     }
+    if (p.tp > 1 && e.info.cls == tensor_class::replicated) e.split = cls.split(e.info, p.tp);
     if (e.info.cls != tensor_class::routed_expert && size) {
       if (e.shared()) {
         e.shared_offset = seg;
@@ -284,13 +343,24 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
             greedy.push_back({i, first, node});
           }
         }
-      } else if (p.tp > 1 && cls.row_sliced(e.info) && e.info.shape[0] % p.tp == 0) {
-        const auto row = size / e.info.shape[0];
-        const auto rows = e.info.shape[0] / p.tp;
+      } else if (e.split == tp_split::rows) {
+        // One read per TP part, by a rank that keeps it (with DP > 1, the
+        // other replicas of that part receive it).
+        const auto part = size / p.tp;
         for (std::size_t k = 0; k < p.tp; ++k) {
-          e.tp_ranges.push_back({k * rows * row, (k + 1) * rows * row});
-          add_read(k * rows * row, rows * row);
-          // The TP rank that keeps this block is a natural reader; any owner may read it.
+          add_read(k * part, part);
+          rank_set keepers(p.world);
+          for (auto q : e.owners.members())
+            if (p.tp_rank(q) == k) keepers.insert(q);
+          greedy.push_back({i, e.reads.size() - 1, keepers});
+        }
+      } else if (e.split == tp_split::columns) {
+        // Whole rows (every part's columns), in blocks of rows across the
+        // owners when large; the reader slices them (load_plan::for_each_message).
+        const auto row = p.row_bytes(e);
+        const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
+        for (auto [r0, n] : detail::split_range(0, e.info.shape[0], parts, 1)) {
+          add_read(r0 * row, n * row);
           greedy.push_back({i, e.reads.size() - 1, e.owners});
         }
       } else {
@@ -324,11 +394,16 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
   }
   // Exchange flags and windows.
   std::uint64_t acc = 0;
+  p.sent_bytes.assign(p.world, 0);
+  p.received_bytes.assign(p.world, 0);
   for (auto& e : p.entries) {
-    for (auto& r : e.reads) {
-      r.exchanged = !e.shared() && !(e.owners.size() == 1 && e.owners.contains(r.reader));
-      p.read_bytes[r.reader] += r.size;
-    }
+    for (auto& r : e.reads) p.read_bytes[r.reader] += r.size;
+    p.for_each_message(e, [&](const planned_message& m) {
+      auto& rd = e.reads[m.read];
+      rd.exchanged = true;
+      p.sent_bytes[rd.reader] += m.size;
+      p.received_bytes[m.to] += m.size;
+    });
     if (!e.shared()) {
       if (acc > 0 && acc + e.info.size > opt.window_bytes) {
         ++p.windows;

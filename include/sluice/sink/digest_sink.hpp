@@ -23,12 +23,15 @@ namespace sluice::inline v0 {
 struct tensor_digest {
   std::string name;
   format::dtype type = format::dtype::U8;
-  std::vector<std::uint64_t> shape;
+  std::vector<std::uint64_t> shape;  ///< of the part, for a TP part
   std::string sha256;  ///< lowercase hex
+  tensor_part part;    ///< the TP part digested (count 1: the whole tensor)
 
-  /// `name<TAB>dtype<TAB>[d0,d1,...]<TAB>sha256`
+  /// `name<TAB>dtype<TAB>[d0,d1,...]<TAB>sha256`, then `<TAB>part=K/N,dim=D` for a TP part
   [[nodiscard]] std::string line() const {
-    return fmt::format("{}\t{}\t[{}]\t{}", name, format::name(type), fmt::join(shape, ","), sha256);
+    auto l = fmt::format("{}\t{}\t[{}]\t{}", name, format::name(type), fmt::join(shape, ","), sha256);
+    if (part.count > 1) l += fmt::format("\tpart={}/{},dim={}", part.index, part.count, part.dim);
+    return l;
   }
 };
 
@@ -49,7 +52,7 @@ class digest_sink {
       EVP_DigestFinal_ex(ctx.get(), md, &len);
       std::string hex;
       for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-      done_[v.name()] = {v.name(), v.dtype(), v.shape(), std::move(hex)};
+      done_[v.name()] = {v.name(), v.dtype(), v.part_shape(), std::move(hex), v.part};
       open_.erase(v.tensor);
     }
     return true;
