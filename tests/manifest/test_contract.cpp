@@ -136,6 +136,19 @@ TEST_CASE("keys are grouped per layer by the destination name and non-layer tens
   CHECK(c.contains({"model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.qkv_proj.weight", {{"shard_id", std::string("k")}}}));
 }
 
+TEST_CASE("a key lands in the layer of its destination, not of its source", "[manifest][contract]") {
+  // The pattern matches both names: the source alone would say layer 3.
+  tensor_ref a{"blk3.x", "blk3.x", 0, format::dtype::U8, {4}, 0, 4};
+  recorder rec([](tensor_view, application_log& log) { log.record("model.layers.5.y"); }, {R"((?:blk|layers\.)(\d+)\.)"});
+  CHECK(rec.grouping().layer_of("blk3.x") == 3);
+  rec.accept(view_of(a));
+  const auto c = rec.freeze();
+  CHECK(c.layer(3) == nullptr);
+  REQUIRE(c.layer(5) != nullptr);
+  CHECK(c.layer(5)->keys == std::set<application_key>{{"blk3.x", "model.layers.5.y", {}}});
+  CHECK(c.layer(5)->bytes == 4);
+}
+
 TEST_CASE("padding and derived destination buffers are never in the contract", "[manifest][contract]") {
   temp_dir dir;
   write_model(dir.path());
@@ -195,6 +208,20 @@ TEST_CASE("a contract round-trips through JSON", "[manifest][contract]") {
   const auto bad_selector = nlohmann::json::parse(
       R"j({"version":1,"layer_pattern":"x(\\d)","layers":[{"layer":0,"bytes":1,"keys":[{"source":"a","destination":"b","selectors":{"s":1.5}}]}]})j");
   CHECK_THROWS_AS(contract::from_json(bad_selector), contract_error);
+}
+
+TEST_CASE("a contract key without a source is refused when read", "[manifest][contract]") {
+  const auto no_source = nlohmann::json::parse(
+      R"({"version":1,"layer_pattern":"layers\\.(\\d+)\\.","layers":[{"layer":2,"bytes":1,"keys":[{"source":"","destination":"model.layers.2.y","selectors":{}}]}]})");
+  try {
+    (void)contract::from_json(no_source);
+    FAIL("a key without a source was read");
+  } catch (const contract_error& err) {
+    CHECK(std::string(err.what()) == R"(contract JSON: a key of layer 2 (destination 'model.layers.2.y') has an empty "source")");
+  }
+  auto ok = no_source;
+  ok["layers"][0]["keys"][0]["source"] = "model.layers.2.x";
+  CHECK(contract::from_json(ok).layer(2)->sources() == std::set<std::string>{"model.layers.2.x"});
 }
 
 TEST_CASE("a key names its source, destination and selectors", "[manifest][contract]") {

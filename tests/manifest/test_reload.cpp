@@ -4,7 +4,15 @@
 #include <utility>
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <numeric>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include <catch2/catch.hpp>
 
@@ -57,6 +65,23 @@ reload_options quiet(observer& o, bool require_all = true) {
 
 bool mentions(const std::vector<std::string>& ws, const std::string& what) {
   return std::any_of(ws.begin(), ws.end(), [&](const std::string& w) { return w.find(what) != std::string::npos; });
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+/// The engine's loader, declining the tensor named `decline` (a reload whose
+/// loader drops a contract tensor).
+struct declining_loader {
+  engine* e;
+  std::string decline;
+  bool operator()(tensor_view v, application_log& log) { return v.name() != decline && e->load(std::move(v), log); }
+};
+
+/// A contract recorded from `dir` by a loader that cannot decline.
+contract initial_load_void(const std::filesystem::path& dir) {
+  recorder rec([](tensor_view) {});
+  load(checkpoint::open(dir), rec);
+  return rec.freeze();
 }
 
 }  // namespace
@@ -205,23 +230,46 @@ TEST_CASE("layers complete out of order across an interleaved update", "[manifes
   }
   const std::string held = per_layer[2].back();
   per_layer[2].pop_back();
-  std::uint64_t max_incomplete_bytes = 0;
+
+  // The bound the design promises: the bytes of the layers still incomplete.
+  // Replay the arrival order against the contract to know it after every push
+  // (here each source's keys lie in the layer of its own name).
+  std::map<std::int64_t, std::set<std::string>> waiting;
+  for (const auto& [l, lc] : c.layers()) waiting[l] = lc.sources();
+  std::map<std::int64_t, std::uint64_t> pending_bytes;
+  std::uint64_t incomplete_bytes = 0;
+  std::uint64_t expected_peak = 0;
+  const auto push = [&](const std::string& n) {
+    const auto bytes = bytes_of(n, 1);
+    s.push(n, format::dtype::U8, shape_of(n), bytes);
+    const auto l = layer_grouping().layer_of(n);
+    pending_bytes[l] += bytes.size();
+    incomplete_bytes += bytes.size();
+    expected_peak = std::max(expected_peak, incomplete_bytes);
+    waiting.at(l).erase(n);
+    if (waiting.at(l).empty()) incomplete_bytes -= std::exchange(pending_bytes[l], 0);
+    INFO("after " << n);
+    CHECK(s.stats().buffered_bytes == incomplete_bytes);
+  };
   for (std::size_t i = 0; i < per_layer[0].size(); ++i)
     for (int l = n_layers - 1; l >= 0; --l)
-      if (i < per_layer[static_cast<std::size_t>(l)].size()) {
-        const auto& n = per_layer[static_cast<std::size_t>(l)][i];
-        s.push(n, format::dtype::U8, shape_of(n), bytes_of(n, 1));
-      }
-  for (const auto& n : others) s.push(n, format::dtype::U8, shape_of(n), bytes_of(n, 1));
+      if (i < per_layer[static_cast<std::size_t>(l)].size()) push(per_layer[static_cast<std::size_t>(l)][i]);
+  for (const auto& n : others) push(n);
   CHECK(o.published == std::vector<std::int64_t>{1, 0, non_layer});  // layer 1's last tensor comes before layer 0's
   CHECK_FALSE(s.published(2));
-  s.push(held, format::dtype::U8, shape_of(held), bytes_of(held, 1));
+  push(held);
   CHECK(o.published == std::vector<std::int64_t>{1, 0, non_layer, 2});
   s.finish();
-  // Peak: never more than the layers incomplete at once (here all three layers
-  // and the non-layer group could be pending together).
-  for (const auto& [l, lc] : c.layers()) max_incomplete_bytes += lc.bytes;
-  CHECK(s.stats().peak_buffered_bytes <= max_incomplete_bytes);
+
+  // The peak comes when layer 1's norm (its last tensor) arrives: all three
+  // layers are pending at once, layers 0 and 2 without their norms.
+  std::uint64_t model_bytes = 0;
+  for (const auto& [l, lc] : c.layers()) model_bytes += lc.bytes;
+  const auto layer_bytes = c.layer(0)->bytes;
+  INFO("peak " << s.stats().peak_buffered_bytes << ", expected " << expected_peak << ", model " << model_bytes);
+  CHECK(expected_peak == 3 * layer_bytes - 2 * hidden);
+  CHECK(s.stats().peak_buffered_bytes == expected_peak);
+  CHECK(s.stats().peak_buffered_bytes < model_bytes);
   CHECK(s.stats().buffered_bytes == 0);
 }
 
@@ -343,4 +391,248 @@ TEST_CASE("a session takes the next update after finish", "[manifest][reload]") 
   CHECK(o.published.size() == 2 * (n_layers + 1));
   CHECK(e.buffers.at("model.norm.weight") == bytes_of("model.norm.weight", 2));
   CHECK(o.warnings.empty());
+}
+
+TEST_CASE("a layer whose loader did not re-apply a contract key is never published", "[manifest][reload]") {
+  engine e;
+  const auto c = initial_load(e);
+  const std::string declined = "model.layers.1.self_attn.k_proj.weight";
+  const application_key key{declined, "model.layers.1.self_attn.qkv_proj.weight", {{"shard_id", std::string("k")}}};
+  observer o;
+  reload_session s(c, declining_loader{&e, declined}, publish_hook{&o}, quiet(o));
+  STATIC_REQUIRE(decltype(s)::can_decline);
+  std::vector<std::string> errors;
+  for (const auto& n : tensor_names()) {
+    try {
+      s.push(n, format::dtype::U8, shape_of(n), bytes_of(n, 1));
+    } catch (const contract_error& err) {
+      errors.push_back(err.what());
+    }
+  }
+  REQUIRE(errors.size() == 1);  // raised by layer 1's last tensor
+  INFO(errors.front());
+  CHECK(contains(errors.front(), "layer 1 was not published"));
+  CHECK(contains(errors.front(), "did not re-apply 1 contract key"));
+  CHECK(contains(errors.front(), to_string(key)));
+  // The publish hook never ran for layer 1; the other layers were published.
+  CHECK(o.published == std::vector<std::int64_t>{0, 2, non_layer});
+  CHECK_FALSE(s.published(1));
+  CHECK(s.stats().layers_published == n_layers);
+  CHECK(s.missing().at(1) == std::vector<application_key>{key});
+
+  SECTION("finish() reports it as incomplete") {
+    try {
+      s.finish();
+      FAIL("finish() accepted a layer whose publish was refused");
+    } catch (const contract_error& err) {
+      CHECK(contains(err.what(), "layer 1 is missing 1 key [" + to_string(key) + "]"));
+    }
+    REQUIRE(s.last_incomplete().size() == 1);
+    CHECK(s.last_incomplete().at(1) == std::vector<application_key>{key});
+    CHECK(s.stats().buffered_bytes == 0);
+    CHECK(o.published == std::vector<std::int64_t>{0, 2, non_layer});
+  }
+  SECTION("a later copy of the tensor, applied, publishes the layer") {
+    s.loader().decline.clear();
+    s.push(declined, format::dtype::U8, shape_of(declined), bytes_of(declined, 2));
+    CHECK(o.published == std::vector<std::int64_t>{0, 2, non_layer, 1});
+    CHECK_NOTHROW(s.finish());
+    CHECK(e.buffers.at("model.layers.1.self_attn.qkv_proj.weight")[hidden * hidden + 1] == pattern(declined, 1, 2));
+    CHECK(s.stats().buffered_bytes == 0);
+  }
+}
+
+TEST_CASE("a reload from a checkpoint refuses tensors a void loader cannot decline before reading any",
+          "[manifest][reload]") {
+  temp_dir dir;
+  write_model(dir.path(), 0, [](const std::string& n) { return !n.starts_with("lm_head"); });
+  const auto c = initial_load_void(dir.path());
+  std::vector<std::string> writes;
+  auto loader = [&writes](tensor_view v) { writes.push_back(v.name()); };
+  observer o;
+  reload_session s(c, loader, publish_hook{&o}, quiet(o));
+  STATIC_REQUIRE_FALSE(decltype(s)::can_decline);
+  load_progress progress;
+  load_options opt;
+  opt.progress = &progress;
+
+  // The whole model in file order, then the tensors outside the contract last:
+  // every layer would be complete (and published) before they arrive.
+  const std::string extra = "model.layers.1.mlp.extra_bias";
+  temp_dir up;
+  const auto file = up.path() / "model.safetensors";
+  const auto write_update = [&](bool with_extra) {
+    sluice::format::writer w;
+    for (const auto& n : tensor_names())
+      if (n != "lm_head.weight") w.add(n, format::dtype::U8, shape_of(n), bytes_of(n, 1));
+    if (with_extra) w.add(extra, format::dtype::U8, {4}, std::vector<std::byte>(4, std::byte{9}));
+    w.add("lm_head.weight", format::dtype::U8, shape_of("lm_head.weight"), bytes_of("lm_head.weight", 1));
+    w.write(file);
+  };
+
+  SECTION("every offending tensor is named with its file") {
+    write_update(true);
+    const auto ck = checkpoint::open(up.path());
+    REQUIRE(ck.tensors().back().name == "lm_head.weight");
+    try {
+      (void)s.reload(ck, opt);
+      FAIL("the out-of-contract tensors were not refused");
+    } catch (const contract_error& err) {
+      INFO(err.what());
+      CHECK(contains(err.what(), "2 tensors that are not in the contract and the loader cannot decline them"));
+      CHECK(contains(err.what(), "nothing was read or written"));
+      CHECK(contains(err.what(), fmt::format("tensor '{}' in file '{}'", extra, file.string())));
+      CHECK(contains(err.what(), fmt::format("tensor 'lm_head.weight' in file '{}'", file.string())));
+    }
+  }
+  SECTION("a single offending tensor is the error's tensor and file") {
+    write_update(false);
+    const auto ck = checkpoint::open(up.path());
+    REQUIRE(ck.tensors().back().name == "lm_head.weight");
+    try {
+      (void)s.reload(ck, opt);
+      FAIL("the out-of-contract tensor was not refused");
+    } catch (const contract_error& err) {
+      CHECK(err.tensor() == "lm_head.weight");
+      CHECK(err.file() == file.string());
+      CHECK(contains(err.what(), "not in the contract and the loader cannot decline it"));
+    }
+  }
+  // Nothing was read, offered to the loader, buffered or published.
+  CHECK(progress.total_tensors.load() == 0);  // load() never started
+  CHECK(progress.bytes_done.load() == 0);
+  CHECK(writes.empty());
+  CHECK(o.published.empty());
+  CHECK(s.stats().tensors == 0);
+  CHECK(s.stats().peak_buffered_bytes == 0);
+}
+
+TEST_CASE("a reload from a checkpoint within the contract loads and publishes it", "[manifest][reload]") {
+  temp_dir dir;
+  write_model(dir.path(), 0);
+  const auto c = initial_load_void(dir.path());
+  std::map<std::string, std::vector<std::byte>> written;
+  auto loader = [&written](tensor_view v) { written[v.name()].assign(v.bytes.begin(), v.bytes.end()); };
+  observer o;
+  reload_session s(c, loader, publish_hook{&o}, quiet(o));
+  CHECK_NOTHROW(s.check_update(checkpoint::open(dir.path())));
+  temp_dir up;
+  write_model(up.path(), 1);
+  const auto st = s.reload(checkpoint::open(up.path()));
+  CHECK(st.tensors == tensor_names().size());
+  CHECK(o.published.size() == n_layers + 1);
+  CHECK(written.at("lm_head.weight") == bytes_of("lm_head.weight", 1));
+  CHECK(s.last_incomplete().empty());  // load() ran finish()
+
+  // A loader that can decline has nothing to check up front.
+  reload_session d(c, [](tensor_view) { return false; });
+  sluice::format::writer w;
+  w.add("not.in.the.contract", format::dtype::U8, {1}, std::vector<std::byte>(1));
+  temp_dir other;
+  w.write(other.path() / "model.safetensors");
+  CHECK_NOTHROW(d.check_update(checkpoint::open(other.path())));
+}
+
+TEST_CASE("a plain load() into a session checks a void loader's tensors one at a time", "[manifest][reload]") {
+  // The documented limit of driving the session as a plain sink: a tensor
+  // outside the contract is refused on its first piece, after the layers the
+  // update completed before it were published. reload() checks up front.
+  temp_dir dir;
+  write_model(dir.path(), 0, [](const std::string& n) { return !n.starts_with("lm_head"); });
+  const auto c = initial_load_void(dir.path());
+  std::vector<std::string> writes;
+  auto loader = [&writes](tensor_view v) { writes.push_back(v.name()); };
+  observer o;
+  reload_session s(c, loader, publish_hook{&o}, quiet(o));
+  temp_dir up;
+  write_model(up.path(), 1);  // lm_head.weight is the last tensor
+  try {
+    (void)load(checkpoint::open(up.path()), s);
+    FAIL("the out-of-contract tensor was not refused");
+  } catch (const contract_error& err) {
+    CHECK(err.tensor() == "lm_head.weight");
+  }
+  CHECK(std::count(writes.begin(), writes.end(), "lm_head.weight") == 0);
+  CHECK(o.published.size() == n_layers + 1);  // every group was complete before it
+}
+
+TEST_CASE("a source tensor counts towards the layer of its destination", "[manifest][reload]") {
+  // The loader puts `blk3.x` into layer 5; the pattern would put its source name in layer 3.
+  auto loader = [](tensor_view v, application_log& log) {
+    log.record(v.name() == "blk3.x" ? "model.layers.5.y" : v.name());
+    return true;
+  };
+  const std::string pattern_both = R"((?:blk|layers\.)(\d+)\.)";
+  tensor_ref a{"blk3.x", "blk3.x", 0, format::dtype::U8, {4}, 0, 4};
+  tensor_ref b{"model.layers.5.z", "model.layers.5.z", 0, format::dtype::U8, {4}, 4, 4};
+  recorder rec(loader, {pattern_both});
+  for (const auto* t : {&a, &b}) {
+    tensor_view v;
+    v.tensor = t;
+    v.kind = view_kind::metadata;
+    REQUIRE(rec.accept(std::move(v)));
+  }
+  const auto c = rec.freeze();
+  REQUIRE(c.layer(5) != nullptr);
+  CHECK(c.layer(3) == nullptr);
+
+  observer o;
+  reload_session s(c, loader, publish_hook{&o}, quiet(o));
+  s.push("blk3.x", format::dtype::U8, {4}, std::vector<std::byte>(4, std::byte{1}));
+  CHECK(o.published.empty());  // layer 5 still waits for model.layers.5.z
+  CHECK(s.missing().at(5) == std::vector<application_key>{{"model.layers.5.z", "model.layers.5.z", {}}});
+  s.push("model.layers.5.z", format::dtype::U8, {4}, std::vector<std::byte>(4, std::byte{2}));
+  CHECK(o.published == std::vector<std::int64_t>{5});
+  CHECK_NOTHROW(s.finish());
+  CHECK(o.warnings.empty());  // blk3.x was no extra: its key is layer 5's
+}
+
+TEST_CASE("a tensor whose pieces do not add up to its size is refused at its last piece", "[manifest][reload]") {
+  engine e;
+  const auto c = initial_load(e);
+  observer o;
+  reload_session s(c, engine_loader{&e}, publish_hook{&o}, quiet(o));
+  const std::string name = "model.layers.0.input_layernorm.weight";
+  // Every other tensor of layer 0 first: this one completes the layer.
+  for (const auto& src : c.layer(0)->sources())
+    if (src != name) s.push(src, format::dtype::U8, shape_of(src), bytes_of(src, 1));
+  const auto buffered = s.stats().buffered_bytes;
+  tensor_ref t{name, name, 0, format::dtype::U8, {hidden}, 0, hidden};
+  const auto src = bytes_of(name, 1);
+  const auto piece = [&](std::uint64_t offset, std::size_t n) {
+    tensor_view v;
+    v.tensor = &t;
+    v.offset = offset;
+    v.bytes = std::span<const std::byte>(src).subspan(offset, n);
+    return v;
+  };
+  std::string message;
+  SECTION("short: a piece is missing") {
+    CHECK(s.accept(piece(0, 2)));
+    try {
+      s.accept(piece(4, 4));  // bytes [2, 4) never came
+    } catch (const contract_error& err) {
+      message = err.what();
+      CHECK(err.tensor() == name);
+    }
+    INFO(message);
+    CHECK(contains(message, "held 6 bytes at its last piece, but the tensor has 8 (a piece is missing)"));
+  }
+  SECTION("overlong: pieces overlap") {
+    CHECK(s.accept(piece(0, 6)));
+    try {
+      s.accept(piece(4, 4));
+    } catch (const contract_error& err) {
+      message = err.what();
+      CHECK(err.tensor() == name);
+    }
+    INFO(message);
+    CHECK(contains(message, "held 10 bytes at its last piece, but the tensor has 8 (pieces overlap)"));
+  }
+  CHECK(contains(message, "tensor '" + name + "'"));
+  CHECK(o.published.empty());  // the layer was not completed by it
+  CHECK(s.stats().buffered_bytes == buffered);  // its buffer was freed
+  // The whole tensor afterwards completes the layer.
+  s.push(name, format::dtype::U8, {hidden}, src);
+  CHECK(o.published == std::vector<std::int64_t>{0});
 }

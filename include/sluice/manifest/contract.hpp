@@ -222,7 +222,8 @@ class contract {
     return {{"version", 1}, {"layer_pattern", pattern_}, {"layers", std::move(layers)}};
   }
 
-  /// Parses to_json()'s form. Throws contract_error naming what is wrong.
+  /// Parses to_json()'s form. Throws contract_error naming what is wrong
+  /// (a missing field, a selector neither integer nor string, an empty source).
   [[nodiscard]] static contract from_json(const nlohmann::json& j) {
     try {
       if (!j.is_object() || j.value("version", 0) != 1)
@@ -235,6 +236,11 @@ class contract {
         lc.bytes = lj.at("bytes").get<std::uint64_t>();
         for (const auto& kj : lj.at("keys")) {
           application_key k{kj.at("source").get<std::string>(), kj.at("destination").get<std::string>(), {}};
+          // why: a reload routes tensors by their source name; a key without
+          // one could never be met and would hold its layer back forever.
+          if (k.source.empty())
+            throw contract_error(fmt::format("contract JSON: a key of {} (destination '{}') has an empty \"source\"",
+                                             layer_name(l), k.destination));
           for (const auto& [name, v] : kj.at("selectors").items()) {
             if (v.is_number_integer())
               k.select.emplace(name, v.get<std::int64_t>());

@@ -18,14 +18,36 @@
 /// contract. A tensor no key names is offered to a loader that can decline
 /// with its layer's tensors (declining it is silent: an expert-parallel rank
 /// declines the experts it does not own, as in the initial load; accepting it
-/// is an extra application, warned). A tensor outside the contract
-/// offered to a loader that cannot decline (returns void) is a contract_error
-/// raised on its first byte, before anything is written. `finish()` ends the
-/// update: a layer whose contract is not met is never published, and
-/// contract_error names each such layer and its missing keys.
+/// is an extra application, warned).
+///
+/// A tensor outside the contract offered to a loader that cannot decline
+/// (returns void) is a contract_error, checked at two points:
+/// - an update read from a checkpoint with `reload(checkpoint)` (or checked
+///   with `check_update(checkpoint)` before a `load_async`) is checked as a
+///   whole before any byte is read: the error names every such tensor and its
+///   file, and nothing is buffered, offered to the loader or published;
+/// - a tensor pushed by the engine (`push`), or a view handed to `accept` (as
+///   when `sluice::load(ck, session)` drives the session as a plain sink), is
+///   checked on its own first piece: nothing of it is buffered or written, but
+///   layers the update completed before it were already published.
+///
+/// An incomplete layer is never published: the publish hook runs only once
+/// the loader re-applied every key of the layer's contract. A layer whose
+/// loader did not re-apply some key (it declined a contract tensor, or applied
+/// it under another key) is not published: contract_error names the layer and
+/// each key, the layer keeps its buffers and those keys stay missing (a later
+/// copy of their tensor retries the layer), and `finish()` reports it.
+/// `finish()` ends the update: a layer whose contract is not met is never
+/// published, and contract_error names each such layer and its missing keys.
+/// A tensor whose pieces do not add up to its size when its last piece
+/// arrives (a piece missing or overlapping) is a contract_error naming the
+/// tensor and both byte counts; nothing of it is kept.
 ///
 /// Routing trusts the loader to be deterministic: the keys a tensor satisfies
-/// are the ones it produced in the initial load. An extra tensor is routed to
+/// are the ones it produced in the initial load. Keys were grouped into layers
+/// by their *destination* name, so a source tensor counts towards the layers
+/// its keys' destinations belong to, whatever its own name (`blk3.x` loaded
+/// into `model.layers.5.y` completes layer 5). An extra tensor is routed to
 /// the layer its own name matches with the contract's layer pattern (dropped
 /// with a warning when that layer is absent or already published).
 
@@ -82,8 +104,9 @@ struct no_publish_hook {
 };
 
 /// See the file comment. `OnPublish` is called as `on_publish(layer_contract)`
-/// after the layer's tensors were offered to the loader, before its buffers
-/// are freed.
+/// after the layer's tensors were offered to the loader and it re-applied
+/// every key of the layer's contract, before its buffers are freed; never for
+/// an incomplete layer.
 template <recordable_loader F, class OnPublish = no_publish_hook>
   requires std::invocable<OnPublish&, const layer_contract&>
 class reload_session {
@@ -112,7 +135,12 @@ class reload_session {
 
   /// Sink: copies the view's bytes (a whole tensor or an ordered piece) and
   /// publishes every layer this completes. Returns false for a dropped extra
-  /// and for metadata views (nothing to buffer).
+  /// and for metadata views (nothing to buffer). Throws contract_error for a
+  /// tensor outside the contract when the loader cannot decline (on its first
+  /// piece), for a piece that overruns its tensor, for a tensor whose pieces do
+  /// not add up to its size at its last piece, and for a layer the loader did
+  /// not fully re-apply (see the file comment); the offending tensor's buffer is
+  /// freed.
   bool accept(tensor_view v) {
     if (v.kind == view_kind::metadata) return false;
     const std::string& name = v.name();
@@ -134,15 +162,26 @@ class reload_session {
     auto it = partial_.find(name);
     if (it == partial_.end()) return false;  // a piece of a dropped tensor
     auto& b = *it->second.buf;
-    if (v.offset + v.bytes.size() > b.ref.size)
-      throw contract_error(fmt::format("a piece of tensor '{}' at offset {} ({} bytes) overruns its size {}", name, v.offset,
-                                       v.bytes.size(), b.ref.size),
-                           {"", name});
+    if (v.offset + v.bytes.size() > b.ref.size) {
+      const auto detail = fmt::format("a piece at offset {} ({} bytes) overruns the tensor's size {}; the tensor is dropped",
+                                      v.offset, v.bytes.size(), b.ref.size);
+      drop_partial(it);
+      throw contract_error(detail, {"", name});
+    }
     if (!v.bytes.empty()) std::memcpy(b.data.bytes().data() + v.offset, v.bytes.data(), v.bytes.size());
     b.filled += v.bytes.size();
     const bool done = v.last();
     v = tensor_view{};  // drop the lease before publishing (it may be a staging slot)
     if (done) {
+      // why: last() only says this piece ends at the tensor's end; a piece
+      // missing before it (short) or pieces overlapping (overlong) would
+      // otherwise publish a tensor with bytes nobody wrote.
+      if (b.filled != b.ref.size) {
+        const auto detail = fmt::format("its pieces held {} bytes at its last piece, but the tensor has {} ({}); the tensor is dropped",
+                                        b.filled, b.ref.size, b.filled < b.ref.size ? "a piece is missing" : "pieces overlap");
+        drop_partial(it);
+        throw contract_error(detail, {"", name});
+      }
       auto p = std::move(it->second);
       partial_.erase(it);
       complete(std::move(p));
@@ -150,7 +189,57 @@ class reload_session {
     return true;
   }
 
-  /// Pushes a tensor the engine holds (copied); same rules as accept().
+  /// Checks an update about to be read from `update` against the contract,
+  /// before any byte of it is read. For a loader that cannot decline, every
+  /// tensor of `update` that no contract key names is an error: throws
+  /// contract_error naming each such tensor and its file (a single one is the
+  /// error's tensor and file). For a loader that can decline there is nothing
+  /// to check (extras are declined or absorbed when they arrive). Changes
+  /// nothing in the session.
+  void check_update(const checkpoint& update) const {
+    if constexpr (!can_decline) {
+      std::vector<const tensor_ref*> outside;
+      for (const auto& t : update.tensors())
+        if (!routes_.contains(t.name)) outside.push_back(&t);
+      if (outside.empty()) return;
+      const auto file_of = [&update](const tensor_ref& t) {
+        return t.shard < update.shards().size() ? update.shards()[t.shard].uri : std::string();
+      };
+      if (outside.size() == 1)
+        throw contract_error("the update holds a tensor that is not in the contract and the loader cannot decline it "
+                             "(it returns void); nothing was read or written",
+                             {file_of(*outside.front()), outside.front()->name});
+      std::string list;
+      for (std::size_t i = 0; i < outside.size(); ++i)
+        list += fmt::format("{}tensor '{}' in file '{}'", i ? "; " : "", outside[i]->name, file_of(*outside[i]));
+      throw contract_error(fmt::format("the update holds {} tensors that are not in the contract and the loader cannot "
+                                       "decline them (it returns void); nothing was read or written: {}",
+                                       outside.size(), list));
+    }
+  }
+
+  /// Reads the update `update` into the session with `sluice::load` after
+  /// check_update(update): an update a loader that cannot decline would have to
+  /// refuse part-way is refused before any byte is read. `args` are the rest of
+  /// load()'s arguments (none, a load_options, or a staging_pool& and a
+  /// load_options); load() calls finish() after the last tensor. Returns
+  /// load()'s load_stats. The blocking load() is in <sluice/load_file.hpp>
+  /// (the sluice::uring component): include it where this is called. For
+  /// another source, call check_update() and then load_async().
+  template <class... Args>
+  auto reload(const checkpoint& update, Args&&... args) {
+    check_update(update);
+    // why: unqualified and dependent on *this, so it is looked up (by ADL, in
+    // sluice::) where reload() is instantiated: this header stays free of the
+    // io_uring component.
+    return load(update, *this, std::forward<Args>(args)...);
+  }
+
+  /// Pushes a tensor the engine holds (copied); same rules as accept(). The
+  /// engine pushes one tensor at a time, so there is no update to check up
+  /// front: a tensor outside the contract for a loader that cannot decline is
+  /// refused here, on its own (nothing of it is buffered or written; layers
+  /// completed before it stay published).
   bool push(std::string name, format::dtype type, std::vector<std::uint64_t> shape, std::span<const std::byte> bytes) {
     tensor_ref ref;
     ref.name = name;
@@ -164,9 +253,11 @@ class reload_session {
     return accept(std::move(v));
   }
 
-  /// Ends the update. Layers whose contract is not met are not published and
-  /// their buffers are freed; throws contract_error naming each of them and
-  /// its missing keys. The session then takes the next update.
+  /// Ends the update. Layers whose contract is not met (keys that never
+  /// arrived, or that the loader did not re-apply when the layer's publish
+  /// was refused) are not published and their buffers are freed; throws
+  /// contract_error naming each of them and its missing keys. The session
+  /// then takes the next update.
   void finish() {
     for (auto& [name, p] : partial_) {
       warn(fmt::format("tensor '{}' ended after {} of {} bytes; dropped", name, p.buf->filled, p.buf->ref.size));
@@ -254,6 +345,12 @@ class reload_session {
     warnings_.push_back(std::move(msg));
   }
 
+  /// Forgets a tensor whose pieces are still arriving and frees its bytes.
+  void drop_partial(typename std::map<std::string, pending, std::less<>>::iterator it) {
+    release(it->second.buf);
+    partial_.erase(it);
+  }
+
   void release(const std::shared_ptr<buffer>& b) {
     if (b->holders > 0) --b->holders;
     if (b->holders == 0 && !b->released) {
@@ -266,8 +363,11 @@ class reload_session {
   route route_of(const std::string& name) {
     if (auto it = routes_.find(name); it != routes_.end()) return {it->second, false};
     if constexpr (!can_decline) {
+      // why: one tensor at a time (push, or a plain load() into the session);
+      // layers completed earlier in the update stay published. reload() and
+      // check_update() check a whole checkpoint before anything is read.
       throw contract_error(fmt::format("tensor '{}' is not in the contract and the loader cannot decline it (it returns "
-                                       "void); nothing was written",
+                                       "void); nothing of it was written",
                                        name),
                            {"", name});
     } else {
@@ -336,18 +436,23 @@ class reload_session {
     std::vector<application_key> not_applied;
     for (const auto& k : lc.keys)
       if (!done.contains(k)) not_applied.push_back(k);
+    if (!not_applied.empty()) {
+      // why: the publish hook is where the engine switches to the new weights;
+      // a layer missing keys must never reach it. The keys stay missing (and
+      // the buffers held) so finish() reports the layer, or a later copy of
+      // their tensor retries it.
+      st.remaining.insert(not_applied.begin(), not_applied.end());
+      std::string keys;
+      for (std::size_t i = 0; i < not_applied.size(); ++i) keys += (i ? "; " : "") + to_string(not_applied[i]);
+      throw contract_error(fmt::format("{} was not published: the loader did not re-apply {} contract {} on reload: [{}]",
+                                       layer_name(l), not_applied.size(), not_applied.size() == 1 ? "key" : "keys", keys));
+    }
     on_publish_(lc);
     for (auto& e : st.entries) release(e);
     st.entries.clear();
     st.extra.clear();
     st.published = true;
     ++stats_.layers_published;
-    if (!not_applied.empty()) {
-      std::string keys;
-      for (std::size_t i = 0; i < not_applied.size(); ++i) keys += (i ? "; " : "") + to_string(not_applied[i]);
-      throw contract_error(fmt::format("{}: the loader did not re-apply {} contract {} on reload: [{}]", layer_name(l),
-                                       not_applied.size(), not_applied.size() == 1 ? "key" : "keys", keys));
-    }
   }
 
   contract contract_;
