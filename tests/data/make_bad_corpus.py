@@ -131,6 +131,16 @@ INDEX_CASES = [
 ]
 
 
+# Index seeds whose total_size does not fit in uint64 (kept byte for byte as
+# first committed: the corpus is rewritten from this script).
+INDEX_SEEDS_BEYOND_UINT64 = {
+    "total_size_beyond_uint64.json":
+        (json.dumps(index({"x": S2}, total=2184467440737095516157), indent=2) + "\n").encode(),
+    "total_size_digits_beyond_uint64.json":
+        (json.dumps(index({"x": S1}, total="9" * 23), separators=(",", ":")) + "\n").encode(),
+}
+
+
 def main():
     shutil.rmtree(BAD, ignore_errors=True)
     os.makedirs(BAD)
@@ -162,6 +172,10 @@ def main():
         write(os.path.join(FUZZ, "index", case), text)
     write(os.path.join(FUZZ, "index", "good"), json.dumps(index(GOOD_MAP)).encode())
     write(os.path.join(FUZZ, "index", "good-string-total"), json.dumps(index(GOOD_MAP, total="27")).encode())
+    # total_size past 2^64, as a number and as a string of digits (fuzz_index
+    # found UB converting 2.18e21 to uint64): must stay index_error, not UB.
+    for name, text in INDEX_SEEDS_BEYOND_UINT64.items():
+        write(os.path.join(FUZZ, "index", name), text)
     print(f"wrote {len(HEADER_CASES)} header cases and {len(INDEX_CASES)} index cases to {BAD}")
 
 

@@ -4,7 +4,8 @@
 check_inspect.py report INSPECT PATH SEED
     Runs `INSPECT PATH --json` and compares it with what this script reads from
     the files itself: tensor count, tensor bytes, tensors and bytes per dtype,
-    per shard, and the header bytes read (index + 8 + N per shard). Then checks
+    per class (the DeepSeek preset's rules, recomputed here by name), per
+    shard, and the header bytes read (index + 8 + N per shard). Then checks
     the bytes of a few tensors against the generator's content function
     (splitmix64 per 8-byte word of (seed, name)).
 check_inspect.py report-one INSPECT DIR SEED
@@ -18,6 +19,7 @@ check_inspect.py error INSPECT PATH RULE FILE [TENSOR]
 """
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -26,6 +28,21 @@ M64 = (1 << 64) - 1
 SIZES = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
          "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
          "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64}
+
+
+# The classifier's DeepSeek preset (include/sluice/policy/classify.hpp,
+# classifier::deepseek()): a shared table first, then a routed expert, else
+# replicated; patterns are searched in the tensor's name as stored in the file.
+TABLE = re.compile(r"engram\.\d+\.(table|scale)$")
+EXPERT = re.compile(r"mlp\.experts\.(\d+)\.")
+
+
+def tensor_class(name):
+    if TABLE.search(name):
+        return "shared_table"
+    if EXPERT.search(name):
+        return "routed_expert"
+    return "replicated"
 
 
 def mix(z):
@@ -77,7 +94,7 @@ def report(inspect, path, seed):
         ix = None
         files = [path]
         header_read = 0
-    count, total, per_dtype, per_shard, tensors = 0, 0, {}, [], []
+    count, total, per_dtype, per_class, per_shard, tensors = 0, 0, {}, {}, [], []
     for fp in files:
         n, hdr = read_header(fp)
         header_read += 8 + n
@@ -95,6 +112,9 @@ def report(inspect, path, seed):
             d = per_dtype.setdefault(t["dtype"], {"tensors": 0, "bytes": 0})
             d["tensors"] += 1
             d["bytes"] += size
+            c = per_class.setdefault(tensor_class(name), {"tensors": 0, "bytes": 0})
+            c["tensors"] += 1
+            c["bytes"] += size
             tensors.append((fp, 8 + n + t["data_offsets"][0], name, size))
         per_shard.append({"name": os.path.basename(fp), "tensors": len(hdr), "tensor_bytes": shard_bytes})
     if ix is not None and int(ix["metadata"]["total_size"]) != total:
@@ -105,7 +125,7 @@ def report(inspect, path, seed):
         "header_bytes_read": (got["header_bytes_read"], header_read),
         "dtypes": (got["dtypes"], per_dtype),
         "shards": ([{k: s[k] for k in ("name", "tensors", "tensor_bytes")} for s in got["shards"]], per_shard),
-        "classes total": (sum(c["tensors"] for c in got["classes"].values()), count),
+        "classes": (got["classes"], per_class),
     }
     for what, (a, b) in checks.items():
         if a != b:
@@ -117,7 +137,8 @@ def report(inspect, path, seed):
             data = f.read(min(size, 4096))
         if data != content(seed, name, len(data)):
             fail(f"{fp}: bytes of {name} are not the generator's")
-    print(f"check_inspect: ok: {count} tensors, {total} bytes, {len(per_dtype)} dtypes, {header_read} header bytes")
+    print(f"check_inspect: ok: {count} tensors, {total} bytes, {len(per_dtype)} dtypes, {len(per_class)} classes, "
+          f"{header_read} header bytes")
 
 
 def digests(path, listing):

@@ -1,5 +1,7 @@
 #include <cstring>
 #include <numeric>
+#include <set>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -38,6 +40,10 @@ TEST_CASE("a written file parses back with the same tensors, bytes and metadata"
 
   const auto h = parse_file(dir.path() / "x.safetensors");
   REQUIRE(h.tensors.size() == 4);
+  // A default-constructed writer aligns the data section to 8 bytes, so the
+  // first tensor's bytes start at an 8-byte file offset.
+  CHECK(h.data_start() % 8 == 0);
+  CHECK((h.data_start() + h.find("a")->begin) % 8 == 0);
   CHECK(h.metadata.at("format") == "pt");
   CHECK(h.find("a")->begin == 0);
   CHECK(h.find("b")->begin == 12);
@@ -59,6 +65,31 @@ TEST_CASE("the data section starts at a multiple of the alignment, 8 by default"
     CHECK(h.data_start() % align == 0);
     CHECK(w.header_json().size() + 8 == h.data_start());
   }
+}
+
+TEST_CASE("a default-constructed writer pads the header to 8 bytes whatever the JSON's length", "[format][writer]") {
+  temp_dir dir;
+  // Names of 1..8 characters give unpadded headers of eight different lengths
+  // mod 8: at most one of them could be aligned without the padding.
+  std::set<std::uint64_t> unpadded_mod8;
+  for (std::size_t len = 1; len <= 8; ++len) {
+    writer w;
+    const std::string name(len, 'n');
+    w.add(name, dtype::U8, {3}, std::vector<std::byte>(3, std::byte{9}));
+    w.write(dir.path() / "d.safetensors");
+    const auto bytes = read_file(dir.path() / "d.safetensors");
+    const auto h = parse_file(dir.path() / "d.safetensors");
+    CAPTURE(len, w.header_json());
+    std::string json = w.header_json();
+    unpadded_mod8.insert((8 + json.erase(json.find_last_not_of(' ') + 1).size()) % 8);
+    CHECK(h.data_start() % 8 == 0);
+    REQUIRE(h.find(name) != nullptr);
+    const auto at = h.data_start() + h.find(name)->begin;   // the tensor's offset in the file
+    CHECK(at % 8 == 0);
+    REQUIRE(bytes.size() == at + 3);
+    CHECK(bytes[at] == std::byte{9});
+  }
+  CHECK(unpadded_mod8.size() == 8);
 }
 
 TEST_CASE("the writer refuses tensors a reader would reject", "[format][writer]") {

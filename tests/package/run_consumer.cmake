@@ -1,16 +1,28 @@
 # Installs the build tree into a scratch prefix, then configures, builds and
-# runs tests/package/consumer against it.
+# runs tests/package/consumer against it, with the build's compiler, compiler
+# launcher, build type and compile/link flags (BIN SRC CXX LAUNCHER BUILD_TYPE
+# CXX_FLAGS EXE_LINKER_FLAGS).
 set(prefix ${BIN}/package-test/prefix)
 set(build ${BIN}/package-test/consumer)
 file(REMOVE_RECURSE ${BIN}/package-test)
-foreach(step
-    "${CMAKE_COMMAND};--install;${BIN};--prefix;${prefix}"
-    "${CMAKE_COMMAND};-S;${SRC};-B;${build};-G;Ninja;-DCMAKE_CXX_COMPILER=${CXX};-DCMAKE_PREFIX_PATH=${prefix};-DCMAKE_BUILD_TYPE=Release"
-    "${CMAKE_COMMAND};--build;${build}"
-    "${build}/consumer;${build}")
-  execute_process(COMMAND ${step} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT BUILD_TYPE)
+  set(BUILD_TYPE Release)
+endif()
+set(configure ${CMAKE_COMMAND} -S ${SRC} -B ${build} -G Ninja -DCMAKE_CXX_COMPILER=${CXX}
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+    "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXE_LINKER_FLAGS}")
+if(LAUNCHER)
+  list(APPEND configure -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
+endif()
+# One step per variable: a step is a command line (a list).
+set(step_install ${CMAKE_COMMAND} --install ${BIN} --prefix ${prefix})
+set(step_configure ${configure})
+set(step_build ${CMAKE_COMMAND} --build ${build})
+set(step_run ${build}/consumer ${build})
+foreach(step IN ITEMS step_install step_configure step_build step_run)
+  execute_process(COMMAND ${${step}} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("${out}")
   if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "step failed (${rc}): ${step}\n${err}")
+    message(FATAL_ERROR "step failed (${rc}): ${${step}}\n${err}")
   endif()
 endforeach()
