@@ -8,10 +8,11 @@
 //   bench-plan [--size GIB] [--reps N] [--offload none|per-rank|shared-single|shared-cooperative]
 //              [--topologies tp1,dp8,ep8:tp8:tp8,ep8:tp4,pp2]
 //
-// "recv kept": bytes of tensors the rank owns that other ranks read (what it
-// must receive). "recv wire": bytes the window exchange delivers to the rank
-// (the exchange is one world-wide collective per window, so a rank receives
-// every exchanged byte it did not read itself, owned or not).
+// "kept": bytes the rank holds of the tensors it owns (its TP part of split
+// tensors; shared tables not counted). "received" / "sent": bytes the window
+// exchanges carry to / from it (load_plan::received_bytes, sent_bytes): each
+// slice goes from its reader to the ranks that keep it and to no other, so a
+// rank receives exactly what it keeps but did not read.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -118,27 +119,22 @@ int main(int argc, char** argv) try {
       secs.push_back(std::chrono::duration<double>(clock::now() - a).count());
     }
     std::sort(secs.begin(), secs.end());
-    std::vector<std::uint64_t> kept(p.world, 0), wire(p.world, 0), owned(p.world, 0);
+    std::vector<std::uint64_t> kept(p.world, 0);
+    std::uint64_t split_rows = 0, split_columns = 0;
     for (const auto& e : p.entries) {
       if (e.shared()) continue;
-      for (auto r : e.owners.members()) owned[r] += e.info.size;
-      for (const auto& rd : e.reads) {
-        if (!rd.exchanged) continue;
-        for (std::size_t q = 0; q < p.world; ++q) {
-          if (q == rd.reader) continue;
-          wire[q] += rd.size;
-          if (e.owners.contains(static_cast<policy::rank_t>(q))) kept[q] += rd.size;
-        }
-      }
+      for (auto r : e.owners.members()) kept[r] += p.kept_bytes(e);
+      split_rows += e.split == policy::tp_split::rows, split_columns += e.split == policy::tp_split::columns;
     }
-    fmt::print("{} ({}): plan {:.3f} s best, {:.3f} s median; {} windows; read imbalance {:.3f}; shared segment {:.1f} GiB/node\n",
+    fmt::print("{} ({}): plan {:.3f} s best, {:.3f} s median; {} windows; read imbalance {:.3f}; shared segment {:.1f} GiB/node; "
+               "TP split: {} by rows, {} by columns\n",
                name, p.topology_string(), secs.front(), secs[secs.size() / 2], p.windows, p.read_imbalance(),
-               static_cast<double>(p.shared_bytes) / gib);
-    fmt::print("  {:>4} {:>5} {:>10} {:>12} {:>12} {:>12}\n", "rank", "stage", "read GiB", "owned GiB", "recv kept", "recv wire");
+               static_cast<double>(p.shared_bytes) / gib, split_rows, split_columns);
+    fmt::print("  {:>4} {:>5} {:>10} {:>10} {:>12} {:>10}\n", "rank", "stage", "read GiB", "kept GiB", "received GiB", "sent GiB");
     for (std::size_t r = 0; r < p.world; ++r)
-      fmt::print("  {:>4} {:>5} {:>10.2f} {:>12.2f} {:>12.2f} {:>12.2f}\n", r, p.stage_of(static_cast<policy::rank_t>(r)),
-                 static_cast<double>(p.read_bytes[r]) / gib, static_cast<double>(owned[r]) / gib,
-                 static_cast<double>(kept[r]) / gib, static_cast<double>(wire[r]) / gib);
+      fmt::print("  {:>4} {:>5} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f}\n", r, p.stage_of(static_cast<policy::rank_t>(r)),
+                 static_cast<double>(p.read_bytes[r]) / gib, static_cast<double>(kept[r]) / gib,
+                 static_cast<double>(p.received_bytes[r]) / gib, static_cast<double>(p.sent_bytes[r]) / gib);
     fmt::print("\n");
   }
   fmt::print("reproduce: {} --size {} --reps {} --offload {} --topologies {}\n", argv[0], size_gib, reps,

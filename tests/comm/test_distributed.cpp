@@ -275,6 +275,7 @@ TEST_CASE("TP4: row and column parts, one rank per part", "[comm][distributed][t
   auto o = small_options();
   o.plan.split_bytes = 4u << 10;
   check_load(4, "tp4,dp1,ep2", "per-rank", o);
+  check_load(4, "tp4,dp1,ep1", "shared-cooperative", o);  // no EP: experts split by TP too
 }
 
 TEST_CASE("TP2 x PP2: parts within each stage, stages apart", "[comm][distributed][tp][pp]") {

@@ -152,6 +152,24 @@ TEST_CASE("TP2: row-split weights plan one read per TP part, by a rank that keep
   REQUIRE(p.read_imbalance() <= 1.05);
 }
 
+TEST_CASE("TP without EP: every TP rank keeps a part of every routed expert", "[policy][plan][topology]") {
+  const auto tensors = deepseek_like(64u << 20);
+  const auto p = make_plan(tensors, classifier::deepseek(), 4, 2, 1, offload_kind::none);
+  std::size_t split = 0;
+  for (const auto& e : p.entries) {
+    if (e.info.cls != tensor_class::routed_expert || !e.info.name.ends_with("proj.weight")) continue;
+    REQUIRE(e.owners.size() == 8);
+    REQUIRE(e.split == (e.info.name.find("down_proj") != std::string::npos ? tp_split::columns : tp_split::rows));
+    ++split;
+  }
+  REQUIRE(split > 0);
+  // With EP, experts stay whole on their EP rank.
+  const auto q = make_plan(tensors, classifier::deepseek(), 4, 2, 8, offload_kind::none);
+  for (const auto& e : q.entries)
+    if (e.info.cls == tensor_class::routed_expert) REQUIRE(e.split == tp_split::none);
+  require_reads_tile(p);
+}
+
 TEST_CASE("TP: a column split sends each rank its columns of the rows read, packed", "[policy][plan][topology]") {
   std::vector<tensor_info> tensors{{"model.layers.0.self_attn.o_proj.weight", 64 * 32 * 2, {64, 32}},
                                    {"model.layers.0.mlp.down_proj.weight", 64 * 30 * 2, {64, 30}},  // 30 % 4: whole

@@ -286,7 +286,23 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
   reader_balancer bal(p.world);
   std::vector<rank_set> stage_sets;  // index k + 1: stage k; 0: every stage
   for (std::int32_t k = -1; k < static_cast<std::int32_t>(p.pp); ++k) stage_sets.push_back(stage_ranks(k));
-  struct pending { std::size_t entry, read; rank_set eligible; };
+  // Who may read a pending read: the entry's owners (set < 0) or sets[set]
+  // (a node's ranks; a stage's keepers of one TP part), shared by many reads.
+  std::vector<rank_set> sets;
+  for (std::size_t n = 0; n < p.nodes(); ++n) {  // sets[n]: node n
+    rank_set node(p.world);
+    for (std::size_t r = 0; r < p.local_size; ++r) node.insert(static_cast<rank_t>(n * p.local_size + r));
+    sets.push_back(std::move(node));
+  }
+  const auto keepers_base = sets.size();  // sets[keepers_base + (stage + 1) * tp + part]
+  for (const auto& st : stage_sets)
+    for (std::size_t k = 0; k < p.tp; ++k) {
+      rank_set keep(p.world);
+      for (auto q : st.members())
+        if (p.tp_rank(q) == k) keep.insert(q);
+      sets.push_back(std::move(keep));
+    }
+  struct pending { std::size_t entry, read; std::ptrdiff_t set; };
   std::vector<pending> greedy;
   p.entries.reserve(tensors.size());
   std::uint64_t seg = 0;
@@ -307,7 +323,6 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
             for (std::size_t r = block; r < p.stage_size(); r += p.ep)
               e.owners.insert(static_cast<rank_t>(k * p.stage_size() + r));
         e.owner_destination = destination::device;
-        if (size) add_read(0, size);
         break;
       }
       case tensor_class::shared_table:
@@ -321,9 +336,14 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
         e.owner_destination = destination::device;
         break;
     }
-    if (p.tp > 1 && e.info.cls == tensor_class::replicated) e.split = cls.split(e.info, p.tp);
-    if (e.info.cls != tensor_class::routed_expert && size) {
-      if (e.shared()) {
+    // TP parts: replicated weights, and routed experts when there is no
+    // expert parallelism (EP=1: every TP rank holds a part of every expert).
+    if (p.tp > 1 && (e.info.cls == tensor_class::replicated || (e.info.cls == tensor_class::routed_expert && p.ep == 1)))
+      e.split = cls.split(e.info, p.tp);
+    if (size) {
+      if (e.info.cls == tensor_class::routed_expert && e.split == tp_split::none) {
+        add_read(0, size);  // its reader: below, an owner
+      } else if (e.shared()) {
         e.shared_offset = seg;
         seg = (seg + size + opt.segment_alignment - 1) / opt.segment_alignment * opt.segment_alignment;
         for (std::size_t n = 0; n < p.nodes(); ++n) {
@@ -338,9 +358,7 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
             }
           } else {
             add_read(0, size);
-            rank_set node(p.world);
-            for (std::size_t r = 0; r < p.local_size; ++r) node.insert(static_cast<rank_t>(n * p.local_size + r));
-            greedy.push_back({i, first, node});
+            greedy.push_back({i, first, static_cast<std::ptrdiff_t>(n)});
           }
         }
       } else if (e.split == tp_split::rows) {
@@ -349,10 +367,8 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
         const auto part = size / p.tp;
         for (std::size_t k = 0; k < p.tp; ++k) {
           add_read(k * part, part);
-          rank_set keepers(p.world);
-          for (auto q : e.owners.members())
-            if (p.tp_rank(q) == k) keepers.insert(q);
-          greedy.push_back({i, e.reads.size() - 1, keepers});
+          greedy.push_back({i, e.reads.size() - 1,
+                            static_cast<std::ptrdiff_t>(keepers_base + static_cast<std::size_t>(e.stage + 1) * p.tp + k)});
         }
       } else if (e.split == tp_split::columns) {
         // Whole rows (every part's columns), in blocks of rows across the
@@ -361,13 +377,13 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
         const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
         for (auto [r0, n] : detail::split_range(0, e.info.shape[0], parts, 1)) {
           add_read(r0 * row, n * row);
-          greedy.push_back({i, e.reads.size() - 1, e.owners});
+          greedy.push_back({i, e.reads.size() - 1, -1});
         }
       } else {
         const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
         for (auto [so, len] : detail::split_range(0, size, parts, opt.slice_alignment)) {
           add_read(so, len);
-          greedy.push_back({i, e.reads.size() - 1, e.owners});
+          greedy.push_back({i, e.reads.size() - 1, -1});
         }
       }
     }
@@ -380,7 +396,9 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
       for (auto& r : e.reads) bal.charge(r.reader, r.size);
   std::vector<std::size_t> experts;
   for (std::size_t i = 0; i < p.entries.size(); ++i)
-    if (p.entries[i].info.cls == tensor_class::routed_expert && !p.entries[i].reads.empty()) experts.push_back(i);
+    if (p.entries[i].info.cls == tensor_class::routed_expert && p.entries[i].split == tp_split::none &&
+        !p.entries[i].reads.empty())
+      experts.push_back(i);
   std::stable_sort(experts.begin(), experts.end(),
                    [&](auto a, auto b) { return p.entries[a].info.size > p.entries[b].info.size; });
   for (auto i : experts) p.entries[i].reads[0].reader = bal.assign(p.entries[i].owners, p.entries[i].info.size);
@@ -390,7 +408,7 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
   });
   for (auto& g : greedy) {
     auto& r = p.entries[g.entry].reads[g.read];
-    r.reader = bal.assign(g.eligible, r.size);
+    r.reader = bal.assign(g.set < 0 ? p.entries[g.entry].owners : sets[static_cast<std::size_t>(g.set)], r.size);
   }
   // Exchange flags and windows.
   std::uint64_t acc = 0;
