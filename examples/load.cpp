@@ -247,15 +247,28 @@ int main(int argc, char** argv) try {
   const double cpu0 = sluice_cli::cpu_seconds();
   if (o.probe) {
     // Metadata only: the plan and the contract from the headers; no tensor byte is read.
+    // Opened through a catalog whose counter sees every byte the probe reads
+    // (a single file: its directory's catalog; only that file is opened).
     std::optional<checkpoint> probed;
+    const io_counters* storage = nullptr;
 #if SLUICE_HAS_S3
     std::optional<s3_catalog> cat;
-    if (o.source.starts_with("s3://")) probed = checkpoint::open(cat.emplace(o.source, s3_config_for(o)), oo);
+    if (o.source.starts_with("s3://")) {
+      probed = checkpoint::open(cat.emplace(o.source, s3_config_for(o)), oo);
+      storage = &cat->counters();
+    }
 #endif
+    std::optional<directory_catalog> dir;
+    if (!probed && std::filesystem::is_directory(o.source)) {
+      probed = checkpoint::open(dir.emplace(o.source), oo);
+      storage = &dir->counters();
+    }
     if (!probed) probed = checkpoint::open(o.source, oo);
     auto report = probe_contract(*probed);
     if (!o.contract_out.empty()) manifest::save(report.contract, o.contract_out);
     auto j = report.plan.to_json();
+    // Tensor bytes the probe read: what storage delivered beyond the headers.
+    if (storage) j["bytes_read"] = storage->bytes_read.load() - probed->header_bytes_read();
     j["source"] = o.source;
     // With a topology: which rank reads how many bytes of each layer.
     std::map<std::int64_t, std::map<std::size_t, std::uint64_t>> readers;

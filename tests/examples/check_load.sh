@@ -32,7 +32,7 @@ PY
 
 "$load" "$ck" --probe --contract-out "$work/contract.json" --json-out "$work/p.json" > "$work/plan.txt"
 grep -q "tensor bytes read 0" "$work/plan.txt" || { echo "FAIL: probe plan:"; cat "$work/plan.txt"; exit 1; }
-/usr/bin/python3 -c "import json,sys; p=json.load(open(sys.argv[1])); c=json.load(open(sys.argv[2])); assert p['bytes_read']==0 and p['keys']>0, p; print('ok: probe read', p['header_bytes_read'], 'header bytes, 0 tensor bytes;', p['keys'], 'contract keys')" "$work/p.json" "$work/contract.json"
+/usr/bin/python3 -c "import json,sys; p=json.load(open(sys.argv[1])); c=json.load(open(sys.argv[2])); assert p['bytes_read']==0 and p['keys']>0, p; assert all(k['source'] for l in c['layers'] for k in l['keys']), 'contract key without a source'; print('ok: probe read', p['header_bytes_read'], 'header bytes, 0 tensor bytes;', p['keys'], 'contract keys')" "$work/p.json" "$work/contract.json"
 
 "$load" "$ck" --probe --topology tp1,dp4,ep4 --offload shared-cooperative --json > "$work/pt.json"
 /usr/bin/python3 - "$work/pt.json" "$work/s.json" <<'PY'
