@@ -5,6 +5,9 @@
 //      bytes that travel are the slices every reader sends to the ranks that
 //      keep them (under DP, every other rank: the same bytes on the wire as a
 //      broadcast), and the raw broadcast sends all of them from rank 0;
+//      Besides the ratio of the two best times, the median over runs of the
+//      ratio within one run (both measured by the same processes moments apart:
+//      8 ranks on a few cores vary run to run more than the two differ);
 //   3. with window reads overlapping the collectives and serial (the
 //      `overlap` option; `automatic` picks serial on a machine with fewer than
 //      two hardware threads per rank);
@@ -12,6 +15,7 @@
 // Hot page cache (the files are read once before timing). Prints the command line.
 //
 //   bench-distributed [--dir CKPT] [--size BYTES] [--ranks 1,2,4,8] [--window MIB] [--repeat 3]
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -142,8 +146,9 @@ int main(int argc, char** argv) {
   warm(dir);
   fmt::print("# {}\n# checkpoint {} ({:.2f} GiB of tensors), window {} MiB, hot page cache\n", cmd, dir.string(),
              bytes / gib, window >> 20);
-  fmt::print("\n| ranks | window reads | load s | aggregate GiB/s | exchange GiB/s | raw broadcast GiB/s | exchange / raw | raw all-gather-v GiB/s |\n"
-             "|---|---|---|---|---|---|---|---|\n");
+  fmt::print("\n| ranks | window reads | load s | aggregate GiB/s | exchange GiB/s | raw broadcast GiB/s | exchange / raw (best of each) "
+             "| exchange / raw (median of per-run pairs) | raw all-gather-v GiB/s | messages |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n");
   std::string breakdown = "\n| ranks (the fastest run) | window reads | setup s | tables s | read s (incl. tables) | exchange s | deliver s |\n|---|---|---|---|---|---|---|\n";
   using om = distributed_options::overlap_mode;
   for (auto n : ranks) {
@@ -153,7 +158,8 @@ int main(int argc, char** argv) {
       // Best of `repeat` runs, each figure on its own (8 processes on a few
       // cores measure the scheduler as much as the code: single runs vary 2x).
       std::vector<nlohmann::json> v;
-      double secs = 1e30, xs = 1e30, rs = 1e30, ags = 1e30, travel = 0, rb = 0;
+      double secs = 1e30, xs = 1e30, rs = 1e30, ags = 1e30, travel = 0, rb = 0, msgs = 0;
+      std::vector<double> paired;  // per run: raw broadcast seconds / exchange seconds (same processes, same moment)
       for (int k = 0; k < repeat; ++k) {
         warm(dir);
         auto runk = run(dir, n, "shared-cooperative", window, n > 1, mode);
@@ -164,18 +170,27 @@ int main(int argc, char** argv) {
         if (n == 1) continue;
         xs = std::min(xs, max_of(runk, "seconds", "exchange"));
         rs = std::min(rs, max_of(runk, "raw_broadcast_seconds"));
+        paired.push_back(max_of(runk, "raw_broadcast_seconds") / max_of(runk, "seconds", "exchange"));
+        msgs = 0;
+        for (auto& j : runk) msgs += j["messages"].get<double>();
         ags = std::min(ags, max_of(runk, "raw_allgatherv_seconds"));
         rb = runk[0]["raw_broadcast_bytes"].get<double>();
         travel = rb;  // every slice that travels, once (it reaches every other rank)
       }
-      std::string ex = "-", raw = "-", ratio = "-", agv = "-";
+      std::string ex = "-", raw = "-", ratio = "-", agv = "-", med = "-", nm = "-";
+      if (n > 1 && !paired.empty()) {
+        std::sort(paired.begin(), paired.end());
+        med = fmt::format("{:.2f}", paired[paired.size() / 2]);
+        nm = fmt::format("{:.0f}", msgs / 2);  // each message counted at both ends
+      }
       if (n > 1 && xs > 0) {
         ex = fmt::format("{:.2f}", travel / xs / gib);
         raw = fmt::format("{:.2f}", rb / rs / gib);
         ratio = fmt::format("{:.2f}", (travel / xs) / (rb / rs));
         agv = fmt::format("{:.2f}", rb / ags / gib);
       }
-      fmt::print("| {} | {} | {:.3f} | {:.2f} | {} | {} | {} | {} |\n", n, label, secs, bytes / secs / gib, ex, raw, ratio, agv);
+      fmt::print("| {} | {} | {:.3f} | {:.2f} | {} | {} | {} | {} | {} | {} |\n", n, label, secs, bytes / secs / gib, ex, raw, ratio, med,
+                 agv, nm);
       breakdown += fmt::format("| {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} |\n", n, label, max_of(v, "seconds", "setup"),
                                max_of(v, "seconds", "tables"), max_of(v, "seconds", "read"), max_of(v, "seconds", "exchange"),
                                max_of(v, "seconds", "deliver"));

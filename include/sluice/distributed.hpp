@@ -136,6 +136,7 @@ struct distributed_stats {
   std::uint64_t planned_read_bytes = 0;   ///< what the plan gave this rank
   std::uint64_t bytes_sent = 0;           ///< bytes this rank contributed to collectives
   std::uint64_t bytes_received = 0;       ///< bytes this rank received by collectives
+  std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
   std::uint64_t shared_bytes = 0;         ///< size of the node's shared segment
   std::uint64_t shared_bytes_written = 0; ///< bytes this rank wrote into it
   std::uint32_t windows = 0;
@@ -149,7 +150,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"messages", messages}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections}, {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
                          {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds}}}};
@@ -245,6 +246,138 @@ class window_buffer {
   std::shared_ptr<void> mem_;
   std::size_t cap_ = 0;
 };
+
+// Where one rank's bytes of a window go: a pure function of the plan, so that
+// a rank can compute its peers' layouts too (to coalesce messages, both ends
+// of a pair must agree). Two regions: `kept` (its parts of the tensors it
+// owns; its own reads and the messages it receives land there) and `scratch`
+// (what it reads only for others, and packed column parts it sends).
+struct window_layout {
+  static constexpr std::size_t none = ~std::size_t{0};
+  struct region_at {
+    bool kept = true;
+    std::size_t off = 0;
+  };
+  struct read_at { std::size_t entry, read; region_at at; };
+  struct cut_at { std::size_t entry, read, from; std::uint32_t part; region_at at; };  // part of reads[from]
+  struct message_at { std::uint32_t tag; std::size_t peer; region_at at; std::size_t size; bool send; };
+  std::vector<std::size_t> kept_off;  // by entry - begin; none: not kept
+  std::vector<read_at> reads;         // this rank's reads, plan order
+  std::vector<cut_at> cuts;           // column parts cut from its reads (its own part, or packed for others)
+  std::vector<message_at> messages;   // its ends of the window's messages, in tag order
+  std::size_t kept_bytes = 0, scratch_bytes = 0;
+};
+
+inline window_layout layout_window(const policy::load_plan& plan, policy::rank_t me, std::size_t begin, std::size_t end) {
+  using region_at = window_layout::region_at;
+  window_layout L;
+  L.kept_off.assign(end - begin, window_layout::none);
+  // Kept parts grouped by who sends them (the reader of a tensor read in one
+  // piece, and the set of ranks that read goes to), plan order within a
+  // group: then what one reader sends one receiver in a window lies back to
+  // back at both ends and travels as one message.
+  struct keyed { policy::rank_t reader; std::uint64_t receivers; std::size_t entry; };
+  std::vector<keyed> order;
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto& e = plan.entries[i];
+    if (e.shared() || !e.owners.contains(me)) continue;
+    keyed k{static_cast<policy::rank_t>(plan.world), 0, i};
+    if (e.reads.size() == 1 && e.split != policy::tp_split::columns) {
+      k.reader = e.reads[0].reader;
+      plan.for_each_message(e, [&k](const policy::planned_message& m) { k.receivers = k.receivers * 1099511628211ull + m.to + 1; });
+    }
+    order.push_back(k);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const keyed& x, const keyed& y) {
+    return x.reader != y.reader ? x.reader < y.reader : x.receivers < y.receivers;
+  });
+  for (const auto& k : order) L.kept_off[k.entry - begin] = L.kept_bytes, L.kept_bytes += plan.kept_bytes(plan.entries[k.entry]);
+  std::uint32_t tag = 0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto& e = plan.entries[i];
+    if (e.shared()) continue;
+    const bool owned = e.owners.contains(me);
+    const auto kept = L.kept_off[i - begin];
+    const auto first = L.reads.size();
+    for (std::size_t k = 0; k < e.reads.size(); ++k) {
+      const auto& rd = e.reads[k];
+      if (rd.reader != me) continue;
+      if (plan.keeps_as_read(e, rd, me)) {
+        L.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}});
+      } else {
+        L.reads.push_back({i, k, {false, L.scratch_bytes}});
+        L.scratch_bytes += rd.size;
+      }
+      if (e.split == policy::tp_split::columns && owned) {  // its own part of these rows
+        const auto row = policy::load_plan::row_bytes(e);
+        L.cuts.push_back({i, k, L.reads.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
+                          {true, kept + rd.offset / row * (row / plan.tp)}});
+      }
+    }
+    plan.for_each_message(e, [&](const policy::planned_message& m) {
+      const auto& rd = e.reads[m.read];
+      if (rd.reader == me) {
+        std::size_t from = first;  // this read among its reads
+        while (L.reads[from].read != m.read) ++from;
+        region_at src = L.reads[from].at;  // the bytes as read (no split, or a row split)
+        if (e.split == policy::tp_split::columns) {
+          if (owned && m.part == plan.tp_rank(me)) {
+            src = {true, kept + m.at};  // its own part, cut from the rows
+          } else {  // one packed copy of part m.part of these rows, for all its receivers
+            auto& c = L.cuts;
+            if (c.empty() || c.back().entry != i || c.back().read != m.read || c.back().part != m.part) {
+              c.push_back({i, m.read, from, m.part, {false, L.scratch_bytes}});
+              L.scratch_bytes += m.size;
+            }
+            src = c.back().at;
+          }
+        }
+        L.messages.push_back({tag, m.to, src, m.size, true});
+      }
+      if (m.to == me) L.messages.push_back({tag, rd.reader, {true, kept + m.at}, m.size, false});
+      ++tag;
+    });
+  }
+  return L;
+}
+
+// This rank's messages of the window, coalesced: consecutive messages of one
+// pair (same direction) become one where they lie back to back at BOTH ends
+// (the peer's layout is computed from the plan, so both ends decide alike).
+// The merged message keeps the first one's tag.
+inline std::vector<window_layout::message_at> window_messages(const policy::load_plan& plan, const window_layout& mine,
+                                                              policy::rank_t me, std::size_t begin, std::size_t end) {
+  std::unordered_map<std::size_t, window_layout> peers;
+  for (const auto& m : mine.messages)
+    if (!peers.contains(m.peer)) peers.emplace(m.peer, layout_window(plan, static_cast<policy::rank_t>(m.peer), begin, end));
+  // The other end of each message: the peer's entry with the same tag.
+  std::unordered_map<std::size_t, std::unordered_map<std::uint32_t, window_layout::region_at>> far;
+  for (const auto& [peer, L] : peers)
+    for (const auto& m : L.messages)
+      if (m.peer == me) far[peer][m.tag] = m.at;
+  std::vector<window_layout::message_at> out;
+  std::unordered_map<std::size_t, std::size_t> last[2];  // by direction, peer: index in out
+  std::unordered_map<std::size_t, window_layout::region_at> last_far[2];
+  auto next_to = [](const window_layout::region_at& a, std::size_t n, const window_layout::region_at& b) {
+    return a.kept == b.kept && a.off + n == b.off;
+  };
+  for (const auto& m : mine.messages) {
+    const auto there = far.at(m.peer).at(m.tag);
+    auto& l = last[m.send];
+    auto& lf = last_far[m.send];
+    if (auto it = l.find(m.peer); it != l.end()) {
+      auto& prev = out[it->second];
+      if (next_to(prev.at, prev.size, m.at) && next_to(lf.at(m.peer), prev.size, there)) {
+        prev.size += m.size;
+        continue;
+      }
+    }
+    l[m.peer] = out.size();
+    lf[m.peer] = there;
+    out.push_back(m);
+  }
+  return out;
+}
 
 // One status record per rank: ok flag + message (truncated).
 inline constexpr std::size_t status_bytes = 1024;
@@ -462,64 +595,14 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     ws.kept_at.resize(ws.end - ws.begin);
     const auto r0 = clock::now();
     try {
-      // Pass 1: offsets in the two regions (kept: this rank's parts of the
-      // tensors it owns, where its own reads and its messages land; scratch:
-      // what it reads only for others, and packed column parts).
-      constexpr std::size_t none = ~std::size_t{0};
-      struct region_at { bool kept; std::size_t off; };
-      struct my_read { std::size_t entry, read; region_at at; };
-      struct column_cut { std::size_t entry, read, from; std::uint32_t part; region_at at; };  // part of mine[from]
-      struct message_at { std::size_t peer; std::uint32_t tag; region_at at; std::size_t size; bool send; };
-      std::vector<std::size_t> kept_off(ws.end - ws.begin, none);
-      std::vector<my_read> mine;
-      std::vector<column_cut> cuts;
-      std::vector<message_at> msgs;
-      std::size_t kept_total = 0, scratch_total = 0;
-      std::uint32_t tag = 0;
-      for (std::size_t i = ws.begin; i < ws.end; ++i) {
-        const auto& e = plan.entries[i];
-        if (e.shared()) continue;
-        const bool owned = e.owners.contains(me);
-        if (owned) kept_off[i - ws.begin] = kept_total, kept_total += plan.kept_bytes(e);
-        const auto first_mine = mine.size();
-        for (std::size_t k = 0; k < e.reads.size(); ++k) {
-          const auto& rd = e.reads[k];
-          if (rd.reader != me) continue;
-          if (plan.keeps_as_read(e, rd, me)) {
-            mine.push_back({i, k, {true, kept_off[i - ws.begin] + rd.offset - plan.kept_begin(e, me)}});
-          } else {
-            mine.push_back({i, k, {false, scratch_total}});
-            scratch_total += rd.size;
-          }
-          if (e.split == policy::tp_split::columns && owned) {  // my own part of these rows
-            const auto row = policy::load_plan::row_bytes(e);
-            cuts.push_back({i, k, mine.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
-                            {true, kept_off[i - ws.begin] + rd.offset / row * (row / plan.tp)}});
-          }
-        }
-        plan.for_each_message(e, [&](const policy::planned_message& m) {
-          const auto& rd = e.reads[m.read];
-          if (rd.reader == me) {
-            std::size_t from = first_mine;  // this read among mine
-            while (mine[from].read != m.read) ++from;
-            region_at src = mine[from].at;  // the bytes as read (no split, or a row split)
-            if (e.split != policy::tp_split::columns) {
-              // sent as read
-            } else if (owned && m.part == plan.tp_rank(me)) {
-              src = {true, kept_off[i - ws.begin] + m.at};  // my own part, cut from the rows
-            } else {  // one packed copy of part m.part of these rows, for all its receivers
-              if (cuts.empty() || cuts.back().entry != i || cuts.back().read != m.read || cuts.back().part != m.part) {
-                cuts.push_back({i, m.read, from, m.part, {false, scratch_total}});
-                scratch_total += m.size;
-              }
-              src = cuts.back().at;
-            }
-            msgs.push_back({m.to, tag, src, m.size, true});
-          }
-          if (m.to == me) msgs.push_back({rd.reader, tag, {true, kept_off[i - ws.begin] + m.at}, m.size, false});
-          ++tag;
-        });
-      }
+      const auto lay = detail::layout_window(plan, me, ws.begin, ws.end);
+      using region_at = detail::window_layout::region_at;
+      constexpr auto none = detail::window_layout::none;
+      const auto& kept_off = lay.kept_off;
+      const auto& mine = lay.reads;
+      const auto& cuts = lay.cuts;
+      const auto msgs = detail::window_messages(plan, lay, me, ws.begin, ws.end);
+      const auto kept_total = lay.kept_bytes, scratch_total = lay.scratch_bytes;
       // Pass 2: the buffers, the spans, the reads, the column cuts.
       ws.kept = buffers[w % 2][0].get(kept_total);
       ws.scratch = buffers[w % 2][1].get(scratch_total);
@@ -623,6 +706,7 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     st.exchange_seconds += exchange_seconds;
     st.bytes_sent += cur.sent;
     st.bytes_received += cur.received;
+    st.messages += cur.sends.size() + cur.recvs.size();
     deliver(cur);
     cur = window_state{};  // release window w's buffers before w+2 reuses them
     if (w + 1 < plan.windows) {
