@@ -264,6 +264,25 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
   fs::remove_all(copy);
 }
 
+TEST_CASE("a pair's back-to-back slices travel as one message", "[comm][distributed]") {
+  auto o = small_options();
+  o.plan.local_size = 4;
+  auto ck = checkpoint::open(checkpoint_dir());
+  const auto plan = plan_for(ck, "tp1,dp4,ep4", "none", o);
+  std::uint64_t planned = 0;
+  for (const auto& e : plan.entries) plan.for_each_message(e, [&](const policy::planned_message&) { ++planned; });
+  const auto results = run_load(4, "tp1,dp4,ep4", "none", o);
+  std::uint64_t posted = 0;
+  for (const auto& j : results) {
+    REQUIRE(j["exit"] == 0);
+    posted += j["stats"]["messages"].get<std::uint64_t>();
+  }
+  INFO("planned " << planned << ", posted " << posted / 2);
+  REQUIRE(posted % 2 == 0);  // each message has two ends
+  REQUIRE(posted / 2 < planned);
+  REQUIRE(posted / 2 <= 12 * plan.windows);  // at most one per ordered pair and window, here
+}
+
 TEST_CASE("TP2 x DP2: each rank holds its TP part of split tensors and receives only that", "[comm][distributed][tp]") {
   auto o = small_options();
   o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by several ranks
