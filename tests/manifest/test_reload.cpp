@@ -636,3 +636,31 @@ TEST_CASE("a tensor whose pieces do not add up to its size is refused at its las
   s.push(name, format::dtype::U8, {hidden}, src);
   CHECK(o.published == std::vector<std::int64_t>{0});
 }
+
+TEST_CASE("a TP part is buffered as its part's bytes and published as that part", "[manifest][reload]") {
+  engine e;
+  const auto c = initial_load(e);
+  observer o;
+  const std::string name = "model.layers.0.input_layernorm.weight";
+  std::vector<tensor_part> seen;
+  auto loader = [&](tensor_view v, application_log& log) {
+    if (v.name() == name) seen.push_back(v.part);
+    return e.load(std::move(v), log);
+  };
+  reload_session s(c, loader, publish_hook{&o}, quiet(o));
+  tensor_ref t{name, name, 0, format::dtype::U8, {hidden}, 0, hidden};
+  const auto src = bytes_of(name, 1);
+  tensor_view v;  // TP rank 1 of 2 keeps the second half of the rows
+  v.tensor = &t;
+  v.part = {0, 1, 2};
+  v.bytes = std::span<const std::byte>(src).subspan(hidden / 2, hidden / 2);
+  CHECK(v.last());
+  CHECK(s.accept(std::move(v)));
+  CHECK(s.stats().buffered_bytes == hidden / 2);  // the part, not the whole tensor
+  CHECK(o.published.empty());
+  for (const auto& other : c.layer(0)->sources())
+    if (other != name) s.push(other, format::dtype::U8, shape_of(other), bytes_of(other, 1));
+  CHECK(o.published == std::vector<std::int64_t>{0});
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0] == tensor_part{0, 1, 2});
+}

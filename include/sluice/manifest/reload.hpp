@@ -154,17 +154,19 @@ class reload_session {
       if (route.layers.empty()) return false;
       auto b = std::make_shared<buffer>();
       b->ref = *v.tensor;
-      b->data = lease::allocate(static_cast<std::size_t>(v.tensor_size()));
-      stats_.buffered_bytes += v.tensor_size();
+      b->part = v.part;
+      b->size = v.part_size();
+      b->data = lease::allocate(static_cast<std::size_t>(b->size));
+      stats_.buffered_bytes += b->size;
       stats_.peak_buffered_bytes = std::max(stats_.peak_buffered_bytes, stats_.buffered_bytes);
       partial_.emplace(name, pending{std::move(b), std::move(route)});
     }
     auto it = partial_.find(name);
     if (it == partial_.end()) return false;  // a piece of a dropped tensor
     auto& b = *it->second.buf;
-    if (v.offset + v.bytes.size() > b.ref.size) {
+    if (v.offset + v.bytes.size() > b.size) {
       const auto detail = fmt::format("a piece at offset {} ({} bytes) overruns the tensor's size {}; the tensor is dropped",
-                                      v.offset, v.bytes.size(), b.ref.size);
+                                      v.offset, v.bytes.size(), b.size);
       drop_partial(it);
       throw contract_error(detail, {"", name});
     }
@@ -176,9 +178,9 @@ class reload_session {
       // why: last() only says this piece ends at the tensor's end; a piece
       // missing before it (short) or pieces overlapping (overlong) would
       // otherwise publish a tensor with bytes nobody wrote.
-      if (b.filled != b.ref.size) {
+      if (b.filled != b.size) {
         const auto detail = fmt::format("its pieces held {} bytes at its last piece, but the tensor has {} ({}); the tensor is dropped",
-                                        b.filled, b.ref.size, b.filled < b.ref.size ? "a piece is missing" : "pieces overlap");
+                                        b.filled, b.size, b.filled < b.size ? "a piece is missing" : "pieces overlap");
         drop_partial(it);
         throw contract_error(detail, {"", name});
       }
@@ -260,7 +262,7 @@ class reload_session {
   /// then takes the next update.
   void finish() {
     for (auto& [name, p] : partial_) {
-      warn(fmt::format("tensor '{}' ended after {} of {} bytes; dropped", name, p.buf->filled, p.buf->ref.size));
+      warn(fmt::format("tensor '{}' ended after {} of {} bytes; dropped", name, p.buf->filled, p.buf->size));
       release(p.buf);
     }
     partial_.clear();
@@ -311,6 +313,8 @@ class reload_session {
  private:
   struct buffer {
     tensor_ref ref;
+    tensor_part part;        ///< a TP part (a distributed load under TP > 1) or the whole tensor
+    std::uint64_t size = 0;  ///< bytes expected: the part's
     lease data;
     std::uint64_t filled = 0;
     unsigned holders = 0;  ///< layers holding it (bytes are released at 0)
@@ -355,7 +359,7 @@ class reload_session {
     if (b->holders > 0) --b->holders;
     if (b->holders == 0 && !b->released) {
       b->released = true;
-      stats_.buffered_bytes -= b->ref.size;
+      stats_.buffered_bytes -= b->size;
       b->data.reset();
     }
   }
@@ -425,6 +429,7 @@ class reload_session {
       v.bytes = e->data.bytes();
       v.hold = e->data;
       v.kind = view_kind::bytes;
+      v.part = e->part;
       if (!apply_loader(loader_, std::move(v), applied)) ++stats_.declined;
     }
     std::set<application_key> done(applied.begin(), applied.end());
