@@ -602,10 +602,10 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
       const auto& mine = lay.reads;
       const auto& cuts = lay.cuts;
       const auto msgs = detail::window_messages(plan, lay, me, ws.begin, ws.end);
-      const auto kept_total = lay.kept_bytes, scratch_total = lay.scratch_bytes;
-      // Pass 2: the buffers, the spans, the reads, the column cuts.
-      ws.kept = buffers[w % 2][0].get(kept_total);
-      ws.scratch = buffers[w % 2][1].get(scratch_total);
+      // The layout's offsets become spans of this window's two buffers; then
+      // the reads, then the column cuts (what the exchange sends must be in place).
+      ws.kept = buffers[w % 2][0].get(lay.kept_bytes);
+      ws.scratch = buffers[w % 2][1].get(lay.scratch_bytes);
       auto span_of = [&ws](region_at at, std::size_t n) {
         return (at.kept ? ws.kept : ws.scratch).bytes().subspan(at.off, n);
       };
