@@ -40,20 +40,13 @@
 #include <sluice/sluice.hpp>
 #include <sluice/testing/generator.hpp>
 
+#include "common.hpp"
 #include "common/cli.hpp"
 
 namespace {
 using clk = std::chrono::steady_clock;
 double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 constexpr double gib = 1024.0 * 1024 * 1024;
-
-bool drop_caches() {
-  ::sync();
-  std::ofstream f("/proc/sys/vm/drop_caches");
-  f << "3\n";
-  f.flush();
-  return static_cast<bool>(f);
-}
 
 double pread_loop(const std::vector<std::string>& paths, std::byte* buf, std::size_t bs, bool direct) {
   const auto t0 = clk::now();
@@ -218,7 +211,7 @@ int main(int argc, char** argv) try {
   };
   bool dropped = true;
   auto before_direct = [&] {
-    if (cold) dropped = drop_caches() && dropped;
+    if (cold) dropped = sluice_bench::drop_caches() && dropped;
   };
   for (int r = 0; r < repeat; ++r) {
     discard_sink d;

@@ -26,6 +26,7 @@
 #include <sluice/sluice.hpp>
 #include <sluice/testing/generator.hpp>
 
+#include "common.hpp"
 #include "common/cli.hpp"
 
 namespace {
@@ -37,21 +38,6 @@ struct file_set {
   std::vector<std::string> paths;
   std::uint64_t bytes = 0;
 };
-
-std::byte* aligned_buffer(std::size_t n) {
-  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
-  ::madvise(p, n, MADV_HUGEPAGE);
-  std::memset(p, 1, n);  // pre-fault: first touch is not load time
-  return static_cast<std::byte*>(p);
-}
-
-void drop_caches() {
-  ::sync();
-  std::ofstream f("/proc/sys/vm/drop_caches");
-  f << "3\n";
-  if (!f) throw std::runtime_error("cannot drop caches (needs root)");
-}
 
 // Where a contender's bytes go: `reuse` — one max_read buffer for every read
 // (the classic loop; the buffer stays in the 32 MiB last-level cache here);
@@ -223,9 +209,9 @@ int main(int argc, char** argv) try {
     fs.bytes += s.header.file_size;
   }
   const double data = static_cast<double>(fs.bytes) / gib;
-  auto* buf = aligned_buffer(max_read);
-  auto* big_a = aligned_buffer(256 << 20);
-  auto* big_b = aligned_buffer(256 << 20);
+  auto* buf = sluice_bench::prefaulted(max_read).data();
+  auto* big_a = sluice_bench::prefaulted(256 << 20).data();
+  auto* big_b = sluice_bench::prefaulted(256 << 20).data();
   sluice::load_options o;
   o.staging_budget = staging;
   o.max_read = max_read;
@@ -270,7 +256,7 @@ int main(int argc, char** argv) try {
     fio_hot = fio(fs, max_read, 1, false, "psync");
   }
   const double best_alt = std::max(data / t_pread, data / t_mmap);
-  auto* arena = aligned_buffer(fs.bytes);
+  auto* arena = sluice_bench::prefaulted(fs.bytes).data();
   const sluice_run into = best_sluice([&] { return run_sluice_into(ck, arena, pool, o); });
   const sluice_run into_inline = best_sluice([&] { return run_sluice_into(ck, arena, pool, inline_copies); });
   const double t_pread_into = best([&] { warm(fs, buf, max_read); return pread_loop(fs, arena, max_read, false, dest::into_place); });
@@ -293,7 +279,7 @@ int main(int argc, char** argv) try {
     o.io = sluice::io_mode::direct;
     sluice_run c{1e30, 0};
     for (int r = 0; r < repeat; ++r) {
-      drop_caches();
+      sluice_bench::require_drop_caches();
       auto s = run_sluice(ck, pool, o);
       if (s.seconds < c.seconds) c = s;
     }
@@ -301,11 +287,11 @@ int main(int argc, char** argv) try {
     {
       thp_always thp;
       for (const char* engine : {"io_uring", "libaio", "psync"}) {
-        drop_caches();
+        sluice_bench::require_drop_caches();
         fio_best = std::max(fio_best, fio(fs, max_read, std::string(engine) == "psync" ? 1 : qd, true, engine));
       }
     }
-    drop_caches();
+    sluice_bench::require_drop_caches();
     const double t_pread_direct = pread_loop(fs, buf, max_read, true);
     std::printf("\ncold, O_DIRECT                       GiB/s   vs fio's best\n");
     std::printf("  sluice (O_DIRECT, io_uring)      %7.2f   %.2fx   CPU %.2f s/GiB\n", data / c.seconds, fio_best > 0 ? data / c.seconds / fio_best : 0.0, c.cpu / data);

@@ -27,6 +27,8 @@
 #include <sluice/distributed.hpp>
 #include <sluice/format/writer.hpp>
 
+#include "common.hpp"
+
 using namespace sluice;
 namespace fs = std::filesystem;
 
@@ -35,21 +37,6 @@ std::uint64_t arg(int argc, char** argv, std::string_view name, std::uint64_t de
   for (int i = 1; i + 1 < argc; ++i)
     if (argv[i] == name) return std::stoull(argv[i + 1]);
   return def;
-}
-
-std::span<std::byte> prefaulted(std::size_t n) {
-  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
-  ::madvise(p, n, MADV_HUGEPAGE);
-  std::memset(p, 1, n);
-  return {static_cast<std::byte*>(p), n};
-}
-
-bool drop_caches() {
-  ::sync();
-  std::ofstream f("/proc/sys/vm/drop_caches");
-  f << "3\n";
-  return static_cast<bool>(f.flush());
 }
 
 tensor_ref slice(const tensor_ref& t, std::uint64_t off, std::uint64_t n) {
@@ -83,7 +70,7 @@ int main(int argc, char** argv) try {
 
   load_options lo;
   lo.register_buffers = false;
-  auto parts = prefaulted(size), scratch = prefaulted(block_rows * row);
+  auto parts = sluice_bench::prefaulted(size), scratch = sluice_bench::prefaulted(block_rows * row);
   auto per_row = [&](file_reader& rd) {
     planned_reads reads;
     reads.reserve(rows * tp);
@@ -121,14 +108,14 @@ int main(int argc, char** argv) try {
   fmt::print("| cache | plan | reads | requests | seconds | GiB/s (tensor bytes) |\n|---|---|---|---|---|---|\n");
   double best[2][2] = {{1e30, 1e30}, {1e30, 1e30}};
   for (int cold = 0; cold < 2; ++cold) {
-    if (cold && !drop_caches()) {
+    if (cold && !sluice_bench::drop_caches()) {
       fmt::print("| cold | (cannot drop caches: not root) | | | | |\n");
       break;
     }
     for (int plan = 0; plan < 2; ++plan) {
       std::uint64_t requests = 0;
       for (std::uint64_t i = 0; i < repeat; ++i) {
-        if (cold) drop_caches();
+        if (cold) sluice_bench::drop_caches();
         else {  // warm
           std::ifstream in(file, std::ios::binary);
           std::vector<char> b(8u << 20);

@@ -259,7 +259,7 @@ struct window_layout {
     std::size_t off = 0;
   };
   struct read_at { std::size_t entry, read; region_at at; };
-  struct cut_at { std::size_t entry, read, from; std::uint32_t part; region_at at; };  // part of reads[from]
+  struct cut_at { std::size_t from; std::uint32_t part; region_at at; };  // TP part `part` of reads[from]
   struct message_at { std::uint32_t tag; std::size_t peer; region_at at; std::size_t size; bool send; };
   std::vector<std::size_t> kept_off;  // by entry - begin; none: not kept
   std::vector<read_at> reads;         // this rank's reads, plan order
@@ -310,7 +310,7 @@ inline window_layout layout_window(const policy::load_plan& plan, policy::rank_t
       }
       if (e.split == policy::tp_split::columns && owned) {  // its own part of these rows
         const auto row = policy::load_plan::row_bytes(e);
-        L.cuts.push_back({i, k, L.reads.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
+        L.cuts.push_back({L.reads.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
                           {true, kept + rd.offset / row * (row / plan.tp)}});
       }
     }
@@ -325,8 +325,8 @@ inline window_layout layout_window(const policy::load_plan& plan, policy::rank_t
             src = {true, kept + m.at};  // its own part, cut from the rows
           } else {  // one packed copy of part m.part of these rows, for all its receivers
             auto& c = L.cuts;
-            if (c.empty() || c.back().entry != i || c.back().read != m.read || c.back().part != m.part) {
-              c.push_back({i, m.read, from, m.part, {false, L.scratch_bytes}});
+            if (c.empty() || c.back().from != from || c.back().part != m.part) {
+              c.push_back({from, m.part, {false, L.scratch_bytes}});
               L.scratch_bytes += m.size;
             }
             src = c.back().at;
@@ -623,8 +623,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
       run_reads(reads);
       // Column-split tensors: cut each TP part out of the rows this rank read.
       for (const auto& cut : cuts) {
-        const auto& e = plan.entries[cut.entry];
-        const auto& rd = e.reads[cut.read];
+        const auto& e = plan.entries[mine[cut.from].entry];
+        const auto& rd = e.reads[mine[cut.from].read];
         const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
         const std::byte* src = span_of(mine[cut.from].at, rd.size).data();
         auto dst = span_of(cut.at, rows * part);

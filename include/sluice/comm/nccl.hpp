@@ -94,8 +94,9 @@ class nccl {
   void broadcast(std::span<std::byte> device_buf, std::size_t root);
   void all_gather(std::span<const std::byte> device_in, std::span<std::byte> device_out);
   void all_gather_v(std::span<std::byte> device_buf, std::span<const std::size_t> counts);
-  /// ncclSend/ncclRecv in one group (messages pair up by order per peer, the
-  /// tags are checked only for equal sizes on the caller's side).
+  /// ncclSend/ncclRecv in one group. NCCL pairs a peer's sends with our
+  /// receives by the order they are issued, not by tag: both ends must list
+  /// their messages to each other in the same order (the driver's tag order).
   void exchange(std::span<const send_message> device_sends, std::span<const recv_message> device_recvs);
   void barrier();
 
