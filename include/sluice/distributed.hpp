@@ -17,7 +17,11 @@
 ///    ranks that keep it and to no other (a TP rank gets its part of a split
 ///    tensor; an expert travels only to its EP replicas; a stage's tensors
 ///    stay in the stage); finally every rank calls its sink for every tensor
-///    of the window, in plan order. Double-buffered: window w+1 is read while
+///    of the window, in plan order. With a device lane (stages/broadcast.hpp:
+///    comm::nccl_lane), tensors destined for the device are read into pinned
+///    host memory, uploaded, exchanged by NCCL between device window buffers,
+///    and delivered as `view_kind::device` views; host-destined ones still
+///    travel over the host communicator. Double-buffered: window w+1 is read while
 ///    w's exchange runs on a helper thread (never on the io_context doing the
 ///    I/O), where the machine has the cores for it (distributed_options::overlap).
 ///
@@ -77,6 +81,7 @@
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/plan.hpp>
 #include <sluice/sink/concepts.hpp>
+#include <sluice/stages/broadcast.hpp>
 #if defined(SLUICE_HAS_GLOO)
 #include <sluice/comm/gloo.hpp>
 #endif
@@ -137,6 +142,8 @@ struct distributed_stats {
   std::uint64_t bytes_sent = 0;           ///< bytes this rank contributed to collectives
   std::uint64_t bytes_received = 0;       ///< bytes this rank received by collectives
   std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
+  std::uint64_t bytes_uploaded = 0;       ///< device lane: bytes it copied from host to lane memory (its reads, cut parts)
+  std::uint64_t device_views = 0;         ///< device lane: tensors (parts) delivered in device memory
   std::uint64_t shared_bytes = 0;         ///< size of the node's shared segment
   std::uint64_t shared_bytes_written = 0; ///< bytes this rank wrote into it
   std::uint32_t windows = 0;
@@ -150,7 +157,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"messages", messages}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections}, {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
                          {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds}}}};
@@ -223,160 +230,6 @@ void read_slices(asio::io_context& ioc, Source& src, staging_pool& pool, const l
 inline staging_options reader_staging(const load_options& opt, std::size_t slots = 2) {
   const auto slot = slot_size_for(opt.max_read);
   return {std::min(opt.staging_budget, std::max<std::size_t>(2, slots) * slot), slot, opt.poison};
-}
-
-// A window buffer reused while no sink holds a view into it (a sink that
-// keeps views gets a fresh buffer next window): no first-touch per window.
-class window_buffer {
- public:
-  lease get(std::size_t n) {
-    if (n == 0) return {};
-    if (!mem_ || mem_.use_count() > 1 || cap_ < n) {
-      const std::size_t cap = (std::max(n, cap_) + 4095) / 4096 * 4096;
-      void* p = std::aligned_alloc(4096, cap);
-      if (!p) throw std::bad_alloc();
-      ::madvise(p, cap, MADV_HUGEPAGE);  // a hint
-      mem_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-      cap_ = cap;
-    }
-    return lease(mem_, {static_cast<std::byte*>(mem_.get()), n});
-  }
-
- private:
-  std::shared_ptr<void> mem_;
-  std::size_t cap_ = 0;
-};
-
-// Where one rank's bytes of a window go: a pure function of the plan, so that
-// a rank can compute its peers' layouts too (to coalesce messages, both ends
-// of a pair must agree). Two regions: `kept` (its parts of the tensors it
-// owns; its own reads and the messages it receives land there) and `scratch`
-// (what it reads only for others, and packed column parts it sends).
-struct window_layout {
-  static constexpr std::size_t none = ~std::size_t{0};
-  struct region_at {
-    bool kept = true;
-    std::size_t off = 0;
-  };
-  struct read_at { std::size_t entry, read; region_at at; };
-  struct cut_at { std::size_t from; std::uint32_t part; region_at at; };  // TP part `part` of reads[from]
-  struct message_at { std::uint32_t tag; std::size_t peer; region_at at; std::size_t size; bool send; };
-  std::vector<std::size_t> kept_off;  // by entry - begin; none: not kept
-  std::vector<read_at> reads;         // this rank's reads, plan order
-  std::vector<cut_at> cuts;           // column parts cut from its reads (its own part, or packed for others)
-  std::vector<message_at> messages;   // its ends of the window's messages, in tag order
-  std::size_t kept_bytes = 0, scratch_bytes = 0;
-};
-
-inline window_layout layout_window(const policy::load_plan& plan, policy::rank_t me, std::size_t begin, std::size_t end) {
-  using region_at = window_layout::region_at;
-  window_layout L;
-  L.kept_off.assign(end - begin, window_layout::none);
-  // Kept parts grouped by who sends them (the reader of a tensor read in one
-  // piece, and the set of ranks that read goes to), plan order within a
-  // group: then what one reader sends one receiver in a window lies back to
-  // back at both ends and travels as one message.
-  struct keyed { policy::rank_t reader; std::uint64_t receivers; std::size_t entry; };
-  std::vector<keyed> order;
-  for (std::size_t i = begin; i < end; ++i) {
-    const auto& e = plan.entries[i];
-    if (e.shared() || !e.owners.contains(me)) continue;
-    keyed k{static_cast<policy::rank_t>(plan.world), 0, i};
-    if (e.reads.size() == 1 && e.split != policy::tp_split::columns) {
-      k.reader = e.reads[0].reader;
-      plan.for_each_message(e, [&k](const policy::planned_message& m) { k.receivers = k.receivers * 1099511628211ull + m.to + 1; });
-    }
-    order.push_back(k);
-  }
-  std::stable_sort(order.begin(), order.end(), [](const keyed& x, const keyed& y) {
-    return x.reader != y.reader ? x.reader < y.reader : x.receivers < y.receivers;
-  });
-  for (const auto& k : order) L.kept_off[k.entry - begin] = L.kept_bytes, L.kept_bytes += plan.kept_bytes(plan.entries[k.entry]);
-  std::uint32_t tag = 0;
-  for (std::size_t i = begin; i < end; ++i) {
-    const auto& e = plan.entries[i];
-    if (e.shared()) continue;
-    const bool owned = e.owners.contains(me);
-    const auto kept = L.kept_off[i - begin];
-    const auto first = L.reads.size();
-    for (std::size_t k = 0; k < e.reads.size(); ++k) {
-      const auto& rd = e.reads[k];
-      if (rd.reader != me) continue;
-      if (plan.keeps_as_read(e, rd, me)) {
-        L.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}});
-      } else {
-        L.reads.push_back({i, k, {false, L.scratch_bytes}});
-        L.scratch_bytes += rd.size;
-      }
-      if (e.split == policy::tp_split::columns && owned) {  // its own part of these rows
-        const auto row = policy::load_plan::row_bytes(e);
-        L.cuts.push_back({L.reads.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
-                          {true, kept + rd.offset / row * (row / plan.tp)}});
-      }
-    }
-    plan.for_each_message(e, [&](const policy::planned_message& m) {
-      const auto& rd = e.reads[m.read];
-      if (rd.reader == me) {
-        std::size_t from = first;  // this read among its reads
-        while (L.reads[from].read != m.read) ++from;
-        region_at src = L.reads[from].at;  // the bytes as read (no split, or a row split)
-        if (e.split == policy::tp_split::columns) {
-          if (owned && m.part == plan.tp_rank(me)) {
-            src = {true, kept + m.at};  // its own part, cut from the rows
-          } else {  // one packed copy of part m.part of these rows, for all its receivers
-            auto& c = L.cuts;
-            if (c.empty() || c.back().from != from || c.back().part != m.part) {
-              c.push_back({from, m.part, {false, L.scratch_bytes}});
-              L.scratch_bytes += m.size;
-            }
-            src = c.back().at;
-          }
-        }
-        L.messages.push_back({tag, m.to, src, m.size, true});
-      }
-      if (m.to == me) L.messages.push_back({tag, rd.reader, {true, kept + m.at}, m.size, false});
-      ++tag;
-    });
-  }
-  return L;
-}
-
-// This rank's messages of the window, coalesced: consecutive messages of one
-// pair (same direction) become one where they lie back to back at BOTH ends
-// (the peer's layout is computed from the plan, so both ends decide alike).
-// The merged message keeps the first one's tag.
-inline std::vector<window_layout::message_at> window_messages(const policy::load_plan& plan, const window_layout& mine,
-                                                              policy::rank_t me, std::size_t begin, std::size_t end) {
-  std::unordered_map<std::size_t, window_layout> peers;
-  for (const auto& m : mine.messages)
-    if (!peers.contains(m.peer)) peers.emplace(m.peer, layout_window(plan, static_cast<policy::rank_t>(m.peer), begin, end));
-  // The other end of each message: the peer's entry with the same tag.
-  std::unordered_map<std::size_t, std::unordered_map<std::uint32_t, window_layout::region_at>> far;
-  for (const auto& [peer, L] : peers)
-    for (const auto& m : L.messages)
-      if (m.peer == me) far[peer][m.tag] = m.at;
-  std::vector<window_layout::message_at> out;
-  std::unordered_map<std::size_t, std::size_t> last[2];  // by direction, peer: index in out
-  std::unordered_map<std::size_t, window_layout::region_at> last_far[2];
-  auto next_to = [](const window_layout::region_at& a, std::size_t n, const window_layout::region_at& b) {
-    return a.kept == b.kept && a.off + n == b.off;
-  };
-  for (const auto& m : mine.messages) {
-    const auto there = far.at(m.peer).at(m.tag);
-    auto& l = last[m.send];
-    auto& lf = last_far[m.send];
-    if (auto it = l.find(m.peer); it != l.end()) {
-      auto& prev = out[it->second];
-      if (next_to(prev.at, prev.size, m.at) && next_to(lf.at(m.peer), prev.size, there)) {
-        prev.size += m.size;
-        continue;
-      }
-    }
-    l[m.peer] = out.size();
-    lf[m.peer] = there;
-    out.push_back(m);
-  }
-  return out;
 }
 
 // One status record per rank: ok flag + message (truncated).
@@ -460,10 +313,15 @@ static_assert(slice_reader<file_reader>);
 /// Every rank must call it with the same checkpoint and plan. Throws
 /// distributed_error (a rank failed), comm::comm_error (a peer is gone) or
 /// config_error (the plan does not fit the world) — on every rank.
-template <comm::communicator Comm, sink Sink, class MakeReader>
+///
+/// With a `device_lane`, tensors destined for the device travel in its memory
+/// (uploaded from the rank's reads, exchanged by the lane: NCCL) and reach the
+/// sink as `view_kind::device` views; tensors for host memory still travel
+/// over `c`. Without one, everything travels in host memory over `c`.
+template <comm::communicator Comm, sink Sink, class MakeReader, device_lane Lane>
   requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
-                                        const distributed_options& opt, MakeReader make_reader) {
+                                        const distributed_options& opt, MakeReader make_reader, Lane& lane) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
@@ -575,14 +433,25 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
   // Windows, double-buffered: while window w's slices travel (a collective
   // on a helper thread), this thread reads window w+1 into the other buffers;
   // then it delivers w. Only one thread uses the communicator at a time.
-  struct window_state {
-    std::size_t begin = 0, end = 0;
-    lease kept, scratch;                       // what this rank keeps; what it reads or packs for others
-    std::vector<std::span<std::byte>> kept_at;  // by entry (i - begin): this rank's part of the tensor
+  // With a device lane, a window has two lanes: tensors for host memory
+  // travel over `c`, those for the device over the lane (uploaded first).
+  struct lane_window {
+    window_lane which = window_lane::all;
+    lease kept, scratch;          // host memory: this rank's reads land here (and the host lane travels from/to it)
+    lease dev_kept, dev_scratch;  // device lane: its memory (what travels, what the sink sees)
+    detail::window_layout layout;
+    std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> uploads;  // (lane memory, host bytes)
     std::vector<comm::send_message> sends;
     std::vector<comm::recv_message> recvs;
-    std::uint64_t sent = 0, received = 0;
+    std::uint64_t sent = 0, received = 0, uploaded = 0;
   };
+  struct window_state {
+    std::size_t begin = 0, end = 0;
+    std::vector<lane_window> lanes;
+    std::vector<std::span<std::byte>> kept_at;  // by entry (i - begin): this rank's part of the tensor
+    std::vector<std::uint8_t> lane_of;          // by entry: its lane (index into lanes)
+  };
+  constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
   detail::window_buffer buffers[2][2];
   std::size_t next_entry = 0;
   // Lays out window w and reads this rank's slices of it (failures are recorded, not thrown).
@@ -593,42 +462,71 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
     next_entry = ws.end;
     ws.kept_at.resize(ws.end - ws.begin);
+    ws.lane_of.assign(ws.end - ws.begin, 0);
     const auto r0 = clock::now();
     try {
-      const auto lay = detail::layout_window(plan, me, ws.begin, ws.end);
       using region_at = detail::window_layout::region_at;
       constexpr auto none = detail::window_layout::none;
-      const auto& kept_off = lay.kept_off;
-      const auto& mine = lay.reads;
-      const auto& cuts = lay.cuts;
-      const auto msgs = detail::window_messages(plan, lay, me, ws.begin, ws.end);
-      // The layout's offsets become spans of this window's two buffers; then
-      // the reads, then the column cuts (what the exchange sends must be in place).
-      ws.kept = buffers[w % 2][0].get(lay.kept_bytes);
-      ws.scratch = buffers[w % 2][1].get(lay.scratch_bytes);
-      auto span_of = [&ws](region_at at, std::size_t n) {
-        return (at.kept ? ws.kept : ws.scratch).bytes().subspan(at.off, n);
-      };
-      for (std::size_t i = ws.begin; i < ws.end; ++i)
-        if (kept_off[i - ws.begin] != none) ws.kept_at[i - ws.begin] = span_of({true, kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i]));
-      for (const auto& m : msgs) {
-        if (m.send) ws.sends.push_back({m.peer, m.tag, span_of(m.at, m.size)}), ws.sent += m.size;
-        else ws.recvs.push_back({m.peer, m.tag, span_of(m.at, m.size)}), ws.received += m.size;
-      }
+      if constexpr (with_lane) ws.lanes.resize(2), ws.lanes[0].which = window_lane::host, ws.lanes[1].which = window_lane::device;
+      else ws.lanes.resize(1);
+      // The layouts' offsets become spans of this window's buffers (host
+      // memory for the reads; for the device lane, also its memory).
       planned_reads reads;
-      for (const auto& r : mine) {
-        const auto& e = plan.entries[r.entry];
-        reads.emplace_back(slice_ref(e, e.reads[r.read]), span_of(r.at, e.reads[r.read].size));
+      for (std::uint8_t k = 0; k < ws.lanes.size(); ++k) {
+        auto& L = ws.lanes[k];
+        const bool dev = L.which == window_lane::device;
+        L.layout = detail::layout_window(plan, me, ws.begin, ws.end, L.which);
+        const auto& lay = L.layout;
+        const unsigned slot = (w % 2) * 2;
+        L.kept = dev ? lane.host_buffer(slot, lay.kept_bytes) : buffers[w % 2][0].get(lay.kept_bytes);
+        L.scratch = dev ? lane.host_buffer(slot + 1, lay.scratch_bytes) : buffers[w % 2][1].get(lay.scratch_bytes);
+        if (dev) L.dev_kept = lane.device_buffer(slot, lay.kept_bytes), L.dev_scratch = lane.device_buffer(slot + 1, lay.scratch_bytes);
+        auto host_at = [&L](region_at at, std::size_t n) { return (at.kept ? L.kept : L.scratch).bytes().subspan(at.off, n); };
+        auto data_at = [&L, dev, &host_at](region_at at, std::size_t n) {
+          return dev ? (at.kept ? L.dev_kept : L.dev_scratch).bytes().subspan(at.off, n) : host_at(at, n);
+        };
+        for (std::size_t i = ws.begin; i < ws.end; ++i)
+          if (lay.kept_off[i - ws.begin] != none)
+            ws.kept_at[i - ws.begin] = data_at({true, lay.kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i])), ws.lane_of[i - ws.begin] = k;
+        for (const auto& m : detail::window_messages(plan, lay, me, ws.begin, ws.end, L.which)) {
+          if (m.send) L.sends.push_back({m.peer, m.tag, data_at(m.at, m.size)}), L.sent += m.size;
+          else L.recvs.push_back({m.peer, m.tag, data_at(m.at, m.size)}), L.received += m.size;
+        }
+        for (const auto& r : lay.reads) {
+          const auto& e = plan.entries[r.entry];
+          const auto n = e.reads[r.read].size;
+          reads.emplace_back(slice_ref(e, e.reads[r.read]), host_at(r.at, n));
+          // What a device-lane rank read travels or stays as read, except the
+          // whole rows of a column split: its cut parts do.
+          if (dev && e.split != policy::tp_split::columns) L.uploads.emplace_back(data_at(r.at, n), host_at(r.at, n));
+        }
       }
-      run_reads(reads);
-      // Column-split tensors: cut each TP part out of the rows this rank read.
-      for (const auto& cut : cuts) {
-        const auto& e = plan.entries[mine[cut.from].entry];
-        const auto& rd = e.reads[mine[cut.from].read];
-        const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
-        const std::byte* src = span_of(mine[cut.from].at, rd.size).data();
-        auto dst = span_of(cut.at, rows * part);
-        for (std::uint64_t j = 0; j < rows; ++j) std::memcpy(dst.data() + j * part, src + j * row + cut.part * part, part);
+      run_reads(reads);  // one batch for every lane: adjacent slices still coalesce
+      for (auto& L : ws.lanes) {
+        const bool dev = L.which == window_lane::device;
+        auto host_at = [&L](region_at at, std::size_t n) { return (at.kept ? L.kept : L.scratch).bytes().subspan(at.off, n); };
+        const auto& mine = L.layout.reads;
+        // Column-split tensors: cut each TP part out of the rows this rank read.
+        for (const auto& cut : L.layout.cuts) {
+          const auto& e = plan.entries[mine[cut.from].entry];
+          const auto& rd = e.reads[mine[cut.from].read];
+          const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
+          const std::byte* src = host_at(mine[cut.from].at, rd.size).data();
+          auto dst = host_at(cut.at, rows * part);
+          for (std::uint64_t j = 0; j < rows; ++j) std::memcpy(dst.data() + j * part, src + j * row + cut.part * part, part);
+          if (dev) L.uploads.emplace_back((cut.at.kept ? L.dev_kept : L.dev_scratch).bytes().subspan(cut.at.off, rows * part), dst);
+        }
+        // Adjacent uploads become one copy.
+        std::sort(L.uploads.begin(), L.uploads.end(), [](const auto& a, const auto& b) { return a.first.data() < b.first.data(); });
+        std::size_t n = 0;
+        for (const auto& u : L.uploads) {
+          auto& prev = L.uploads[n ? n - 1 : 0];
+          if (n && prev.first.data() + prev.first.size() == u.first.data() && prev.second.data() + prev.second.size() == u.second.data())
+            prev = {{prev.first.data(), prev.first.size() + u.first.size()}, {prev.second.data(), prev.second.size() + u.second.size()}};
+          else L.uploads[n++] = u;
+        }
+        L.uploads.resize(n);
+        for (const auto& u : L.uploads) L.uploaded += u.first.size();
       }
     } catch (...) {
       if (!failure) failure = std::current_exception();
@@ -636,8 +534,18 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     st.read_seconds += since(r0);
     return ws;
   };
-  // The window's exchange: each slice goes from its reader to the ranks that keep it.
-  auto exchange = [&c](window_state& ws) { c.exchange(ws.sends, ws.recvs); };
+  // The window's exchange: each slice goes from its reader to the ranks that
+  // keep it; device-lane bytes are uploaded first (ordered before the lane's exchange).
+  auto exchange = [&c, &lane](window_state& ws) {
+    for (auto& L : ws.lanes) {
+      if (L.which != window_lane::device) {
+        c.exchange(L.sends, L.recvs);
+        continue;
+      }
+      for (const auto& [dst, src] : L.uploads) lane.upload(dst, src);
+      lane.exchange(L.sends, L.recvs);
+    }
+  };
   auto deliver = [&](window_state& ws) {
     const auto d0 = clock::now();
     try {
@@ -652,13 +560,16 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
           v.hold = lease(segment.keep(), segment.bytes().subspan(e.shared_offset, e.info.size));
           st.shared_views += 1;
         } else if (e.owners.contains(me)) {
-          v.kind = view_kind::bytes;
+          const auto& L = ws.lanes[ws.lane_of[i - ws.begin]];
+          const bool dev = L.which == window_lane::device;
+          v.kind = dev ? view_kind::device : view_kind::bytes;
           v.bytes = ws.kept_at[i - ws.begin];
-          v.hold = ws.kept;
+          v.hold = dev ? L.dev_kept : L.kept;
           if (e.split != policy::tp_split::none)
             v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.tp_rank(me)),
                       static_cast<std::uint32_t>(plan.tp)};
           st.owned += 1;
+          st.device_views += dev ? 1 : 0;
         } else if (opt.placeholders) {
           v.kind = view_kind::metadata;
           st.placeholders += 1;
@@ -704,9 +615,12 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     if (helper.joinable()) helper.join();
     if (exchange_failure) std::rethrow_exception(exchange_failure);  // a peer is gone: every rank sees it
     st.exchange_seconds += exchange_seconds;
-    st.bytes_sent += cur.sent;
-    st.bytes_received += cur.received;
-    st.messages += cur.sends.size() + cur.recvs.size();
+    for (const auto& L : cur.lanes) {
+      st.bytes_sent += L.sent;
+      st.bytes_received += L.received;
+      st.bytes_uploaded += L.uploaded;
+      st.messages += L.sends.size() + L.recvs.size();
+    }
     deliver(cur);
     cur = window_state{};  // release window w's buffers before w+2 reuses them
     if (w + 1 < plan.windows) {
@@ -726,6 +640,23 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
   st.requests = reader->counters().requests.load();
   st.seconds = since(t0);
   return st;
+}
+
+template <comm::communicator Comm, sink Sink, class MakeReader>
+  requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
+distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
+                                        const distributed_options& opt, MakeReader make_reader) {
+  no_device_lane none;
+  return load_distributed_with(ck, c, plan, s, opt, std::move(make_reader), none);
+}
+
+/// Like load_distributed below, with a device lane: tensors destined for the
+/// device reach `s` as `view_kind::device` views of the lane's memory (e.g.
+/// comm::nccl_lane with cuda::device_sink).
+template <comm::communicator Comm, sink Sink, device_lane Lane>
+distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
+                                   const distributed_options& opt, Lane& lane) {
+  return load_distributed_with(ck, c, plan, s, opt, [&ck, &opt] { return std::make_unique<file_reader>(ck, opt.load); }, lane);
 }
 
 /// Loads this rank's part of `ck` into `s` per `plan` from local files

@@ -23,6 +23,9 @@ enum class view_kind : std::uint8_t {
   shared,    ///< the bytes live in the node's shared host segment (`bytes` maps it, valid
              ///< while `hold` lives): every local rank gets this view of one copy — a
              ///< placeholder, not a copy; sinks must not expect to own or free it
+  device,    ///< `bytes` are in DEVICE memory (a distributed load's device lane; never read
+             ///< them on the host): copy them device-to-device (cuda::device_sink does) while
+             ///< `hold` lives
 };
 
 /// The tensor-parallel part of a tensor a view carries: under TP > 1 a rank

@@ -138,8 +138,9 @@ struct device_sink::impl {
       next_stream = (next_stream + 1) % streams.size();
     }
     cudaStream_t s = streams[next_stream].get();
-    check(::cudaMemcpyAsync(static_cast<std::byte*>(dst.data) + v.offset, v.bytes.data(), v.bytes.size(),
-                            cudaMemcpyHostToDevice, s),
+    // A device-lane view (view_kind::device) is already in device memory.
+    const auto dir = v.kind == view_kind::device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    check(::cudaMemcpyAsync(static_cast<std::byte*>(dst.data) + v.offset, v.bytes.data(), v.bytes.size(), dir, s),
           "cudaMemcpyAsync", {"", t.name, byte_range{v.offset, v.offset + v.bytes.size()}});
     cudaEvent_t e = take_event(t.name);
     if (const auto r = ::cudaEventRecord(e, s); r != cudaSuccess) {

@@ -183,6 +183,7 @@ nccl& nccl::operator=(nccl&&) noexcept = default;
 nccl::~nccl() = default;
 
 cudaStream_t nccl::stream() const noexcept { return impl_ ? impl_->stream : nullptr; }
+int nccl::device() const noexcept { return impl_ ? impl_->opt.device : -1; }
 
 void nccl::broadcast(std::span<std::byte> buf, std::size_t root) {
   impl_->broadcast(buf, root, impl_->stream);

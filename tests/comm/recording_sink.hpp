@@ -2,6 +2,8 @@
 // The sink of the distributed tests: digests what a rank holds (bytes and
 // shared views) and records the name of every call, placeholders included,
 // so that tests can check that every rank's sink saw the same sequence.
+// Device views come only from testing::emulated_device_lane here (host
+// memory): it records their names and digests them like bytes.
 #include <string>
 #include <vector>
 
@@ -11,10 +13,12 @@ namespace sluice_test {
 
 struct recording_sink {
   sluice::digest_sink digests;
-  std::vector<std::string> calls;  // tensor names, in call order
+  std::vector<std::string> calls;   // tensor names, in call order
+  std::vector<std::string> device;  // names of the device views (emulated lane)
   bool accept(sluice::tensor_view v) {
     calls.push_back(std::string(v.name()));
     if (v.kind == sluice::view_kind::metadata) return true;
+    if (v.kind == sluice::view_kind::device) device.push_back(std::string(v.name())), v.kind = sluice::view_kind::bytes;
     return digests.accept(std::move(v));
   }
 };

@@ -11,6 +11,7 @@
 #include <sluice/format/writer.hpp>
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
+#include <sluice/testing/emulated_device_lane.hpp>
 #include <sluice/testing/generator.hpp>
 
 #include "multiprocess.hpp"
@@ -103,10 +104,17 @@ std::string expected_digest(const policy::load_plan& plan, const policy::plan_en
   return d.digests().at(e.info.name).sha256;
 }
 
+// How a test's ranks load: through the tool-level call, or through a Gloo
+// communicator with an emulated device lane (device tensors travel in lane
+// memory; the sink gets device views), optionally into a plain digest_sink,
+// which must refuse them.
+enum class lane_mode { none, emulated, emulated_host_sink };
+
 // Runs `n` ranks; each writes its result (or error) to out/rank<r>.json.
 std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::string offload, const distributed_options& dopt,
                                      const std::function<void(std::size_t, fs::path&)>& before = {},
-                                     const std::function<void(std::size_t, const fs::path&)>& after_open = {}) {
+                                     const std::function<void(std::size_t, const fs::path&)>& after_open = {},
+                                     lane_mode mode = lane_mode::none) {
   const auto store = sluice_test::fresh_dir("dist-store");
   const auto out = sluice_test::fresh_dir("dist-out");
   const auto& ckdir = checkpoint_dir();
@@ -125,10 +133,27 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
           auto ck = checkpoint::open(dir);
           if (after_open) after_open(rank, dir);
           recording_sink s;
-          auto st = load_distributed(ck, topology, offload, who, s, dopt);
+          distributed_stats st;
+          if (mode == lane_mode::none) {
+            st = load_distributed(ck, topology, offload, who, s, dopt);
+          } else {
+            comm::gloo c(who);
+            auto o = dopt;
+            o.plan.local_size = n;
+            const auto plan = plan_for(ck, topology, offload, o);
+            testing::emulated_device_lane lane(c);
+            if (mode == lane_mode::emulated_host_sink) {
+              digest_sink plain;
+              st = load_distributed(ck, c, plan, plain, o, lane);
+            } else {
+              st = load_distributed(ck, c, plan, s, o, lane);
+            }
+            j["lane"] = {{"uploaded_bytes", lane.uploaded_bytes()}, {"exchanges", lane.exchanges()}};
+          }
           j["stats"] = st.to_json();
           for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
           j["calls"] = s.calls;
+          j["device"] = s.device;
         } catch (const std::exception& e) {
           j["error"] = e.what();
           code = 3;
@@ -152,7 +177,7 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
 }
 
 void check_load(std::size_t n, const std::string& topology, const std::string& offload,
-                const distributed_options& dopt = small_options()) {
+                const distributed_options& dopt = small_options(), lane_mode mode = lane_mode::none) {
   INFO(topology << " " << offload);
   const auto ref = reference_digests();
   auto ck = checkpoint::open(checkpoint_dir());
@@ -160,7 +185,7 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   opt.plan.local_size = n;
   opt.plan.split_bytes = dopt.plan.split_bytes;
   const auto plan = plan_for(ck, topology, offload, opt);
-  const auto results = run_load(n, topology, offload, dopt);
+  const auto results = run_load(n, topology, offload, dopt, {}, {}, mode);
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0;
   for (const auto& e : plan.entries)
     if (e.shared()) shared_table_bytes += e.info.size;
@@ -186,6 +211,21 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
     for (auto& c : results[0]["calls"]) names0.push_back(c.get<std::string>());
     REQUIRE(names == names0);
     REQUIRE(names.size() == ck.tensors().size());
+    // With a device lane, exactly its tensors destined for the device come as
+    // device views, in lane memory the rank uploaded to or received into.
+    std::set<std::string> device, want_device;
+    for (auto& d : j["device"]) device.insert(d.get<std::string>());
+    if (mode == lane_mode::emulated) {
+      for (const auto& e : plan.entries)
+        if (e.owners.contains(static_cast<policy::rank_t>(r)) && e.owner_destination == policy::destination::device)
+          want_device.insert(e.info.name);
+      REQUIRE_FALSE(want_device.empty());
+      REQUIRE(j["stats"]["device_views"].get<std::size_t>() == want_device.size());
+      REQUIRE(j["lane"]["exchanges"].get<std::uint32_t>() == plan.windows);
+      REQUIRE(j["lane"]["uploaded_bytes"] == j["stats"]["bytes_uploaded"]);
+      REQUIRE(j["stats"]["bytes_uploaded"].get<std::uint64_t>() > 0);
+    }
+    REQUIRE(device == want_device);
     read += j["stats"]["bytes_read"].get<std::uint64_t>();
     written += j["stats"]["shared_bytes_written"].get<std::uint64_t>();
   }
@@ -299,6 +339,58 @@ TEST_CASE("TP4: row and column parts, one rank per part", "[comm][distributed][t
 
 TEST_CASE("TP2 x PP2: parts within each stage, stages apart", "[comm][distributed][tp][pp]") {
   check_load(4, "tp2,dp1,ep2,pp2", "shared-single");
+}
+
+TEST_CASE("a device lane: device tensors travel in lane memory, host tables over Gloo", "[comm][distributed][lane]") {
+  // Tables destined for each rank's host memory travel over Gloo as bytes;
+  // everything else is uploaded into lane memory, exchanged there and
+  // delivered as device views (check_load: digests, exact bytes, call order).
+  check_load(4, "tp1,dp4,ep4", "per-rank", small_options(), lane_mode::emulated);
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", small_options(), lane_mode::emulated);
+  auto o = small_options();
+  o.overlap = distributed_options::overlap_mode::on;  // uploads and exchange on the helper thread
+  check_load(4, "tp1,dp4,ep4", "none", o, lane_mode::emulated);
+}
+
+TEST_CASE("a device lane under TP: row parts uploaded as read, column parts as cut", "[comm][distributed][lane][tp]") {
+  auto o = small_options();
+  o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by several ranks
+  check_load(4, "tp2,dp2,ep4", "shared-cooperative", o, lane_mode::emulated);
+  check_load(4, "tp4,dp1,ep1", "per-rank", small_options(), lane_mode::emulated);
+}
+
+TEST_CASE("a device lane into a host sink fails every rank, naming the sink", "[comm][distributed][lane]") {
+  const auto results = run_load(4, "tp1,dp4,ep4", "per-rank", small_options(), {}, {}, lane_mode::emulated_host_sink);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r].dump().substr(0, 2000));
+    REQUIRE(results[r]["exit"] == 3);
+    REQUIRE_FALSE(results[r]["timed_out"].get<bool>());
+    const auto msg = results[r]["error"].get<std::string>();
+    REQUIRE_THAT(msg, Catch::Contains("rank 0 failed while delivering") || Catch::Contains("rank 0 failed while reading"));
+    REQUIRE_THAT(msg, Catch::Contains("digest_sink got a view in device memory"));
+  }
+}
+
+TEST_CASE("one rank with a device lane: everything uploaded, nothing exchanged", "[comm][distributed][lane]") {
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto o = small_options();
+  const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", o);
+  comm::local c;
+  testing::emulated_device_lane lane(c);
+  recording_sink s;
+  const auto st = load_distributed(ck, c, plan, s, o, lane);
+  const auto ref = reference_digests();
+  REQUIRE(s.digests.digests().size() == ref.size());
+  for (auto& [n, d] : s.digests.digests()) REQUIRE(d.sha256 == ref.at(n));
+  std::uint64_t device_bytes = 0, device_tensors = 0;
+  for (const auto& e : plan.entries)
+    if (e.owner_destination == policy::destination::device) device_bytes += e.info.size, device_tensors += 1;
+  REQUIRE(st.device_views == device_tensors);
+  REQUIRE(s.device.size() == device_tensors);
+  REQUIRE(st.bytes_uploaded == device_bytes);  // each device byte uploaded once
+  REQUIRE(lane.uploaded_bytes() == device_bytes);
+  REQUIRE(lane.uploads() < device_tensors);  // adjacent reads travel up as one copy
+  REQUIRE(st.bytes_received == 0);
 }
 
 TEST_CASE("window reads overlapped with the collectives, or serial, deliver the same tensors", "[comm][distributed]") {

@@ -89,6 +89,8 @@ class nccl {
   [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] cudaStream_t stream() const noexcept;
+  /// The CUDA device of this rank (nccl_options::device).
+  [[nodiscard]] int device() const noexcept;
 
   // communicator (blocking; spans are device memory)
   void broadcast(std::span<std::byte> device_buf, std::size_t root);

@@ -16,6 +16,10 @@
 /// slots it holds. `finish()` (called by the loader after the last view) waits
 /// for every copy and rethrows the first failure.
 ///
+/// Views already in device memory (`view_kind::device`: a distributed load's
+/// device lane, comm::nccl_lane) are copied device-to-device the same way,
+/// and their lease (the lane's window buffer) is held until the copy is done.
+///
 /// Staging memory should be pinned (cuda::make_pinned_pool): from pageable
 /// memory cudaMemcpyAsync goes through a driver bounce buffer (correct, slow).
 /// Every CUDA call is checked: failures are cuda::cuda_error naming the call

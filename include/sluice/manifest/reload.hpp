@@ -142,6 +142,7 @@ class reload_session {
   /// not fully re-apply (see the file comment); the offending tensor's buffer is
   /// freed.
   bool accept(tensor_view v) {
+    require_host_view(v, "reload session");
     if (v.kind == view_kind::metadata) return false;
     const std::string& name = v.name();
     if (v.first()) {

@@ -15,8 +15,10 @@
 
 #include <concepts>
 #include <span>
+#include <string>
 
 #include <sluice/checkpoint.hpp>
+#include <sluice/error.hpp>
 #include <sluice/tensor_view.hpp>
 
 namespace sluice::inline v0 {
@@ -30,6 +32,15 @@ template <class S>
 concept direct_sink = sink<S> && requires(S& s, const tensor_ref& t) {
   { s.direct_destination(t) } -> std::same_as<std::span<std::byte>>;
 };
+
+/// For host sinks: throws config_error for a view whose bytes are in device
+/// memory (a distributed load with a device lane), which they must not read.
+inline void require_host_view(const tensor_view& v, const char* sink_name) {
+  if (v.kind == view_kind::device)
+    throw config_error(std::string(sink_name) +
+                           " got a view in device memory (the load has a device lane): use cuda::device_sink, or load without the lane",
+                       {"", v.tensor ? v.tensor->name : std::string()});
+}
 
 /// Whether a sink wants whole tensors (default: ordered pieces).
 template <class S>

@@ -38,6 +38,7 @@ struct tensor_digest {
 class digest_sink {
  public:
   bool accept(tensor_view v) {
+    require_host_view(v, "digest_sink");
     auto& ctx = open_[v.tensor];
     if (!ctx) {
       ctx.reset(EVP_MD_CTX_new());

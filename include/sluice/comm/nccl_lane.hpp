@@ -1,0 +1,79 @@
+#pragma once
+/// \file
+/// `comm::nccl_lane`: the device lane of a distributed load (the sluice::nccl
+/// component; see stages/broadcast.hpp). Tensors destined for the device are
+/// read into pinned host memory, copied to the GPU with cudaMemcpyAsync on
+/// the NCCL communicator's stream, and exchanged between the ranks' device
+/// window buffers with ncclSend/ncclRecv in one group on that same stream
+/// (so every upload is ordered before the messages that carry it); `exchange`
+/// returns when the stream has drained, bounded by the communicator's timeout.
+/// The sink then gets `view_kind::device` views of the window buffer
+/// (cuda::device_sink copies them device-to-device into their destinations).
+///
+/// Memory: four pinned host buffers and four device buffers (window parity x
+/// kept/scratch), each as large as the largest window needs (about
+/// `plan_options::window_bytes` per rank for kept, its reads-for-others for
+/// scratch), reused from window to window; a buffer a sink still holds a view
+/// into is replaced, not overwritten. Errors: cuda::cuda_error naming the call,
+/// nccl_error / comm_error from the exchange.
+///
+///   auto dev = comm::nccl::connect(host_comm, {.device = local_rank});
+///   comm::nccl_lane lane(dev);
+///   cuda::device_sink sink({.device = local_rank});
+///   load_distributed(ck, host_comm, plan, sink, opt, lane);
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include <sluice/comm/nccl.hpp>
+#include <sluice/core/lease.hpp>
+#include <sluice/stages/broadcast.hpp>
+
+namespace sluice::inline v0::comm {
+
+struct nccl_lane_stats {
+  std::uint64_t uploads = 0;             ///< cudaMemcpyAsync host -> device
+  std::uint64_t uploaded_bytes = 0;
+  std::uint64_t exchanges = 0;
+  std::uint64_t host_allocations = 0;    ///< pinned buffers allocated (a reused one is not counted again)
+  std::uint64_t device_allocations = 0;  ///< device buffers allocated
+};
+
+class nccl_lane {
+ public:
+  /// A lane over `c` (its device and stream); `c` must outlive the lane.
+  explicit nccl_lane(nccl& c);
+  nccl_lane(nccl_lane&&) noexcept;
+  nccl_lane& operator=(nccl_lane&&) noexcept;
+  nccl_lane(const nccl_lane&) = delete;
+  nccl_lane& operator=(const nccl_lane&) = delete;
+  /// Waits for the stream (errors ignored) before the buffers go.
+  ~nccl_lane();
+
+  /// Pinned host memory for slot `slot` (0..3), `n` bytes.
+  [[nodiscard]] lease host_buffer(unsigned slot, std::size_t n);
+  /// Device memory (the communicator's device) for slot `slot`, `n` bytes.
+  [[nodiscard]] lease device_buffer(unsigned slot, std::size_t n);
+  /// Enqueues the copy of `host_src` into `device_dst` (equal sizes) on the communicator's stream.
+  void upload(std::span<std::byte> device_dst, std::span<const std::byte> host_src);
+  /// The window's messages (device memory), after the uploads; returns when all completed.
+  void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs);
+
+  [[nodiscard]] nccl_lane_stats stats() const noexcept { return stats_; }
+
+ private:
+  struct slot_memory {
+    std::shared_ptr<void> mem;
+    std::byte* data = nullptr;
+    std::size_t cap = 0;
+  };
+  nccl* c_;
+  slot_memory host_[4], dev_[4];
+  nccl_lane_stats stats_;
+};
+
+static_assert(device_lane<nccl_lane>);
+
+}  // namespace sluice::inline v0::comm

@@ -1,0 +1,246 @@
+#pragma once
+/// \file
+/// The broadcast stage's window machinery: where one rank's bytes of a window
+/// lie, which point-to-point messages carry each slice from its reader to the
+/// ranks that keep it, and the memory that holds them — host memory moved by
+/// the host communicator (Gloo), or, for tensors whose destination is the
+/// device, a `device_lane`: device memory moved by NCCL.
+///
+/// Both lanes share one plan: `layout_window(plan, rank, begin, end, lane)` is
+/// a pure function of the plan and the lane, so a rank computes its peers'
+/// layouts too and both ends of every message agree on where it lies
+/// (`window_messages` coalesces a pair's back-to-back messages).
+///
+/// The driver (distributed.hpp) reads a rank's slices into host memory (the
+/// lane's `host_buffer`: pinned, for fast H2D copies), cuts column parts,
+/// `upload`s what it keeps or sends into the lane's `device_buffer`, then
+/// runs the lane's `exchange` and hands the sink `view_kind::device` views of
+/// that memory. Tensors destined for host memory (per-rank tables) travel
+/// over the host communicator in the same window; shared tables never travel.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include <sys/mman.h>
+
+#include <sluice/comm/concepts.hpp>
+#include <sluice/core/lease.hpp>
+#include <sluice/policy/plan.hpp>
+
+namespace sluice::inline v0 {
+
+/// Device memory and its transport, for the tensors a distributed load
+/// places on the device (`policy::destination::device`):
+/// - `host_buffer(slot, n)`: host memory (pinned) the rank's reads land in;
+/// - `device_buffer(slot, n)`: lane memory the exchange moves and the sink
+///   sees (`view_kind::device` views hold its lease);
+/// - `upload(dst, src)`: copies host bytes into lane memory (may be
+///   asynchronous, but ordered before the next `exchange`);
+/// - `exchange(sends, recvs)`: the window's point-to-point messages between
+///   lane buffers; returns when every upload and message has completed.
+/// Slots: 0..3 (window parity x kept/scratch); a slot's memory is reused
+/// while nobody else holds its lease (a sink that keeps views gets fresh
+/// memory). Implementations: comm::nccl_lane (CUDA + NCCL),
+/// testing::emulated_device_lane (host memory, any host communicator: tests).
+template <class L>
+concept device_lane = requires(L& l, unsigned slot, std::size_t n, std::span<std::byte> dst, std::span<const std::byte> src,
+                               std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {
+  { l.host_buffer(slot, n) } -> std::same_as<lease>;
+  { l.device_buffer(slot, n) } -> std::same_as<lease>;
+  l.upload(dst, src);
+  l.exchange(sends, recvs);
+};
+
+/// No device lane: every tensor travels in host memory over the host communicator.
+struct no_device_lane {
+  lease host_buffer(unsigned, std::size_t) { return {}; }
+  lease device_buffer(unsigned, std::size_t) { return {}; }
+  void upload(std::span<std::byte>, std::span<const std::byte>) {}
+  void exchange(std::span<const comm::send_message>, std::span<const comm::recv_message>) {}
+};
+static_assert(device_lane<no_device_lane>);
+
+/// Which tensors of a window a layout covers: every one that travels (no
+/// device lane), those destined for host memory, or those for the device.
+/// Shared tables are in none (they never travel).
+enum class window_lane : std::uint8_t { all, host, device };
+
+[[nodiscard]] inline bool travels_in(const policy::plan_entry& e, window_lane lane) noexcept {
+  if (e.shared()) return false;
+  switch (lane) {
+    case window_lane::all: return true;
+    case window_lane::host: return e.owner_destination != policy::destination::device;
+    case window_lane::device: return e.owner_destination == policy::destination::device;
+  }
+  return false;
+}
+
+namespace detail {
+
+// A window buffer reused while no sink holds a view into it (a sink that
+// keeps views gets a fresh buffer next window): no first-touch per window.
+class window_buffer {
+ public:
+  lease get(std::size_t n) {
+    if (n == 0) return {};
+    if (!mem_ || mem_.use_count() > 1 || cap_ < n) {
+      const std::size_t cap = (std::max(n, cap_) + 4095) / 4096 * 4096;
+      void* p = std::aligned_alloc(4096, cap);
+      if (!p) throw std::bad_alloc();
+      ::madvise(p, cap, MADV_HUGEPAGE);  // a hint
+      mem_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+      cap_ = cap;
+    }
+    return lease(mem_, {static_cast<std::byte*>(mem_.get()), n});
+  }
+
+ private:
+  std::shared_ptr<void> mem_;
+  std::size_t cap_ = 0;
+};
+
+// Where one rank's bytes of a window go: a pure function of the plan, so that
+// a rank can compute its peers' layouts too (to coalesce messages, both ends
+// of a pair must agree). Two regions: `kept` (its parts of the tensors it
+// owns; its own reads and the messages it receives land there) and `scratch`
+// (what it reads only for others, and packed column parts it sends).
+struct window_layout {
+  static constexpr std::size_t none = ~std::size_t{0};
+  struct region_at {
+    bool kept = true;
+    std::size_t off = 0;
+  };
+  struct read_at { std::size_t entry, read; region_at at; };
+  struct cut_at { std::size_t from; std::uint32_t part; region_at at; };  // TP part `part` of reads[from]
+  struct message_at { std::uint32_t tag; std::size_t peer; region_at at; std::size_t size; bool send; };
+  std::vector<std::size_t> kept_off;  // by entry - begin; none: not kept
+  std::vector<read_at> reads;         // this rank's reads, plan order
+  std::vector<cut_at> cuts;           // column parts cut from its reads (its own part, or packed for others)
+  std::vector<message_at> messages;   // its ends of the window's messages, in tag order
+  std::size_t kept_bytes = 0, scratch_bytes = 0;
+};
+
+inline window_layout layout_window(const policy::load_plan& plan, policy::rank_t me, std::size_t begin, std::size_t end,
+                                   window_lane lane = window_lane::all) {
+  using region_at = window_layout::region_at;
+  window_layout L;
+  L.kept_off.assign(end - begin, window_layout::none);
+  // Kept parts grouped by who sends them (the reader of a tensor read in one
+  // piece, and the set of ranks that read goes to), plan order within a
+  // group: then what one reader sends one receiver in a window lies back to
+  // back at both ends and travels as one message.
+  struct keyed { policy::rank_t reader; std::uint64_t receivers; std::size_t entry; };
+  std::vector<keyed> order;
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto& e = plan.entries[i];
+    if (!travels_in(e, lane) || !e.owners.contains(me)) continue;
+    keyed k{static_cast<policy::rank_t>(plan.world), 0, i};
+    if (e.reads.size() == 1 && e.split != policy::tp_split::columns) {
+      k.reader = e.reads[0].reader;
+      plan.for_each_message(e, [&k](const policy::planned_message& m) { k.receivers = k.receivers * 1099511628211ull + m.to + 1; });
+    }
+    order.push_back(k);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const keyed& x, const keyed& y) {
+    return x.reader != y.reader ? x.reader < y.reader : x.receivers < y.receivers;
+  });
+  for (const auto& k : order) L.kept_off[k.entry - begin] = L.kept_bytes, L.kept_bytes += plan.kept_bytes(plan.entries[k.entry]);
+  std::uint32_t tag = 0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto& e = plan.entries[i];
+    if (!travels_in(e, lane)) continue;
+    const bool owned = e.owners.contains(me);
+    const auto kept = L.kept_off[i - begin];
+    const auto first = L.reads.size();
+    for (std::size_t k = 0; k < e.reads.size(); ++k) {
+      const auto& rd = e.reads[k];
+      if (rd.reader != me) continue;
+      if (plan.keeps_as_read(e, rd, me)) {
+        L.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}});
+      } else {
+        L.reads.push_back({i, k, {false, L.scratch_bytes}});
+        L.scratch_bytes += rd.size;
+      }
+      if (e.split == policy::tp_split::columns && owned) {  // its own part of these rows
+        const auto row = policy::load_plan::row_bytes(e);
+        L.cuts.push_back({L.reads.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
+                          {true, kept + rd.offset / row * (row / plan.tp)}});
+      }
+    }
+    plan.for_each_message(e, [&](const policy::planned_message& m) {
+      const auto& rd = e.reads[m.read];
+      if (rd.reader == me) {
+        std::size_t from = first;  // this read among its reads
+        while (L.reads[from].read != m.read) ++from;
+        region_at src = L.reads[from].at;  // the bytes as read (no split, or a row split)
+        if (e.split == policy::tp_split::columns) {
+          if (owned && m.part == plan.tp_rank(me)) {
+            src = {true, kept + m.at};  // its own part, cut from the rows
+          } else {  // one packed copy of part m.part of these rows, for all its receivers
+            auto& c = L.cuts;
+            if (c.empty() || c.back().from != from || c.back().part != m.part) {
+              c.push_back({from, m.part, {false, L.scratch_bytes}});
+              L.scratch_bytes += m.size;
+            }
+            src = c.back().at;
+          }
+        }
+        L.messages.push_back({tag, m.to, src, m.size, true});
+      }
+      if (m.to == me) L.messages.push_back({tag, rd.reader, {true, kept + m.at}, m.size, false});
+      ++tag;
+    });
+  }
+  return L;
+}
+
+// This rank's messages of the window, coalesced: consecutive messages of one
+// pair (same direction) become one where they lie back to back at BOTH ends
+// (the peer's layout is computed from the plan, so both ends decide alike).
+// The merged message keeps the first one's tag.
+inline std::vector<window_layout::message_at> window_messages(const policy::load_plan& plan, const window_layout& mine,
+                                                              policy::rank_t me, std::size_t begin, std::size_t end,
+                                                              window_lane lane = window_lane::all) {
+  std::unordered_map<std::size_t, window_layout> peers;
+  for (const auto& m : mine.messages)
+    if (!peers.contains(m.peer)) peers.emplace(m.peer, layout_window(plan, static_cast<policy::rank_t>(m.peer), begin, end, lane));
+  // The other end of each message: the peer's entry with the same tag.
+  std::unordered_map<std::size_t, std::unordered_map<std::uint32_t, window_layout::region_at>> far;
+  for (const auto& [peer, L] : peers)
+    for (const auto& m : L.messages)
+      if (m.peer == me) far[peer][m.tag] = m.at;
+  std::vector<window_layout::message_at> out;
+  std::unordered_map<std::size_t, std::size_t> last[2];  // by direction, peer: index in out
+  std::unordered_map<std::size_t, window_layout::region_at> last_far[2];
+  auto next_to = [](const window_layout::region_at& a, std::size_t n, const window_layout::region_at& b) {
+    return a.kept == b.kept && a.off + n == b.off;
+  };
+  for (const auto& m : mine.messages) {
+    const auto there = far.at(m.peer).at(m.tag);
+    auto& l = last[m.send];
+    auto& lf = last_far[m.send];
+    if (auto it = l.find(m.peer); it != l.end()) {
+      auto& prev = out[it->second];
+      if (next_to(prev.at, prev.size, m.at) && next_to(lf.at(m.peer), prev.size, there)) {
+        prev.size += m.size;
+        continue;
+      }
+    }
+    l[m.peer] = out.size();
+    lf[m.peer] = there;
+    out.push_back(m);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+}  // namespace sluice::inline v0

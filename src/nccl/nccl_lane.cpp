@@ -1,0 +1,73 @@
+// comm::nccl_lane: pinned host windows, device windows, uploads and the
+// exchange on the NCCL communicator's stream.
+#include <cuda_runtime_api.h>
+
+#include <fmt/format.h>
+
+#include <sluice/comm/nccl_lane.hpp>
+#include <sluice/cuda/error.hpp>
+#include <sluice/memory/device.hpp>
+#include <sluice/memory/pinned.hpp>
+
+namespace sluice::inline v0::comm {
+
+namespace {
+std::size_t rounded(std::size_t n) { return (n + (std::size_t{2} << 20) - 1) / (std::size_t{2} << 20) * (std::size_t{2} << 20); }
+
+void check_slot(unsigned slot) {
+  if (slot >= 4) throw config_error(fmt::format("nccl_lane: slot {} (slots are 0..3)", slot));
+}
+}  // namespace
+
+nccl_lane::nccl_lane(nccl& c) : c_(&c) {}
+nccl_lane::nccl_lane(nccl_lane&&) noexcept = default;
+nccl_lane& nccl_lane::operator=(nccl_lane&&) noexcept = default;
+
+nccl_lane::~nccl_lane() {
+  if (c_) (void)::cudaStreamSynchronize(c_->stream());  // no copy may still read or write the buffers
+}
+
+lease nccl_lane::host_buffer(unsigned slot, std::size_t n) {
+  check_slot(slot);
+  if (n == 0) return {};
+  auto& m = host_[slot];
+  if (!m.mem || m.mem.use_count() > 1 || m.cap < n) {
+    const auto cap = rounded(std::max(n, m.cap));
+    auto p = memory::pinned::allocate(cap);
+    m = {p.keep(), p.data(), cap};
+    stats_.host_allocations += 1;
+  }
+  return lease(m.mem, {m.data, n});
+}
+
+lease nccl_lane::device_buffer(unsigned slot, std::size_t n) {
+  check_slot(slot);
+  if (n == 0) return {};
+  auto& m = dev_[slot];
+  if (!m.mem || m.mem.use_count() > 1 || m.cap < n) {
+    const auto cap = rounded(std::max(n, m.cap));
+    auto b = std::make_shared<memory::device_buffer>(
+        memory::device_buffer::allocate(cap, c_->device(), fmt::format("nccl_lane window buffer {}", slot)));
+    m = {b, b->data(), cap};
+    stats_.device_allocations += 1;
+  }
+  return lease(m.mem, {m.data, n});
+}
+
+void nccl_lane::upload(std::span<std::byte> device_dst, std::span<const std::byte> host_src) {
+  if (device_dst.size() != host_src.size())
+    throw config_error(fmt::format("nccl_lane upload: {} bytes into {}", host_src.size(), device_dst.size()));
+  if (host_src.empty()) return;
+  cuda::check(::cudaMemcpyAsync(device_dst.data(), host_src.data(), host_src.size(), cudaMemcpyHostToDevice, c_->stream()),
+              "cudaMemcpyAsync", {fmt::format("nccl_lane upload of {} bytes", host_src.size())});
+  stats_.uploads += 1;
+  stats_.uploaded_bytes += host_src.size();
+}
+
+void nccl_lane::exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) {
+  c_->exchange(sends, recvs);  // enqueued after the uploads on the same stream; waits when it has messages
+  c_->wait(c_->stream());      // and when it has none: the uploads must have landed before delivery
+  stats_.exchanges += 1;
+}
+
+}  // namespace sluice::inline v0::comm

@@ -1,0 +1,75 @@
+// tests for <sluice/comm/nccl_lane.hpp>: the device lane of a distributed load.
+// One GPU per machine here, and NCCL refuses two ranks on one device, so the
+// device test is a one-rank world: reads -> pinned host -> upload -> (an empty
+// NCCL exchange) -> device views -> cuda::device_sink device-to-device. The
+// multi-rank logic of the lane (layouts, messages, uploads ordered before the
+// exchange) is the driver's, tested without a GPU through
+// testing::emulated_device_lane in tests/comm/test_distributed.cpp.
+#include <utility>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include <sluice/comm/local.hpp>
+#include <sluice/comm/nccl_lane.hpp>
+#include <sluice/cuda/device_sink.hpp>
+#include <sluice/distributed.hpp>
+#include <sluice/memory/pinned.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "device_or_skip.hpp"
+
+using namespace sluice;
+
+TEST_CASE("nccl_lane is a device lane", "[cuda][nccl][lane]") {
+  STATIC_REQUIRE(device_lane<comm::nccl_lane>);
+  STATIC_REQUIRE(std::is_nothrow_move_constructible_v<comm::nccl_lane>);
+  STATIC_REQUIRE_FALSE(std::is_copy_constructible_v<comm::nccl_lane>);
+}
+
+TEST_CASE("a one-rank distributed load through the NCCL lane lands every tensor on the device", "[cuda][nccl][lane]") {
+  SLUICE_REQUIRE_DEVICE();
+  const auto dir = std::filesystem::temp_directory_path() / ("sluice-nccl-lane-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  testing::generator_options g;
+  g.experts = 8, g.layers = 3, g.engram_rows = 4096, g.max_shard_bytes = 1u << 20;
+  const auto written = testing::write_checkpoint(dir, g);
+  {
+    auto ck = checkpoint::open(dir);
+    distributed_options o;
+    o.load.register_buffers = false;
+    o.plan.window_bytes = 256u << 10;  // several windows: buffers reused and replaced
+    o.plan.split_bytes = 64u << 10;
+    const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", o);
+    comm::local host;
+    auto dev = comm::nccl::connect(host, {.device = 0});
+    comm::nccl_lane lane(dev);
+    cuda::device_sink sink({.device = 0});
+    const auto st = load_distributed(ck, host, plan, sink, o, lane);
+
+    std::uint64_t device_bytes = 0, device_tensors = 0;
+    for (const auto& e : plan.entries)
+      if (e.owner_destination == policy::destination::device) device_bytes += e.info.size, device_tensors += 1;
+    REQUIRE(device_tensors > 0);
+    REQUIRE(st.device_views == device_tensors);
+    REQUIRE(st.bytes_uploaded == device_bytes);
+    REQUIRE(lane.stats().uploaded_bytes == device_bytes);
+    REQUIRE(lane.stats().exchanges == plan.windows);
+    REQUIRE(st.windows > 2);
+    // Every tensor (device views copied device-to-device, host tables
+    // uploaded by the sink) copied back and hashed against the generator.
+    std::size_t checked = 0;
+    for (const auto& t : testing::expected_tensors(written)) {
+      std::vector<std::byte> out(sink.get(t.name).size);
+      sink.download(t.name, out);
+      INFO(t.name);
+      CHECK(testing::sha256().update(out).hex() == t.sha256);
+      ++checked;
+    }
+    REQUIRE(checked == ck.tensors().size());
+  }
+  std::filesystem::remove_all(dir);
+}
