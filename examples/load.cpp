@@ -29,6 +29,11 @@
 #include <sluice/source/s3_load.hpp>
 #endif
 
+#if SLUICE_HAS_NCCL
+#include <sluice/comm/nccl_lane.hpp>
+#include <sluice/cuda/device_sink.hpp>
+#endif
+
 #include "common/cli.hpp"
 
 namespace {
@@ -57,6 +62,9 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
   --overlap auto|on|off   read the next window while this one's collective runs (default auto:
                          on with at least two hardware threads per local rank)
   --rank N --world-size N --local-rank N --local-world-size N   override the environment
+  --device               with --topology: one GPU per rank (device = local rank): tensors for the
+                         device travel by NCCL (unique id through SLUICE_STORE_DIR) into device memory;
+                         --digest copies them back (needs the nccl component and a GPU)
   --connections N        s3://: S3 connections (concurrent range GETs) of the node (default 16)
   --connections-per-rank N   s3:// with --topology: connections of each rank's S3 client (default: the
                          per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)
@@ -71,7 +79,7 @@ struct options {
   std::optional<std::size_t> rank, world, local_rank, local_world;
   std::size_t connections_per_rank = 0;
   std::size_t connections = 0;  // 0: the S3 config's default
-  bool digest = false, json = false, progress = true, probe = false;
+  bool digest = false, json = false, progress = true, probe = false, device = false;
 };
 
 options parse(int argc, char** argv) {
@@ -94,6 +102,7 @@ options parse(int argc, char** argv) {
     else if (a == "--inline-copies") o.load.punt_buffered = false;
     else if (a == "--select") o.select = value(i);
     else if (a == "--digest") o.digest = true;
+    else if (a == "--device") o.device = true;
     else if (a == "--json") o.json = true;
     else if (a == "--json-out") o.json_out = value(i);
     else if (a == "--no-progress") o.progress = false;
@@ -116,6 +125,7 @@ options parse(int argc, char** argv) {
   }
   if (o.source.empty()) throw config_error("no SOURCE given (see --help)");
   if (!o.contract_out.empty() && !o.probe) throw config_error("--contract-out needs --probe");
+  if (o.device && o.topology.empty()) throw config_error("--device needs --topology (it places one rank's tensors on its GPU)");
   return o;
 }
 
@@ -200,22 +210,65 @@ int run_distributed(const options& o) {
   const std::string topo = o.topology.empty() ? fmt::format("tp1,dp{},ep{}", who.world_size, who.world_size) : o.topology;
   owned_digests digests;
   discard_sink discard;
-  auto run = [&](auto& sink) -> distributed_stats {
+  auto run = [&](auto& sink, auto& lane) -> distributed_stats {
     if (o.source.starts_with("s3://")) {
 #if SLUICE_HAS_S3
       return load_distributed(s3_location{o.source, o.connections ? std::optional(s3_config_for(o)) : std::nullopt}, topo,
-                              o.offload, who, sink, dopt, oo);
+                              o.offload, who, sink, dopt, oo, lane);
 #else
       throw config_error("this sluice-load was built without the s3 component");
 #endif
     }
-    return load_distributed(std::filesystem::path(o.source), topo, o.offload, who, sink, dopt, oo);
+    return load_distributed(std::filesystem::path(o.source), topo, o.offload, who, sink, dopt, oo, lane);
   };
-  auto st = o.digest ? run(digests) : run(discard);
+  distributed_stats st;
+  std::vector<std::string> digest_lines;
+  if (o.device) {
+#if SLUICE_HAS_NCCL
+    // The device sink first (without a driver it fails here, on every rank,
+    // before any collective), then NCCL through the store.
+    const int dev = static_cast<int>(who.local_rank);
+    cuda::device_sink sink({.device = dev});
+    // One rank needs no rendezvous; more exchange NCCL's unique id through the store.
+    auto nccl = who.world_size == 1 ? comm::nccl(0, 1, comm::nccl::make_unique_id(), {.device = dev})
+                                    : comm::nccl::connect(who, {.device = dev});
+    comm::nccl_lane lane(nccl);
+    struct recording {
+      cuda::device_sink& s;
+      std::map<std::string, tensor_view> owned;  // last view of each tensor this rank holds (metadata: dropped)
+      bool accept(tensor_view v) {
+        if (v.kind == view_kind::metadata) return false;
+        tensor_view meta;
+        meta.tensor = v.tensor, meta.part = v.part, meta.kind = view_kind::metadata;
+        owned[v.name()] = meta;
+        return s.accept(std::move(v));
+      }
+      void finish() { s.finish(); }
+    } rec{sink, {}};
+    st = run(rec, lane);
+    if (o.digest)
+      for (const auto& [name, meta] : rec.owned) {  // copied back from the device and hashed
+        std::vector<std::byte> host(sink.get(name).size);
+        sink.download(name, host);
+        digest_sink d;
+        tensor_view v = meta;
+        v.kind = view_kind::bytes;
+        v.bytes = host;
+        d.accept(std::move(v));
+        digest_lines.push_back(d.digests().at(name).line());
+      }
+#else
+    throw config_error("--device: this sluice-load was built without the nccl component (CUDA toolkit and NCCL)");
+#endif
+  } else {
+    no_device_lane none;
+    st = o.digest ? run(digests, none) : run(discard, none);
+    if (o.digest)
+      for (const auto& [name, d] : digests.d.digests()) digest_lines.push_back(d.line());
+  }
   auto j = st.to_json();
   j["peak_rss_bytes"] = sluice_cli::peak_rss();
-  if (o.digest)
-    for (const auto& [name, d] : digests.d.digests()) std::printf("%s\n", d.line().c_str());
+  for (const auto& line : digest_lines) std::printf("%s\n", line.c_str());
   std::string out = o.json_out;
   if (out.empty())
     if (const char* e = std::getenv("SLUICE_JSON_OUT")) out = e;

@@ -2,8 +2,10 @@
 # bench/gpu/run.sh — issue 7's GPU check, for one H200 machine (root, no
 # network), in at most ~8 minutes:
 #   1. build (Release): the cuda/nccl components, bench-gpu, the CUDA tests;
-#   2. the CUDA tests on the device (ctest -L cuda: the device tests must pass;
-#      only the no-driver tests skip there, saying a device is present);
+#   2. the CUDA tests on the device (ctest -L cuda: the device tests must pass —
+#      among them a one-rank distributed load through the NCCL device lane;
+#      only the no-driver tests skip there, saying a device is present), and
+#      sluice-load --device --digest against the generator (examples.load.checks);
 #   3. bench-gpu: pinned H2D ceiling, storage read (page cache, O_DIRECT),
 #      sluice file -> GPU both ways, every tensor copied back and compared by
 #      SHA-256, peak pinned memory, ratios vs min(storage, H2D).
@@ -71,14 +73,14 @@ if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
   fi
 fi
 
-# ---- 2. configure + build (Release; no S3/Gloo/examples: not needed here)
+# ---- 2. configure + build (Release; no S3/Gloo: not needed here)
 stamp "configure"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_BENCH=ON \
-  -DSLUICE_BUILD_TESTS=ON -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_ENABLE_CUDA=ON -DSLUICE_ENABLE_S3=OFF \
+  -DSLUICE_BUILD_TESTS=ON -DSLUICE_BUILD_EXAMPLES=ON -DSLUICE_ENABLE_CUDA=ON -DSLUICE_ENABLE_S3=OFF \
   -DSLUICE_ENABLE_GLOO=OFF -DSLUICE_ENABLE_FUZZ=OFF -DCMAKE_CUDA_ARCHITECTURES=90 "${cmake_args[@]}" \
   > "$OUT/configure.txt" 2>&1 || { tail -40 "$OUT/configure.txt"; exit 3; }
 grep "sluice components" "$OUT/configure.txt"
-targets=(bench-gpu sluice_tests_cuda)
+targets=(bench-gpu sluice_tests_cuda sluice-load gen-checkpoint sluice-inspect)
 grep -q "components:.*nccl" "$OUT/configure.txt" && targets+=(sluice_tests_nccl)
 stamp "build ${targets[*]} with $JOBS jobs"
 cmake --build "$BUILD" --target "${targets[@]}" -j "$JOBS" > "$OUT/build.txt" 2>&1 || { grep -B2 -A12 "error" "$OUT/build.txt" | head -80; exit 4; }
@@ -87,6 +89,9 @@ cmake --build "$BUILD" --target "${targets[@]}" -j "$JOBS" > "$OUT/build.txt" 2>
 stamp "ctest -L cuda"
 (cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 120) > "$OUT/gpu-tests.txt" 2>&1
 tests_rc=$?
+stamp "sluice-load --device (ctest examples.load.checks)"
+(cd "$BUILD" && ctest -R 'examples.gen-checkpoint$|examples.load.checks' --output-on-failure --timeout 120) >> "$OUT/gpu-tests.txt" 2>&1 || tests_rc=1
+grep -E "ok: --device|FAIL" "$OUT/gpu-tests.txt"
 tail -25 "$OUT/gpu-tests.txt"
 
 # ---- 4. the bench

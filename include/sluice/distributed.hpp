@@ -667,7 +667,8 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
 template <comm::communicator Comm, sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                    const distributed_options& opt = {}) {
-  return load_distributed_with(ck, c, plan, s, opt, [&ck, &opt] { return std::make_unique<file_reader>(ck, opt.load); });
+  no_device_lane none;
+  return load_distributed(ck, c, plan, s, opt, none);
 }
 
 /// The plan for `ck` under a topology string ("tp1,dp8,ep8", "tp4,pp2") and an offload
@@ -743,16 +744,26 @@ distributed_stats load_distributed(const checkpoint& ck, std::string_view topolo
 /// Like the call above, but opens the checkpoint at `location` after joining
 /// the world, so that a rank that cannot open it (a missing or corrupt shard)
 /// makes every rank throw distributed_error naming it, at once — rather than
-/// leaving its peers to time out at the rendezvous.
+/// leaving its peers to time out at the rendezvous. With a device lane (e.g.
+/// comm::nccl_lane over `comm::nccl::connect(who, {.device = local_rank})`,
+/// whose unique id travels through the same store), tensors destined for the
+/// device reach `s` as `view_kind::device` views (cuda::device_sink).
+template <sink Sink, device_lane Lane>
+distributed_stats load_distributed(const std::filesystem::path& location, std::string_view topology,
+                                   std::string_view offload, const comm::rank_info& who, Sink& s,
+                                   distributed_options opt, const open_options& open, Lane& lane) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  return detail::in_world(who, [&](auto& c) {
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(location, open); }, topology, offload, who, opt);
+    return load_distributed(ck, c, plan, s, opt, lane);
+  });
+}
 template <sink Sink>
 distributed_stats load_distributed(const std::filesystem::path& location, std::string_view topology,
                                    std::string_view offload, const comm::rank_info& who, Sink& s,
                                    distributed_options opt = {}, const open_options& open = {}) {
-  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
-  return detail::in_world(who, [&](auto& c) {
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(location, open); }, topology, offload, who, opt);
-    return load_distributed(ck, c, plan, s, opt);
-  });
+  no_device_lane none;
+  return load_distributed(location, topology, offload, who, s, std::move(opt), open, none);
 }
 
 }  // namespace sluice::inline v0

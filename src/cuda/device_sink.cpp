@@ -95,21 +95,23 @@ struct device_sink::impl {
     if (failure) std::rethrow_exception(std::exchange(failure, nullptr));
   }
 
-  device_span destination(const tensor_ref& t) {
+  // `size`: the tensor's, or its TP part's (a distributed rank keeps a part).
+  device_span destination(const tensor_ref& t, std::uint64_t size) {
     if (auto it = caller.find(t.name); it != caller.end()) {
-      if (it->second.size != t.size)
-        throw config_error(fmt::format("device destination holds {} bytes, the tensor {}", it->second.size, t.size),
+      if (it->second.size != size)
+        throw config_error(fmt::format("device destination holds {} bytes, the tensor{} {}", it->second.size,
+                                       size == t.size ? "" : "'s part", size),
                            {"", t.name});
       return it->second;
     }
     if (auto it = placed.find(t.name); it != placed.end()) return it->second;
     if (!opt.allocate) return {};
     if (auto it = arena_offsets.find(t.name); it != arena_offsets.end()) {
-      device_span d{arena.data() + it->second, static_cast<std::size_t>(t.size)};
+      device_span d{arena.data() + it->second, static_cast<std::size_t>(size)};
       placed.emplace(t.name, d);
       return d;
     }
-    auto b = memory::device_buffer::allocate(static_cast<std::size_t>(t.size), opt.device, t.name);
+    auto b = memory::device_buffer::allocate(static_cast<std::size_t>(size), opt.device, t.name);
     device_span d{b.data(), b.size()};
     {
       std::lock_guard g(mu);
@@ -124,8 +126,8 @@ struct device_sink::impl {
     rethrow_failure();
     if (v.kind == view_kind::metadata) return true;
     const tensor_ref& t = *v.tensor;
-    auto dst = destination(t);
-    if (!dst.data && t.size) return false;  // neither given nor allocated: declined
+    auto dst = destination(t, v.part_size());
+    if (!dst.data && v.part_size()) return false;  // neither given nor allocated: declined
     if (v.kind == view_kind::placed || v.bytes.empty()) return true;
     if (v.offset + v.bytes.size() > dst.size)
       throw config_error(fmt::format("piece [{}, {}) exceeds the {}-byte device destination", v.offset,

@@ -5,7 +5,9 @@
 #    checkpoint 4x the staging budget stays within it (slots_used * slot_size);
 #  - --probe reads headers only (bytes_read 0) and --contract-out writes JSON;
 #    with --topology it plans every byte to exactly one reader rank;
-#  - a bad checkpoint gives a non-zero exit and one `sluice: error:` line.
+#  - a bad checkpoint gives a non-zero exit and one `sluice: error:` line;
+#  - --device: the digests copied back from the GPU (with one), or one clear
+#    error line (without).
 # Usage: check_load.sh SLUICE_LOAD CKPT DIGESTS BAD_DIR
 set -euo pipefail
 load=$1 ck=$2 digests=$3 bad=$4
@@ -50,4 +52,20 @@ if "$load" "$bad/truncated-after-header.safetensors" --no-progress 2> "$work/err
 [[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: data-end: .*truncated-after-header.safetensors" "$work/err.txt" \
   || { echo "FAIL: error output:"; cat "$work/err.txt"; exit 1; }
 echo "ok: $(cat "$work/err.txt")"
+# --device: one GPU per rank, device tensors through the NCCL lane into device
+# memory. With a GPU, --digest (copied back) equals the generator's digests;
+# without one, every rank fails at once with one error line naming the call.
+if "$load" "$ck" --device --no-progress 2> "$work/err.txt"; then echo "FAIL: --device without --topology loaded"; exit 1; fi
+grep -q "^sluice: error: --device needs --topology" "$work/err.txt" || { echo "FAIL: error output:"; cat "$work/err.txt"; exit 1; }
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+  "$load" "$ck" --topology tp1,dp1,ep1 --offload per-rank --device --digest --no-progress > "$work/dd.txt" 2>"$work/err.txt" \
+    || { echo "FAIL: --device load:"; cat "$work/err.txt"; exit 1; }
+  sort "$digests" | cmp -s - "$work/dd.txt" || { echo "FAIL: --device --digest differs"; diff <(sort "$digests") "$work/dd.txt" | head; exit 1; }
+  echo "ok: --device: $(wc -l < "$work/dd.txt") tensors copied back from the GPU equal the generator's"
+else
+  if "$load" "$ck" --topology tp1,dp1,ep1 --device --no-progress 2> "$work/err.txt"; then echo "FAIL: --device loaded without a GPU"; exit 1; fi
+  [[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: .*\(cudaSetDevice failed\|without the nccl component\)" "$work/err.txt" \
+    || { echo "FAIL: --device error output:"; cat "$work/err.txt"; exit 1; }
+  echo "ok: no GPU: $(cat "$work/err.txt")"
+fi
 echo "sluice-load checks: passed"

@@ -71,7 +71,8 @@ class device_sink {
   /// Waits for every copy (errors ignored), then frees what it allocated.
   ~device_sink();
 
-  /// Places tensor `name` at `dst` (device memory of `dst.size` == the tensor's size bytes).
+  /// Places tensor `name` at `dst` (device memory of `dst.size` == the tensor's size bytes; under
+  /// TP > 1 in a distributed load, the size of this rank's part: `tensor_view::part_size()`).
   void set_destination(const std::string& name, device_span dst);
   /// One device allocation for every tensor of `ck` without a caller destination
   /// (call before the load; optional: without it each tensor gets its own cudaMalloc).

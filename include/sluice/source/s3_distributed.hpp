@@ -113,13 +113,24 @@ static_assert(slice_reader<s3_reader>);
 /// calls it with the same checkpoint and plan; on every rank it throws
 /// distributed_error (a rank failed: an S3 error names the object's key),
 /// comm::comm_error (a peer is gone) or config_error.
+/// With a device lane, tensors destined for the device reach `s` as
+/// `view_kind::device` views (see load_distributed_with).
+template <comm::communicator Comm, sink Sink, device_lane Lane>
+distributed_stats load_distributed(const checkpoint& ck, s3_catalog& cat, Comm& c, const policy::load_plan& plan, Sink& s,
+                                   const distributed_options& opt, Lane& lane) {
+  return load_distributed_with(
+      ck, c, plan, s, opt,
+      [&] {
+        const auto n = rank_connections(cat.cfg().max_connections, plan.local_size, opt.connections_per_rank);
+        return std::make_unique<s3_reader>(ck, cat, n, opt.load);
+      },
+      lane);
+}
 template <comm::communicator Comm, sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, s3_catalog& cat, Comm& c, const policy::load_plan& plan, Sink& s,
                                    const distributed_options& opt = {}) {
-  return load_distributed_with(ck, c, plan, s, opt, [&] {
-    const auto n = rank_connections(cat.cfg().max_connections, plan.local_size, opt.connections_per_rank);
-    return std::make_unique<s3_reader>(ck, cat, n, opt.load);
-  });
+  no_device_lane none;
+  return load_distributed(ck, cat, c, plan, s, opt, none);
 }
 
 /// For tools: plans `ck` (opened through `cat`) for `topology` and `offload`,
@@ -145,10 +156,10 @@ struct s3_location {
 /// s3_catalog, then checkpoint::open) after joining the world, so that a rank
 /// that cannot (no credentials, a missing object, a corrupt header) makes
 /// every rank throw distributed_error naming it, at once.
-template <sink Sink>
+template <sink Sink, device_lane Lane>
 distributed_stats load_distributed(const s3_location& location, std::string_view topology, std::string_view offload,
-                                   const comm::rank_info& who, Sink& s, distributed_options opt = {},
-                                   const open_options& open = {}) {
+                                   const comm::rank_info& who, Sink& s, distributed_options opt, const open_options& open,
+                                   Lane& lane) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
     std::optional<s3_catalog> cat;
@@ -159,8 +170,15 @@ distributed_stats load_distributed(const s3_location& location, std::string_view
           return checkpoint::open(*cat, open);
         },
         topology, offload, who, opt);
-    return load_distributed(ck, *cat, c, plan, s, opt);
+    return load_distributed(ck, *cat, c, plan, s, opt, lane);
   });
+}
+template <sink Sink>
+distributed_stats load_distributed(const s3_location& location, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, Sink& s, distributed_options opt = {},
+                                   const open_options& open = {}) {
+  no_device_lane none;
+  return load_distributed(location, topology, offload, who, s, std::move(opt), open, none);
 }
 
 }  // namespace sluice::inline v0
