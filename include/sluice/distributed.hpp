@@ -498,7 +498,7 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
           reads.emplace_back(slice_ref(e, e.reads[r.read]), host_at(r.at, n));
           // What a device-lane rank read travels or stays as read, except the
           // whole rows of a column split: its cut parts do.
-          if (dev && e.split != policy::tp_split::columns) L.uploads.emplace_back(data_at(r.at, n), host_at(r.at, n));
+          if (dev && n && e.split != policy::tp_split::columns) L.uploads.emplace_back(data_at(r.at, n), host_at(r.at, n));
         }
       }
       run_reads(reads);  // one batch for every lane: adjacent slices still coalesce

@@ -14,6 +14,10 @@ namespace sluice::inline v0::comm {
 namespace {
 std::size_t rounded(std::size_t n) { return (n + (std::size_t{2} << 20) - 1) / (std::size_t{2} << 20) * (std::size_t{2} << 20); }
 
+// The driver may call upload/exchange from a helper thread (overlapped
+// windows), whose current device is 0: bind it to the lane's device first.
+void bind(int device) { cuda::check(::cudaSetDevice(device), "cudaSetDevice", {fmt::format("device {} for nccl_lane", device)}); }
+
 void check_slot(unsigned slot) {
   if (slot >= 4) throw config_error(fmt::format("nccl_lane: slot {} (slots are 0..3)", slot));
 }
@@ -58,6 +62,7 @@ void nccl_lane::upload(std::span<std::byte> device_dst, std::span<const std::byt
   if (device_dst.size() != host_src.size())
     throw config_error(fmt::format("nccl_lane upload: {} bytes into {}", host_src.size(), device_dst.size()));
   if (host_src.empty()) return;
+  bind(c_->device());
   cuda::check(::cudaMemcpyAsync(device_dst.data(), host_src.data(), host_src.size(), cudaMemcpyHostToDevice, c_->stream()),
               "cudaMemcpyAsync", {fmt::format("nccl_lane upload of {} bytes", host_src.size())});
   stats_.uploads += 1;
@@ -65,6 +70,7 @@ void nccl_lane::upload(std::span<std::byte> device_dst, std::span<const std::byt
 }
 
 void nccl_lane::exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) {
+  bind(c_->device());
   c_->exchange(sends, recvs);  // enqueued after the uploads on the same stream; waits when it has messages
   c_->wait(c_->stream());      // and when it has none: the uploads must have landed before delivery
   stats_.exchanges += 1;

@@ -45,7 +45,7 @@ class emulated_device_lane {
   }
   void upload(std::span<std::byte> dst, std::span<const std::byte> src) {
     if (dst.size() != src.size()) throw config_error(fmt::format("emulated lane upload: {} bytes into {}", src.size(), dst.size()));
-    pending_.emplace_back(dst, src);
+    if (!src.empty()) pending_.emplace_back(dst, src);
   }
   void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {
     for (const auto& [dst, src] : pending_) std::memcpy(dst.data(), src.data(), src.size()), uploaded_ += src.size();
