@@ -12,8 +12,11 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <exception>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -33,7 +36,12 @@
 
 namespace sluice::inline v0::comm {
 
+using unbound_buffers = std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>>;
+
 struct gloo::impl {
+  // Buffers of failed collectives (see fail()): declared first, freed last.
+  unbound_buffers failed;
+  std::string broken;  // why an earlier collective failed; empty while the communicator works
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
   std::chrono::milliseconds timeout{};
@@ -80,10 +88,25 @@ std::string tcp_unreachable(const std::string& host, int port, std::chrono::mill
 }
 #endif
 
+// A Gloo collective's options, with access to the unbound buffers they own
+// (protected in Gloo), so that a failed collective can hand them over.
+template <class Options>
+struct holding : Options {
+  using Options::Options;
+  void hand_over(unbound_buffers& to) {
+    if constexpr (std::is_same_v<Options, ::gloo::BarrierOptions>) {
+      to.push_back(std::move(this->buffer));
+    } else {
+      to.push_back(std::move(this->in));
+      to.push_back(std::move(this->out));
+    }
+  }
+};
+
 // Gloo reports a dead peer, a timeout or a misuse as an exception of its own
 // (gloo::IoException, gloo::EnforceNotMet, ...): one sluice error for all.
 template <class F>
-void guarded(const char* what, std::size_t rank, F&& f) {
+void translated(const char* what, std::size_t rank, F&& f) {
   try {
     f();
   } catch (const comm_error&) {
@@ -91,6 +114,37 @@ void guarded(const char* what, std::size_t rank, F&& f) {
   } catch (const std::exception& e) {
     throw comm_error(fmt::format("gloo {} failed on rank {}: {}", what, rank, e.what()));
   }
+}
+
+// Runs a collective (its errors as translated() makes them). A failure
+// breaks the communicator: every pair is closed at once (a peer still up can
+// no longer write into the caller's buffers after we return), and the
+// collective's unbound buffers are kept until the communicator goes — Gloo's
+// device thread may still be signalling them, and freeing them then races it
+// (TSan, killed-rank test: a buffer's mutex destroyed while the device thread
+// held it). Later calls throw at once.
+// (Impl is gloo::impl, deduced: a private type.)
+template <class Impl, class F>
+void guarded(Impl& m, std::size_t rank, const char* what, unbound_buffers& buffers, F&& f) {
+  if (!m.broken.empty())
+    throw comm_error(fmt::format("gloo {} on rank {}: the communicator failed earlier ({})", what, rank, m.broken));
+  std::string why;
+  try {
+    f();
+    return;
+  } catch (const comm_error& e) {
+    why = e.what();
+  } catch (const std::exception& e) {
+    why = fmt::format("gloo {} failed on rank {}: {}", what, rank, e.what());
+  }
+  m.broken = why;
+  try {
+    if (m.context) m.context->closeConnections();
+  } catch (...) {  // closing what already failed: nothing more to do
+  }
+  for (auto& b : buffers)
+    if (b) m.failed.push_back(std::move(b));
+  throw comm_error(why);
 }
 }  // namespace
 
@@ -106,7 +160,7 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
                                    opt.store.redis_host, opt.store.redis_port));
 #endif
   impl_->timeout = opt.timeout;
-  guarded("rendezvous", rank, [&] {
+  translated("rendezvous", rank, [&] {
     ::gloo::transport::tcp::attr attr;
     attr.hostname = opt.hostname;
     impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
@@ -166,12 +220,18 @@ gloo::~gloo() = default;
 void gloo::broadcast(std::span<std::byte> buf, std::size_t root) {
   if (root >= size_) throw config_error(fmt::format("gloo broadcast: root {} of a world of {}", root, size_));
   if (size_ == 1 || buf.empty()) return;
-  guarded("broadcast", rank_, [&] {
-    ::gloo::BroadcastOptions o(impl_->context);
-    o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), buf.size());
-    o.setRoot(static_cast<int>(root));
-    o.setTimeout(impl_->timeout);
-    ::gloo::broadcast(o);
+  holding<::gloo::BroadcastOptions> o(impl_->context);
+  unbound_buffers held;
+  guarded(*impl_, rank_, "broadcast", held, [&] {
+    try {
+      o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), buf.size());
+      o.setRoot(static_cast<int>(root));
+      o.setTimeout(impl_->timeout);
+      ::gloo::broadcast(o);
+    } catch (...) {
+      o.hand_over(held);
+      throw;
+    }
   });
 }
 
@@ -183,12 +243,18 @@ void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
     return;
   }
   if (in.empty()) return barrier();
-  guarded("all_gather", rank_, [&] {
-    ::gloo::AllgatherOptions o(impl_->context);
-    o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(in.data())), in.size());
-    o.setOutput(reinterpret_cast<std::uint8_t*>(out.data()), out.size());
-    o.setTimeout(impl_->timeout);
-    ::gloo::allgather(o);
+  holding<::gloo::AllgatherOptions> o(impl_->context);
+  unbound_buffers held;
+  guarded(*impl_, rank_, "all_gather", held, [&] {
+    try {
+      o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(in.data())), in.size());
+      o.setOutput(reinterpret_cast<std::uint8_t*>(out.data()), out.size());
+      o.setTimeout(impl_->timeout);
+      ::gloo::allgather(o);
+    } catch (...) {
+      o.hand_over(held);
+      throw;
+    }
   });
 }
 
@@ -198,12 +264,18 @@ void gloo::all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> c
   for (auto c : counts) total += c;
   if (total != buf.size()) throw config_error(fmt::format("gloo all_gather_v: counts sum to {}, buffer has {}", total, buf.size()));
   if (size_ == 1 || total == 0) return;
-  guarded("all_gather_v", rank_, [&] {
-    ::gloo::AllgathervOptions o(impl_->context);
-    // No input: this rank's part is already in place in the output.
-    o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), std::vector<std::size_t>(counts.begin(), counts.end()));
-    o.setTimeout(impl_->timeout);
-    ::gloo::allgatherv(o);
+  holding<::gloo::AllgathervOptions> o(impl_->context);
+  unbound_buffers held;
+  guarded(*impl_, rank_, "all_gather_v", held, [&] {
+    try {
+      // No input: this rank's part is already in place in the output.
+      o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), std::vector<std::size_t>(counts.begin(), counts.end()));
+      o.setTimeout(impl_->timeout);
+      ::gloo::allgatherv(o);
+    } catch (...) {
+      o.hand_over(held);
+      throw;
+    }
   });
 }
 
@@ -218,39 +290,52 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
   // tag, under a prefix byte that Gloo's own collectives do not use.
   const std::uint64_t seq = impl_->exchanges++ & 0xffffffu;
   auto slot = [seq](std::uint32_t tag) { return (std::uint64_t{0xa5} << 56) | (seq << 32) | tag; };
-  guarded("exchange", rank_, [&] {
-    auto& ctx = *impl_->context;
-    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> rx, tx;
-    rx.reserve(recvs.size()), tx.reserve(sends.size());
-    for (const auto& m : recvs) {
-      if (m.bytes.empty()) continue;
-      rx.push_back(ctx.createUnboundBuffer(m.bytes.data(), m.bytes.size()));
-      rx.back()->recv(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+  unbound_buffers rx, tx, held;
+  guarded(*impl_, rank_, "exchange", held, [&] {
+    try {
+      auto& ctx = *impl_->context;
+      rx.reserve(recvs.size()), tx.reserve(sends.size());
+      for (const auto& m : recvs) {
+        if (m.bytes.empty()) continue;
+        rx.push_back(ctx.createUnboundBuffer(m.bytes.data(), m.bytes.size()));
+        rx.back()->recv(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+      }
+      for (const auto& m : sends) {
+        if (m.bytes.empty()) continue;
+        // Gloo's buffer type is not const-correct; a send only reads it.
+        tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
+        tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+      }
+      const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
+      auto left = [&] {
+        return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          deadline - std::chrono::steady_clock::now()));
+      };
+      for (auto& b : rx)
+        if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was aborted", rank_));
+      for (auto& b : tx)
+        if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was aborted", rank_));
+    } catch (...) {
+      for (auto* v : {&rx, &tx})
+        for (auto& b : *v) held.push_back(std::move(b));
+      throw;
     }
-    for (const auto& m : sends) {
-      if (m.bytes.empty()) continue;
-      // Gloo's buffer type is not const-correct; a send only reads it.
-      tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
-      tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
-    }
-    const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
-    auto left = [&] {
-      return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                        deadline - std::chrono::steady_clock::now()));
-    };
-    for (auto& b : rx)
-      if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was aborted", rank_));
-    for (auto& b : tx)
-      if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was aborted", rank_));
   });
 }
 
 void gloo::barrier() {
   if (size_ == 1) return;
-  guarded("barrier", rank_, [&] {
-    ::gloo::BarrierOptions o(impl_->context);
-    o.setTimeout(impl_->timeout);
-    ::gloo::barrier(o);
+  unbound_buffers held;
+  std::optional<holding<::gloo::BarrierOptions>> o;
+  guarded(*impl_, rank_, "barrier", held, [&] {
+    try {
+      o.emplace(impl_->context);
+      o->setTimeout(impl_->timeout);
+      ::gloo::barrier(*o);
+    } catch (...) {
+      if (o) o->hand_over(held);
+      throw;
+    }
   });
 }
 
