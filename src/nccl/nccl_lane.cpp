@@ -2,6 +2,10 @@
 // exchange on the NCCL communicator's stream.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <memory>
+#include <utility>
+
 #include <fmt/format.h>
 
 #include <sluice/comm/nccl_lane.hpp>
@@ -18,6 +22,20 @@ std::size_t rounded(std::size_t n) { return (n + (std::size_t{2} << 20) - 1) / (
 // windows), whose current device is 0: bind it to the lane's device first.
 void bind(int device) { cuda::check(::cudaSetDevice(device), "cudaSetDevice", {fmt::format("device {} for nccl_lane", device)}); }
 
+// A slot's memory for `n` bytes: reused while nobody else holds it and it is
+// large enough, else `make(capacity)` -> (owner, data) gives fresh memory.
+template <class Slot, class Make>
+lease reuse_or_make(Slot& m, std::size_t n, std::uint64_t& allocations, Make make) {
+  if (n == 0) return {};
+  if (!m.mem || m.mem.use_count() > 1 || m.cap < n) {
+    const auto cap = rounded(std::max(n, m.cap));
+    auto [keep, data] = make(cap);
+    m = {std::move(keep), data, cap};
+    allocations += 1;
+  }
+  return lease(m.mem, {m.data, n});
+}
+
 void check_slot(unsigned slot) {
   if (slot >= 4) throw config_error(fmt::format("nccl_lane: slot {} (slots are 0..3)", slot));
 }
@@ -33,29 +51,20 @@ nccl_lane::~nccl_lane() {
 
 lease nccl_lane::host_buffer(unsigned slot, std::size_t n) {
   check_slot(slot);
-  if (n == 0) return {};
-  auto& m = host_[slot];
-  if (!m.mem || m.mem.use_count() > 1 || m.cap < n) {
-    const auto cap = rounded(std::max(n, m.cap));
+  return reuse_or_make(host_[slot], n, stats_.host_allocations, [](std::size_t cap) {
     auto p = memory::pinned::allocate(cap);
-    m = {p.keep(), p.data(), cap};
-    stats_.host_allocations += 1;
-  }
-  return lease(m.mem, {m.data, n});
+    return std::pair(p.keep(), p.data());
+  });
 }
 
 lease nccl_lane::device_buffer(unsigned slot, std::size_t n) {
   check_slot(slot);
-  if (n == 0) return {};
-  auto& m = dev_[slot];
-  if (!m.mem || m.mem.use_count() > 1 || m.cap < n) {
-    const auto cap = rounded(std::max(n, m.cap));
+  return reuse_or_make(dev_[slot], n, stats_.device_allocations, [&](std::size_t cap) {
     auto b = std::make_shared<memory::device_buffer>(
         memory::device_buffer::allocate(cap, c_->device(), fmt::format("nccl_lane window buffer {}", slot)));
-    m = {b, b->data(), cap};
-    stats_.device_allocations += 1;
-  }
-  return lease(m.mem, {m.data, n});
+    std::byte* data = b->data();
+    return std::pair(std::shared_ptr<void>(std::move(b)), data);
+  });
 }
 
 void nccl_lane::upload(std::span<std::byte> device_dst, std::span<const std::byte> host_src) {
