@@ -182,8 +182,13 @@ sluice_run run_sluice_into(const sluice::checkpoint& ck, std::byte* arena, sluic
 }  // namespace
 
 int main(int argc, char** argv) try {
-  if (argc < 2) return sluice_cli::fail("usage: bench-local DIR [--size 2GiB] [--max-read 32MiB] [--qd 4] [--staging 1GiB] [--repeat 3] [--no-cold]");
+  constexpr const char* usage =
+      "usage: bench-local DIR [--size 2GiB] [--max-read 32MiB] [--qd 4] [--staging 1GiB] [--repeat 3] [--no-cold]\n"
+      "  DIR: a checkpoint directory (generated there when it has no index)";
+  if (argc < 2) return sluice_cli::fail(usage);
   const std::string dir = argv[1];
+  if (dir == "--help" || dir == "-h") return std::puts(usage) < 0;
+  if (dir.starts_with("--")) return sluice_cli::fail(fmt::format("the first argument is the checkpoint directory, not '{}'\n{}", dir, usage));
   std::uint64_t size = 2ull << 30, max_read = 32 << 20, staging = 1ull << 30;
   unsigned qd = 4;
   int repeat = 3;
@@ -197,6 +202,7 @@ int main(int argc, char** argv) try {
     else if (a == "--qd") qd = static_cast<unsigned>(std::stoul(next()));
     else if (a == "--repeat") repeat = std::stoi(next());
     else if (a == "--no-cold") cold = false;
+    else return sluice_cli::fail(fmt::format("unknown option '{}'\n{}", a, usage));
   }
   if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors.index.json")) {
     std::printf("generating a %s checkpoint in %s\n", sluice_cli::human_bytes(static_cast<double>(size)).c_str(), dir.c_str());
