@@ -5,7 +5,7 @@
 #   2. the CUDA tests on the device (ctest -L cuda: the device tests must pass —
 #      among them a one-rank distributed load through the NCCL device lane;
 #      only the no-driver tests skip there, saying a device is present), and
-#      sluice-load --device --digest against the generator (examples.load.checks);
+#      sluice-load --device --digest against the generator's digests;
 #   3. bench-gpu: pinned H2D ceiling, storage read (page cache, O_DIRECT),
 #      sluice file -> GPU both ways, every tensor copied back and compared by
 #      SHA-256, peak pinned memory, ratios vs min(storage, H2D).
@@ -89,9 +89,19 @@ cmake --build "$BUILD" --target "${targets[@]}" -j "$JOBS" > "$OUT/build.txt" 2>
 stamp "ctest -L cuda"
 (cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 120) > "$OUT/gpu-tests.txt" 2>&1
 tests_rc=$?
-stamp "sluice-load --device (ctest examples.load.checks)"
-(cd "$BUILD" && ctest -R 'examples.gen-checkpoint$|examples.load.checks' --output-on-failure --timeout 120) >> "$OUT/gpu-tests.txt" 2>&1 || tests_rc=1
-grep -E "ok: --device|FAIL" "$OUT/gpu-tests.txt"
+stamp "sluice-load --device --digest vs the generator's digests"
+DCK=/tmp/sluice-gpu-device-ckpt
+rm -rf "$DCK"
+"$BUILD/examples/gen-checkpoint" "$DCK" --size 64MiB --seed 7 --digests "$DCK.digests" > /dev/null &&
+  "$BUILD/examples/sluice-load" "$DCK" --topology tp1,dp1,ep1 --offload per-rank --device --digest --json-out "$OUT/device-load.json" \
+    --no-progress > "$OUT/device-digests.txt" 2> "$OUT/device-load.err"
+device_rc=$?
+if [ $device_rc -eq 0 ] && sort "$DCK.digests" | cmp -s - "$OUT/device-digests.txt"; then
+  echo "ok: sluice-load --device: $(wc -l < "$OUT/device-digests.txt") tensors copied back from the GPU equal the generator's"
+else
+  echo "FAIL: sluice-load --device (rc $device_rc):"; tail -5 "$OUT/device-load.err"; tests_rc=1
+fi
+rm -rf "$DCK" "$DCK.digests"
 tail -25 "$OUT/gpu-tests.txt"
 
 # ---- 4. the bench
