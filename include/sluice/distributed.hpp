@@ -118,6 +118,9 @@ struct distributed_options {
   /// `local_size` ranks gets max(1, max_connections / local_size): ranks on one
   /// node share its NIC (and the server's per-client limits).
   std::size_t connections_per_rank = 0;
+  /// Window buffers to reuse (see window_buffers: successive loads, e.g.
+  /// weight reloads, skip first touch); null: the load allocates its own.
+  std::shared_ptr<window_buffers> buffers;
 
   /// Whether `overlap` means overlapping with `local_ranks` ranks on this machine.
   [[nodiscard]] bool overlaps(std::size_t local_ranks) const noexcept {
@@ -452,7 +455,7 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     std::vector<std::uint8_t> lane_of;          // by entry: its lane (index into lanes)
   };
   constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
-  detail::window_buffer buffers[2][2];
+  const auto buffers = opt.buffers ? opt.buffers : std::make_shared<window_buffers>();
   std::size_t next_entry = 0;
   // Lays out window w and reads this rank's slices of it (failures are recorded, not thrown).
   auto read_window = [&](std::uint32_t w) {
@@ -478,8 +481,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
         L.layout = detail::layout_window(plan, me, ws.begin, ws.end, L.which);
         const auto& lay = L.layout;
         const unsigned slot = (w % 2) * 2;
-        L.kept = dev ? lane.host_buffer(slot, lay.kept_bytes) : buffers[w % 2][0].get(lay.kept_bytes);
-        L.scratch = dev ? lane.host_buffer(slot + 1, lay.scratch_bytes) : buffers[w % 2][1].get(lay.scratch_bytes);
+        L.kept = dev ? lane.host_buffer(slot, lay.kept_bytes) : buffers->at(w % 2, 0).get(lay.kept_bytes);
+        L.scratch = dev ? lane.host_buffer(slot + 1, lay.scratch_bytes) : buffers->at(w % 2, 1).get(lay.scratch_bytes);
         if (dev) L.dev_kept = lane.device_buffer(slot, lay.kept_bytes), L.dev_scratch = lane.device_buffer(slot + 1, lay.scratch_bytes);
         auto host_at = [&L](region_at at, std::size_t n) { return (at.kept ? L.kept : L.scratch).bytes().subspan(at.off, n); };
         auto data_at = [&L, dev, &host_at](region_at at, std::size_t n) {

@@ -86,27 +86,22 @@ enum class window_lane : std::uint8_t { all, host, device };
 namespace detail {
 
 // A window buffer reused while no sink holds a view into it (a sink that
-// keeps views gets a fresh buffer next window). Pre-faulted when allocated:
-// first touch of fresh anonymous memory is slow (0.4–1.4 GB/s on the VMs of
-// ENVIRONMENT.md, against 12–24 GB/s for touched pages), and bytes a rank
-// receives would otherwise pay it inside the window's collective — where it
-// stalls the sender too. MADV_POPULATE_WRITE faults the range in one call
-// (huge pages where THP allows); kernels before 5.14 touch each page.
+// keeps views gets a fresh buffer next window): no first touch per window.
+// Not pre-faulted: populating a window's buffers up front (MADV_POPULATE_WRITE)
+// took first touch out of the exchange but made the whole load slower — the
+// 8-rank demo load 2.4–4.1 s against 1.5–1.7 s, alternating runs — because
+// faults taken while a rank waits on its peers cost less than faults taken
+// by every rank at once before reading.
 class window_buffer {
  public:
   lease get(std::size_t n) {
     if (n == 0) return {};
     if (!mem_ || mem_.use_count() > 1 || cap_ < n) {
-      constexpr std::size_t huge = std::size_t{2} << 20;
-      const std::size_t cap = (std::max(n, cap_) + huge - 1) / huge * huge;
-      void* p = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
+      const std::size_t cap = (std::max(n, cap_) + 4095) / 4096 * 4096;
+      void* p = std::aligned_alloc(4096, cap);
+      if (!p) throw std::bad_alloc();
       ::madvise(p, cap, MADV_HUGEPAGE);  // a hint
-#if defined(MADV_POPULATE_WRITE)
-      if (::madvise(p, cap, MADV_POPULATE_WRITE) != 0)
-#endif
-        for (std::size_t off = 0; off < cap; off += 4096) static_cast<volatile char*>(p)[off] = 0;
-      mem_ = std::shared_ptr<void>(p, [cap](void* q) { ::munmap(q, cap); });
+      mem_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
       cap_ = cap;
     }
     return lease(mem_, {static_cast<std::byte*>(mem_.get()), n});
@@ -252,5 +247,20 @@ inline std::vector<window_layout::message_at> window_messages(const policy::load
 }
 
 }  // namespace detail
+
+/// A distributed load's window buffers (host memory), kept between loads:
+/// give the same object to successive loads (`distributed_options::buffers`,
+/// e.g. weight reloads) and they reuse memory already faulted in, instead of
+/// paying first touch again (0.4–1.4 GB/s on fresh pages here, inside the
+/// exchange for bytes that arrive). One load at a time; memory a sink still
+/// holds views into is replaced, not overwritten.
+class window_buffers {
+ public:
+  /// The buffer of window parity `parity` (0, 1) and region `region` (0: kept, 1: scratch).
+  detail::window_buffer& at(unsigned parity, unsigned region) { return b_[parity % 2][region % 2]; }
+
+ private:
+  detail::window_buffer b_[2][2];
+};
 
 }  // namespace sluice::inline v0
