@@ -447,6 +447,14 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     std::vector<comm::send_message> sends;
     std::vector<comm::recv_message> recvs;
     std::uint64_t sent = 0, received = 0, uploaded = 0;
+    // A layout region as host memory (where reads land), and as the memory that travels and the sink sees.
+    [[nodiscard]] std::span<std::byte> host_at(detail::window_layout::region_at at, std::size_t n) const {
+      return (at.kept ? kept : scratch).bytes().subspan(at.off, n);
+    }
+    [[nodiscard]] std::span<std::byte> data_at(detail::window_layout::region_at at, std::size_t n) const {
+      if (which != window_lane::device) return host_at(at, n);
+      return (at.kept ? dev_kept : dev_scratch).bytes().subspan(at.off, n);
+    }
   };
   struct window_state {
     std::size_t begin = 0, end = 0;
@@ -468,7 +476,6 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     ws.lane_of.assign(ws.end - ws.begin, 0);
     const auto r0 = clock::now();
     try {
-      using region_at = detail::window_layout::region_at;
       constexpr auto none = detail::window_layout::none;
       if constexpr (with_lane) ws.lanes.resize(2), ws.lanes[0].which = window_lane::host, ws.lanes[1].which = window_lane::device;
       else ws.lanes.resize(1);
@@ -484,40 +491,35 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
         L.kept = dev ? lane.host_buffer(slot, lay.kept_bytes) : buffers->at(w % 2, 0).get(lay.kept_bytes);
         L.scratch = dev ? lane.host_buffer(slot + 1, lay.scratch_bytes) : buffers->at(w % 2, 1).get(lay.scratch_bytes);
         if (dev) L.dev_kept = lane.device_buffer(slot, lay.kept_bytes), L.dev_scratch = lane.device_buffer(slot + 1, lay.scratch_bytes);
-        auto host_at = [&L](region_at at, std::size_t n) { return (at.kept ? L.kept : L.scratch).bytes().subspan(at.off, n); };
-        auto data_at = [&L, dev, &host_at](region_at at, std::size_t n) {
-          return dev ? (at.kept ? L.dev_kept : L.dev_scratch).bytes().subspan(at.off, n) : host_at(at, n);
-        };
         for (std::size_t i = ws.begin; i < ws.end; ++i)
           if (lay.kept_off[i - ws.begin] != none)
-            ws.kept_at[i - ws.begin] = data_at({true, lay.kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i])), ws.lane_of[i - ws.begin] = k;
+            ws.kept_at[i - ws.begin] = L.data_at({true, lay.kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i])), ws.lane_of[i - ws.begin] = k;
         for (const auto& m : detail::window_messages(plan, lay, me, ws.begin, ws.end, L.which)) {
-          if (m.send) L.sends.push_back({m.peer, m.tag, data_at(m.at, m.size)}), L.sent += m.size;
-          else L.recvs.push_back({m.peer, m.tag, data_at(m.at, m.size)}), L.received += m.size;
+          if (m.send) L.sends.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.sent += m.size;
+          else L.recvs.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.received += m.size;
         }
         for (const auto& r : lay.reads) {
           const auto& e = plan.entries[r.entry];
           const auto n = e.reads[r.read].size;
-          reads.emplace_back(slice_ref(e, e.reads[r.read]), host_at(r.at, n));
+          reads.emplace_back(slice_ref(e, e.reads[r.read]), L.host_at(r.at, n));
           // What a device-lane rank read travels or stays as read, except the
           // whole rows of a column split: its cut parts do.
-          if (dev && n && e.split != policy::tp_split::columns) L.uploads.emplace_back(data_at(r.at, n), host_at(r.at, n));
+          if (dev && n && e.split != policy::tp_split::columns) L.uploads.emplace_back(L.data_at(r.at, n), L.host_at(r.at, n));
         }
       }
       run_reads(reads);  // one batch for every lane: adjacent slices still coalesce
       for (auto& L : ws.lanes) {
         const bool dev = L.which == window_lane::device;
-        auto host_at = [&L](region_at at, std::size_t n) { return (at.kept ? L.kept : L.scratch).bytes().subspan(at.off, n); };
         const auto& mine = L.layout.reads;
         // Column-split tensors: cut each TP part out of the rows this rank read.
         for (const auto& cut : L.layout.cuts) {
           const auto& e = plan.entries[mine[cut.from].entry];
           const auto& rd = e.reads[mine[cut.from].read];
           const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
-          const std::byte* src = host_at(mine[cut.from].at, rd.size).data();
-          auto dst = host_at(cut.at, rows * part);
+          const std::byte* src = L.host_at(mine[cut.from].at, rd.size).data();
+          auto dst = L.host_at(cut.at, rows * part);
           for (std::uint64_t j = 0; j < rows; ++j) std::memcpy(dst.data() + j * part, src + j * row + cut.part * part, part);
-          if (dev) L.uploads.emplace_back((cut.at.kept ? L.dev_kept : L.dev_scratch).bytes().subspan(cut.at.off, rows * part), dst);
+          if (dev) L.uploads.emplace_back(L.data_at(cut.at, rows * part), dst);
         }
         // Adjacent uploads become one copy.
         std::sort(L.uploads.begin(), L.uploads.end(), [](const auto& a, const auto& b) { return a.first.data() < b.first.data(); });

@@ -123,9 +123,10 @@ void translated(const char* what, std::size_t rank, F&& f) {
 // device thread may still be signalling them, and freeing them then races it
 // (TSan, killed-rank test: a buffer's mutex destroyed while the device thread
 // held it). Later calls throw at once.
-// (Impl is gloo::impl, deduced: a private type.)
-template <class Impl, class F>
-void guarded(Impl& m, std::size_t rank, const char* what, unbound_buffers& buffers, F&& f) {
+// `hand_over(to)` moves the collective's unbound buffers into `to`. (Impl is
+// gloo::impl, deduced: a private type.)
+template <class Impl, class F, class HandOver>
+void guarded(Impl& m, std::size_t rank, const char* what, F&& f, HandOver&& hand_over) {
   if (!m.broken.empty())
     throw comm_error(fmt::format("gloo {} on rank {}: the communicator failed earlier ({})", what, rank, m.broken));
   std::string why;
@@ -142,7 +143,9 @@ void guarded(Impl& m, std::size_t rank, const char* what, unbound_buffers& buffe
     if (m.context) m.context->closeConnections();
   } catch (...) {  // closing what already failed: nothing more to do
   }
-  for (auto& b : buffers)
+  unbound_buffers held;
+  hand_over(held);
+  for (auto& b : held)
     if (b) m.failed.push_back(std::move(b));
   throw comm_error(why);
 }
@@ -221,18 +224,15 @@ void gloo::broadcast(std::span<std::byte> buf, std::size_t root) {
   if (root >= size_) throw config_error(fmt::format("gloo broadcast: root {} of a world of {}", root, size_));
   if (size_ == 1 || buf.empty()) return;
   holding<::gloo::BroadcastOptions> o(impl_->context);
-  unbound_buffers held;
-  guarded(*impl_, rank_, "broadcast", held, [&] {
-    try {
-      o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), buf.size());
-      o.setRoot(static_cast<int>(root));
-      o.setTimeout(impl_->timeout);
-      ::gloo::broadcast(o);
-    } catch (...) {
-      o.hand_over(held);
-      throw;
-    }
-  });
+  guarded(
+      *impl_, rank_, "broadcast",
+      [&] {
+        o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), buf.size());
+        o.setRoot(static_cast<int>(root));
+        o.setTimeout(impl_->timeout);
+        ::gloo::broadcast(o);
+      },
+      [&](unbound_buffers& to) { o.hand_over(to); });
 }
 
 void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
@@ -244,18 +244,15 @@ void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
   }
   if (in.empty()) return barrier();
   holding<::gloo::AllgatherOptions> o(impl_->context);
-  unbound_buffers held;
-  guarded(*impl_, rank_, "all_gather", held, [&] {
-    try {
-      o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(in.data())), in.size());
-      o.setOutput(reinterpret_cast<std::uint8_t*>(out.data()), out.size());
-      o.setTimeout(impl_->timeout);
-      ::gloo::allgather(o);
-    } catch (...) {
-      o.hand_over(held);
-      throw;
-    }
-  });
+  guarded(
+      *impl_, rank_, "all_gather",
+      [&] {
+        o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(in.data())), in.size());
+        o.setOutput(reinterpret_cast<std::uint8_t*>(out.data()), out.size());
+        o.setTimeout(impl_->timeout);
+        ::gloo::allgather(o);
+      },
+      [&](unbound_buffers& to) { o.hand_over(to); });
 }
 
 void gloo::all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts) {
@@ -265,18 +262,15 @@ void gloo::all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> c
   if (total != buf.size()) throw config_error(fmt::format("gloo all_gather_v: counts sum to {}, buffer has {}", total, buf.size()));
   if (size_ == 1 || total == 0) return;
   holding<::gloo::AllgathervOptions> o(impl_->context);
-  unbound_buffers held;
-  guarded(*impl_, rank_, "all_gather_v", held, [&] {
-    try {
-      // No input: this rank's part is already in place in the output.
-      o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), std::vector<std::size_t>(counts.begin(), counts.end()));
-      o.setTimeout(impl_->timeout);
-      ::gloo::allgatherv(o);
-    } catch (...) {
-      o.hand_over(held);
-      throw;
-    }
-  });
+  guarded(
+      *impl_, rank_, "all_gather_v",
+      [&] {
+        // No input: this rank's part is already in place in the output.
+        o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), std::vector<std::size_t>(counts.begin(), counts.end()));
+        o.setTimeout(impl_->timeout);
+        ::gloo::allgatherv(o);
+      },
+      [&](unbound_buffers& to) { o.hand_over(to); });
 }
 
 void gloo::exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) {
@@ -290,53 +284,52 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
   // tag, under a prefix byte that Gloo's own collectives do not use.
   const std::uint64_t seq = impl_->exchanges++ & 0xffffffu;
   auto slot = [seq](std::uint32_t tag) { return (std::uint64_t{0xa5} << 56) | (seq << 32) | tag; };
-  unbound_buffers rx, tx, held;
-  guarded(*impl_, rank_, "exchange", held, [&] {
-    try {
-      auto& ctx = *impl_->context;
-      rx.reserve(recvs.size()), tx.reserve(sends.size());
-      for (const auto& m : recvs) {
-        if (m.bytes.empty()) continue;
-        rx.push_back(ctx.createUnboundBuffer(m.bytes.data(), m.bytes.size()));
-        rx.back()->recv(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
-      }
-      for (const auto& m : sends) {
-        if (m.bytes.empty()) continue;
-        // Gloo's buffer type is not const-correct; a send only reads it.
-        tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
-        tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
-      }
-      const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
-      auto left = [&] {
-        return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                          deadline - std::chrono::steady_clock::now()));
-      };
-      for (auto& b : rx)
-        if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was aborted", rank_));
-      for (auto& b : tx)
-        if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was aborted", rank_));
-    } catch (...) {
-      for (auto* v : {&rx, &tx})
-        for (auto& b : *v) held.push_back(std::move(b));
-      throw;
-    }
-  });
+  unbound_buffers rx, tx;
+  guarded(
+      *impl_, rank_, "exchange",
+      [&] {
+        auto& ctx = *impl_->context;
+        rx.reserve(recvs.size()), tx.reserve(sends.size());
+        for (const auto& m : recvs) {
+          if (m.bytes.empty()) continue;
+          rx.push_back(ctx.createUnboundBuffer(m.bytes.data(), m.bytes.size()));
+          rx.back()->recv(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+        }
+        for (const auto& m : sends) {
+          if (m.bytes.empty()) continue;
+          // Gloo's buffer type is not const-correct; a send only reads it.
+          tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
+          tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+        }
+        const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
+        auto left = [&] {
+          return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                            deadline - std::chrono::steady_clock::now()));
+        };
+        for (auto& b : rx)
+          if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was aborted", rank_));
+        for (auto& b : tx)
+          if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was aborted", rank_));
+      },
+      [&](unbound_buffers& to) {
+        for (auto* v : {&rx, &tx})
+          for (auto& b : *v) to.push_back(std::move(b));
+      });
 }
 
 void gloo::barrier() {
   if (size_ == 1) return;
-  unbound_buffers held;
   std::optional<holding<::gloo::BarrierOptions>> o;
-  guarded(*impl_, rank_, "barrier", held, [&] {
-    try {
-      o.emplace(impl_->context);
-      o->setTimeout(impl_->timeout);
-      ::gloo::barrier(*o);
-    } catch (...) {
-      if (o) o->hand_over(held);
-      throw;
-    }
-  });
+  guarded(
+      *impl_, rank_, "barrier",
+      [&] {
+        o.emplace(impl_->context);
+        o->setTimeout(impl_->timeout);
+        ::gloo::barrier(*o);
+      },
+      [&](unbound_buffers& to) {
+        if (o) o->hand_over(to);
+      });
 }
 
 }  // namespace sluice::inline v0::comm
