@@ -664,3 +664,101 @@ TEST_CASE("a TP part is buffered as its part's bytes and published as that part"
   REQUIRE(seen.size() == 1);
   CHECK(seen[0] == tensor_part{0, 1, 2});
 }
+
+// Who ends an update: load() calls the session's finish(); an engine that ends
+// the update itself as well (vLLM's finish_weight_update) ends an empty one.
+
+TEST_CASE("finish() after load() ended a complete update is a no-op that keeps its result", "[manifest][reload][finish]") {
+  engine e;
+  e.ep_rank = 1;
+  e.ep_size = 2;
+  const auto c = initial_load(e);
+  temp_dir dir;
+  write_model(dir.path(), 1);
+  observer o;
+  reload_session s(c, engine_loader{&e}, publish_hook{&o}, quiet(o));
+  (void)load(checkpoint::open(dir.path()), s);
+  REQUIRE(o.published.size() == n_layers + 1);
+  bool ended = true;
+  CHECK_NOTHROW(ended = s.finish());  // the engine's own end of the update
+  CHECK_FALSE(ended);
+  CHECK(s.last_incomplete().empty());
+  CHECK(o.published.size() == n_layers + 1);
+  CHECK(s.stats().updates == 1);
+  CHECK(s.stats().layers_published == n_layers + 1);
+  CHECK(o.warnings.empty());
+}
+
+TEST_CASE("an update missing one tensor names it, leaves only its layer unpublished, and a later finish() keeps the report",
+          "[manifest][reload][finish]") {
+  engine e;
+  const auto c = initial_load(e);
+  const std::string missing = "model.layers.2.mlp.experts.1.w1.weight";
+  const application_key key{missing, "model.layers.2.mlp.experts.w1", {{"expert_id", std::int64_t{1}}}};
+  temp_dir dir;
+  write_model(dir.path(), 1, [&](const std::string& n) { return n != missing; });
+  observer o;
+  reload_session s(c, engine_loader{&e}, publish_hook{&o}, quiet(o));
+  std::string message;
+  try {
+    (void)load(checkpoint::open(dir.path()), s);
+  } catch (const contract_error& err) {
+    message = err.what();
+  }
+  INFO(message);
+  CHECK(contains(message, "1 layer did not meet its contract"));
+  CHECK(contains(message, "layer 2 is missing 1 key [" + to_string(key) + "]"));
+  CHECK(o.published == std::vector<std::int64_t>{0, 1, non_layer});
+  CHECK_FALSE(s.published(2));
+
+  bool ended = true;
+  CHECK_NOTHROW(ended = s.finish());  // an empty update: the failed one stays the last result
+  CHECK_FALSE(ended);
+  REQUIRE(s.last_incomplete().size() == 1);
+  CHECK(s.last_incomplete().at(2) == std::vector<application_key>{key});
+  CHECK(s.stats().updates == 1);
+  CHECK(s.stats().buffered_bytes == 0);
+}
+
+TEST_CASE("two updates through load() in a row on one session, each ended twice", "[manifest][reload][finish]") {
+  engine e;
+  const auto c = initial_load(e);
+  observer o;
+  reload_session s(c, engine_loader{&e}, publish_hook{&o}, quiet(o));
+  for (int gen = 1; gen <= 2; ++gen) {
+    temp_dir dir;
+    write_model(dir.path(), gen);
+    (void)load(checkpoint::open(dir.path()), s);
+    CHECK_FALSE(s.finish());
+    CHECK(o.published.size() == static_cast<std::size_t>(gen) * (n_layers + 1));
+    CHECK(e.buffers.at("model.norm.weight") == bytes_of("model.norm.weight", gen));
+  }
+  CHECK(s.stats().updates == 2);
+  CHECK(s.last_incomplete().empty());
+  CHECK(o.warnings.empty());
+}
+
+TEST_CASE("an empty update claims nothing is missing; an update of placeholders is a real one", "[manifest][reload][finish]") {
+  engine e;
+  const auto c = initial_load(e);
+  observer o;
+  reload_session s(c, engine_loader{&e}, publish_hook{&o}, quiet(o));  // every layer required
+  bool ended = true;
+  CHECK_NOTHROW(ended = s.finish());
+  CHECK_FALSE(ended);
+  CHECK(s.last_incomplete().empty());
+  CHECK(o.published.empty());
+  CHECK(s.stats().updates == 0);
+
+  // A placeholder (a tensor another rank owns) makes the update real: its
+  // layers are missing and finish() says so.
+  const std::string name = "model.layers.0.input_layernorm.weight";
+  tensor_ref t{name, name, 0, format::dtype::U8, {hidden}, 0, hidden};
+  tensor_view v;
+  v.tensor = &t;
+  v.kind = view_kind::metadata;
+  CHECK_FALSE(s.accept(std::move(v)));
+  CHECK_THROWS_AS(s.finish(), contract_error);
+  CHECK(s.last_incomplete().size() == n_layers + 1);
+  CHECK(s.stats().updates == 1);
+}

@@ -37,8 +37,18 @@
 /// it under another key) is not published: contract_error names the layer and
 /// each key, the layer keeps its buffers and those keys stay missing (a later
 /// copy of their tensor retries the layer), and `finish()` reports it.
-/// `finish()` ends the update: a layer whose contract is not met is never
-/// published, and contract_error names each such layer and its missing keys.
+///
+/// Who ends an update: `finish()` ends it. `sluice::load()` (and `reload()`,
+/// `probe()`, the distributed loads) call the sink's `finish()` after the last
+/// view, so an update read through them is already ended when they return; an
+/// engine that pushes tensors itself calls `finish()`. Calling `finish()` again
+/// (an engine's own "finish weight update" after `load()`) is harmless: an
+/// update that received nothing since the last `finish()` is *empty*, and
+/// `finish()` on it is a no-op that returns false, checks nothing and keeps the
+/// previous update's result in `last_incomplete()`. An update that received
+/// anything (a metadata placeholder counts) is a real update: `finish()` returns
+/// true, a layer whose contract is not met is never published, and
+/// contract_error names each such layer and its missing keys.
 /// A tensor whose pieces do not add up to its size when its last piece
 /// arrives (a piece missing or overlapping) is a contract_error naming the
 /// tensor and both byte counts; nothing of it is kept.
@@ -90,6 +100,7 @@ struct reload_options {
 
 /// What a reload session did (accumulated over updates).
 struct reload_stats {
+  std::uint64_t updates = 0;              ///< updates ended by finish() (empty ones not counted)
   std::uint64_t tensors = 0;              ///< complete tensors received
   std::uint64_t layers_published = 0;
   std::uint64_t extras = 0;               ///< extras absorbed (each warned)
@@ -143,6 +154,7 @@ class reload_session {
   /// freed.
   bool accept(tensor_view v) {
     require_host_view(v, "reload session");
+    received_ = true;  // the update is not empty, whatever becomes of this view
     if (v.kind == view_kind::metadata) return false;
     const std::string& name = v.name();
     if (v.first()) {
@@ -256,12 +268,19 @@ class reload_session {
     return accept(std::move(v));
   }
 
-  /// Ends the update. Layers whose contract is not met (keys that never
-  /// arrived, or that the loader did not re-apply when the layer's publish
-  /// was refused) are not published and their buffers are freed; throws
-  /// contract_error naming each of them and its missing keys. The session
-  /// then takes the next update.
-  void finish() {
+  /// Ends the update. An empty update (nothing was accepted or pushed since
+  /// the last finish(), as when the engine calls finish() after load() already
+  /// did) is a no-op: returns false, checks nothing, and last_incomplete()
+  /// keeps the previous update's result. Otherwise: layers whose contract is
+  /// not met (keys that never arrived, or that the loader did not re-apply
+  /// when the layer's publish was refused) are not published and their
+  /// buffers are freed; throws contract_error naming each of them and its
+  /// missing keys, else returns true. Either way the session then takes the
+  /// next update.
+  bool finish() {
+    if (!received_) return false;
+    received_ = false;
+    ++stats_.updates;
     for (auto& [name, p] : partial_) {
       warn(fmt::format("tensor '{}' ended after {} of {} bytes; dropped", name, p.buf->filled, p.buf->size));
       release(p.buf);
@@ -276,7 +295,7 @@ class reload_session {
         last_incomplete_.emplace(l, std::vector<application_key>(st.remaining.begin(), st.remaining.end()));
     }
     begin_update();
-    if (last_incomplete_.empty()) return;
+    if (last_incomplete_.empty()) return true;
     std::string msg = fmt::format("reload incomplete: {} {} did not meet {} contract and {} not published:",
                                   last_incomplete_.size(), last_incomplete_.size() == 1 ? "layer" : "layers",
                                   last_incomplete_.size() == 1 ? "its" : "their",
@@ -470,6 +489,7 @@ class reload_session {
   std::map<std::int64_t, layer_state> layers_;
   std::map<std::string, pending, std::less<>> partial_;  ///< tensors whose pieces are still arriving
   std::map<std::int64_t, std::vector<application_key>> last_incomplete_;
+  bool received_ = false;  ///< the current update received a view (it is not empty)
   std::vector<std::string> warnings_;
   reload_stats stats_;
 };
