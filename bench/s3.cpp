@@ -137,7 +137,7 @@ struct bench {
     o.threads = threads;
     o.poison = false;
     sluice::discard_sink sink;
-    auto st = sluice::run_on(ioc, sluice::load_async(ck, src, sink, pool, o), threads);
+    auto st = sluice::run_blocking(ioc, sluice::load_async(ck, src, sink, pool, o), threads);
     return {since(t0), st.bytes_read};
   }
 

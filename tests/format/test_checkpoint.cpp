@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <sluice/checkpoint.hpp>
+#include <sluice/core/run.hpp>
 #include <sluice/load.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/generator.hpp>

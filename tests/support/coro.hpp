@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include <sluice/core/run.hpp>
 #include <sluice/core/task.hpp>
 
 namespace sluice_test {

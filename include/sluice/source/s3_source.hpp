@@ -19,6 +19,7 @@
 #include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
 
+#include <sluice/core/run.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/source/concepts.hpp>
 #include <sluice/source/s3/client.hpp>

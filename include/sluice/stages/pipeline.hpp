@@ -19,9 +19,8 @@
 #include <stop_token>
 #include <variant>
 
-#include <boost/asio/co_spawn.hpp>
-
 #include <sluice/core/channel.hpp>
+#include <sluice/core/run.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
 #include <sluice/stages/concepts.hpp>
@@ -43,13 +42,11 @@ class composed : public pipeable {
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     auto ex = co_await this_executor;
     channel<middle_type> mid{capacity_};
-    channel<std::monostate> upstream_done{1};  // closed == upstream finished
-    asio::co_spawn(ex, a_.run(in, mid), [&mid, &upstream_done](std::exception_ptr e) {
+    joined_spawn upstream(ex, a_.run(in, mid), [&mid](std::exception_ptr e) {
       if (e)
         mid.abort(e);
       else
         mid.close();  // the runner, not the stage, closes
-      upstream_done.close();
     });
     std::exception_ptr failure;
     try {
@@ -59,8 +56,7 @@ class composed : public pipeable {
       mid.abort(failure);  // stops upstream promptly
       in.abort(failure);   // and whatever feeds it
     }
-    while (co_await upstream_done.receive()) {
-    }  // structured: never outlive `mid`
+    co_await upstream.join();  // structured: never outlive `mid`
     if (failure) std::rethrow_exception(failure);
     // Upstream may have failed after b_ finished (b_ stops early only on error).
   }
@@ -129,16 +125,14 @@ template <pipeline_stage Stage, class Range, class Consume>
   };
   std::optional<std::stop_callback<detail::stop_poster<decltype(ex)>>> on_stop;
   if (stop.stop_possible()) on_stop.emplace(stop, detail::stop_poster<decltype(ex)>{ex, stop_state});
-  channel<std::monostate> feeder_done{1}, stage_done{1};
-  asio::co_spawn(ex, detail::feed(in, items), [&in, &feeder_done](std::exception_ptr e) {
+  joined_spawn feeder(ex, detail::feed(in, items), [&in](std::exception_ptr e) {
     if (e)
       in.abort(e);
     else
       in.close();
-    feeder_done.close();
   });
   std::exception_ptr stage_failure;
-  asio::co_spawn(ex, stage.run(in, out), [&out, &in, &stage_done, &stage_failure](std::exception_ptr e) {
+  joined_spawn runner(ex, stage.run(in, out), [&out, &in, &stage_failure](std::exception_ptr e) {
     if (e) {
       stage_failure = e;
       out.abort(e);
@@ -146,7 +140,6 @@ template <pipeline_stage Stage, class Range, class Consume>
     } else {
       out.close();
     }
-    stage_done.close();
   });
   std::exception_ptr failure;
   try {
@@ -156,10 +149,8 @@ template <pipeline_stage Stage, class Range, class Consume>
     out.abort(failure);
     in.abort(failure);
   }
-  while (co_await stage_done.receive()) {
-  }
-  while (co_await feeder_done.receive()) {
-  }
+  co_await runner.join();
+  co_await feeder.join();
   stop_state->alive = false;
   if (stage_failure) std::rethrow_exception(stage_failure);
   if (failure) std::rethrow_exception(failure);
