@@ -1,9 +1,12 @@
 #pragma once
 /// \file
 /// The sluice::error hierarchy. Every error names what it is about: the file or
-/// object, the tensor and the byte range, where they are known.
+/// object, the tensor and the byte range, where they are known. Every class is
+/// declared here, except those of the optional components: S3's in
+/// source/s3/error.hpp, CUDA's and NCCL's in cuda/error.hpp.
 
 #include <cstdint>
+#include <cstddef>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -112,5 +115,40 @@ class contract_error : public error {
  public:
   using error::error;
 };
+
+/// The system refused a resource sluice needs: memory, a mapping, a library
+/// call that cannot fail on valid input (OpenSSL's digests).
+class resource_error : public error {
+ public:
+  using error::error;
+};
+
+/// An API was used against its documented contract (a programming error in
+/// the caller, e.g. sending on a closed channel).
+class usage_error : public error {
+ public:
+  using error::error;
+};
+
+/// Another rank of a distributed load (or this one) failed; every rank throws
+/// it, naming the lowest failed rank and its error.
+class distributed_error : public error {
+ public:
+  distributed_error(std::string detail, std::size_t failed_rank)
+      : error(std::move(detail)), failed_rank_(failed_rank) {}
+  /// The lowest rank that reported a failure.
+  [[nodiscard]] std::size_t failed_rank() const noexcept { return failed_rank_; }
+
+ private:
+  std::size_t failed_rank_;
+};
+
+namespace comm {
+/// A collective failed: a peer disconnected, timed out, or reported an error.
+class comm_error : public error {
+ public:
+  using error::error;
+};
+}  // namespace comm
 
 }  // namespace sluice::inline v0

@@ -1,6 +1,8 @@
 // AWS SigV4 (see include/sluice/source/s3/sigv4.hpp).
 #include <sluice/source/s3/sigv4.hpp>
 
+#include <sluice/error.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <ctime>
@@ -76,7 +78,7 @@ digest hmac_sha256(std::span<const unsigned char> key, std::string_view data) {
   if (!::HMAC(::EVP_sha256(), key.data(), static_cast<int>(key.size()),
               reinterpret_cast<const unsigned char*>(data.data()), data.size(), out.data(), &len) ||
       len != out.size())
-    throw std::runtime_error("sluice: HMAC-SHA256 failed (OpenSSL)");
+    throw resource_error("HMAC-SHA256 failed (OpenSSL)");
   return out;
 }
 
@@ -170,7 +172,7 @@ signature_result sign(signable_request& req, const credentials& creds, std::stri
   // Re-signing (a retry) must not sign the previous signature.
   std::erase_if(req.headers, [](const auto& h) { return h.first == "authorization"; });
   if (std::none_of(req.headers.begin(), req.headers.end(), [](const auto& h) { return h.first == "host"; }))
-    throw std::invalid_argument("sluice: SigV4 request has no host header");
+    throw usage_error("SigV4: the request has no host header");
   set("x-amz-content-sha256", req.payload_hash);
   if (creds.anonymous()) return {};
   const std::string date_time = amz_date(now);

@@ -19,12 +19,6 @@
 
 namespace sluice::inline v0::comm {
 
-/// A collective failed: a peer disconnected, timed out, or reported an error.
-class comm_error : public error {
- public:
-  using error::error;
-};
-
 /// One point-to-point message of an `exchange`: `bytes` sent to, or received
 /// from, `peer`. The sender and the receiver give the same `tag` (unique
 /// within the exchange) and the same size.

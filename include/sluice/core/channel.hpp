@@ -35,7 +35,7 @@ class channel {
   [[nodiscard]] task<void> send(T v) {
     while (q_.size() >= capacity_ && !closed_ && !failure_) co_await senders_.wait();
     if (failure_) std::rethrow_exception(failure_);
-    if (closed_) throw error("send on a closed channel");
+    if (closed_) throw usage_error("send on a closed channel");
     q_.push_back(std::move(v));
     receivers_.wake_one();
   }

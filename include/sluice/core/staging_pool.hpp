@@ -123,7 +123,7 @@ class staging_pool {
       constexpr std::size_t huge = std::size_t{2} << 20;
       map_size = bytes + huge;
       void* p = ::mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (p == MAP_FAILED) throw error(fmt::format("cannot map {} bytes of staging memory: {}", bytes, std::strerror(errno)));
+      if (p == MAP_FAILED) throw resource_error(fmt::format("cannot map {} bytes of staging memory: {}", bytes, std::strerror(errno)));
       map_base = static_cast<std::byte*>(p);
       base = map_base + (huge - reinterpret_cast<std::uintptr_t>(map_base) % huge) % huge;
       ::madvise(base, bytes, MADV_HUGEPAGE);  // a hint: THP is `madvise` on typical hosts

@@ -42,10 +42,10 @@ class digest_sink {
     auto& ctx = open_[v.tensor];
     if (!ctx) {
       ctx.reset(EVP_MD_CTX_new());
-      if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw error("EVP_DigestInit_ex failed");
+      if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw resource_error("EVP_DigestInit_ex failed");
     }
     if (!v.bytes.empty() && EVP_DigestUpdate(ctx.get(), v.bytes.data(), v.bytes.size()) != 1)
-      throw error("EVP_DigestUpdate failed", {"", v.name()});
+      throw resource_error("EVP_DigestUpdate failed", {"", v.name()});
     bytes_ += v.bytes.size();
     if (v.last()) {
       unsigned char md[EVP_MAX_MD_SIZE];
