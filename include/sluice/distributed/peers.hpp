@@ -1,0 +1,74 @@
+#pragma once
+/// \file
+/// The failure protocol of a distributed load: after each phase the ranks
+/// exchange a status record, and a rank that failed makes every rank throw
+/// distributed_error naming it; the plan digest they compare first.
+
+#include <utility>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/comm/concepts.hpp>
+#include <sluice/error.hpp>
+#include <sluice/policy/plan.hpp>
+
+namespace sluice::inline v0 {
+
+namespace detail {
+
+inline constexpr std::size_t status_bytes = 1024;
+
+template <comm::communicator Comm>
+void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
+  std::vector<std::byte> mine(status_bytes), all(status_bytes * c.size());
+  if (failure) {
+    std::string msg;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+      msg = "unknown error";
+    }
+    mine[0] = std::byte{1};
+    std::memcpy(mine.data() + 1, msg.data(), std::min(msg.size(), status_bytes - 2));
+  }
+  c.all_gather(mine, all);
+  for (std::size_t r = 0; r < c.size(); ++r) {
+    if (all[r * status_bytes] == std::byte{0}) continue;
+    const char* m = reinterpret_cast<const char*>(all.data() + r * status_bytes + 1);
+    throw distributed_error(fmt::format("rank {} failed while {}: {}", r, phase, std::string(m, strnlen(m, status_bytes - 1))), r);
+  }
+}
+
+inline std::uint64_t plan_digest(const policy::load_plan& p) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (const auto& e : p.entries) {
+    for (char ch : e.info.name) mix(static_cast<unsigned char>(ch));
+    mix(e.info.size);
+    for (const auto& r : e.reads) mix(r.reader), mix(r.offset);
+  }
+  mix(p.world), mix(p.windows), mix(static_cast<std::uint64_t>(p.offload));
+  return h;
+}
+
+}  // namespace detail
+
+}  // namespace sluice::inline v0

@@ -1,0 +1,136 @@
+#pragma once
+/// \file
+/// The tool-level distributed loads: plan from a topology string, join the
+/// world a `comm::rank_info` describes (one rank: comm::local; more:
+/// comm::gloo), open the checkpoint inside the failure protocol, load.
+
+#include <utility>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/comm/local.hpp>
+#include <sluice/comm/store.hpp>
+#include <sluice/distributed/driver.hpp>
+#include <sluice/distributed/options.hpp>
+#include <sluice/distributed/peers.hpp>
+#include <sluice/error.hpp>
+#include <sluice/policy/plan.hpp>
+#if defined(SLUICE_HAS_GLOO)
+#include <sluice/comm/gloo.hpp>
+#endif
+
+namespace sluice::inline v0 {
+
+/// The plan for `ck` under a topology string ("tp1,dp8,ep8", "tp4,pp2") and an offload
+/// name ("none|per-rank|shared-single|shared-cooperative").
+[[nodiscard]] inline policy::load_plan plan_for(const checkpoint& ck, std::string_view topology, std::string_view offload,
+                                                const distributed_options& opt = {}) {
+  const auto topo = policy::parse_topology(topology);
+  return policy::make_plan(policy::tensor_infos(ck), policy::classifier(opt.classify), topo, policy::parse_offload(offload),
+                           opt.plan);
+}
+
+namespace detail {
+
+// Joins the world `who` describes (one rank: comm::local; more: comm::gloo
+// through its store, when built with sluice::gloo) and returns f(communicator).
+template <class F>
+distributed_stats in_world(const comm::rank_info& who, F&& f) {
+  if (who.world_size == 1) {
+    comm::local c;
+    return f(c);
+  }
+#if defined(SLUICE_HAS_GLOO)
+  comm::gloo c(who);
+  return f(c);
+#else
+  throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
+#endif
+}
+
+// The tool-level plan: `topology` must have WORLD_SIZE ranks.
+inline policy::load_plan tool_plan(const checkpoint& ck, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, const distributed_options& opt) {
+  auto plan = plan_for(ck, topology, offload, opt);
+  if (plan.world != who.world_size)
+    throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology, plan.world, who.world_size));
+  return plan;
+}
+
+// After joining the world: opens the checkpoint (`open()`) and plans it inside
+// the failure protocol, so that a rank that cannot open it fails every rank at
+// once rather than leaving its peers to time out.
+template <comm::communicator Comm, class Open>
+std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std::string_view topology,
+                                                       std::string_view offload, const comm::rank_info& who,
+                                                       const distributed_options& opt) {
+  std::exception_ptr failure;
+  std::optional<checkpoint> ck;
+  std::optional<policy::load_plan> plan;
+  try {
+    ck.emplace(open());
+    plan.emplace(tool_plan(*ck, topology, offload, who, opt));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  check_peers(c, failure, "opening the checkpoint");
+  return {std::move(*ck), std::move(*plan)};
+}
+
+}  // namespace detail
+
+/// The one call for tools (sluice-load): plans `ck` for `topology` and
+/// `offload`, joins the world described by `who` (one rank: comm::local;
+/// more: comm::gloo through `who.store_dir`, when built with sluice::gloo)
+/// and loads this rank's part into `s` from local files.
+template <sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, Sink& s, distributed_options opt = {}) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  const auto plan = detail::tool_plan(ck, topology, offload, who, opt);
+  return detail::in_world(who, [&](auto& c) { return load_distributed(ck, c, plan, s, opt); });
+}
+
+/// Like the call above, but opens the checkpoint at `location` after joining
+/// the world, so that a rank that cannot open it (a missing or corrupt shard)
+/// makes every rank throw distributed_error naming it, at once — rather than
+/// leaving its peers to time out at the rendezvous. With a device lane (e.g.
+/// comm::nccl_lane over `comm::nccl::connect(who, {.device = local_rank})`,
+/// whose unique id travels through the same store), tensors destined for the
+/// device reach `s` as `view_kind::device` views (cuda::device_sink).
+template <sink Sink, device_lane Lane>
+distributed_stats load_distributed(const std::filesystem::path& location, std::string_view topology,
+                                   std::string_view offload, const comm::rank_info& who, Sink& s,
+                                   distributed_options opt, const open_options& open, Lane& lane) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  return detail::in_world(who, [&](auto& c) {
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(location, open); }, topology, offload, who, opt);
+    return load_distributed(ck, c, plan, s, opt, lane);
+  });
+}
+template <sink Sink>
+distributed_stats load_distributed(const std::filesystem::path& location, std::string_view topology,
+                                   std::string_view offload, const comm::rank_info& who, Sink& s,
+                                   distributed_options opt = {}, const open_options& open = {}) {
+  no_device_lane none;
+  return load_distributed(location, topology, offload, who, s, std::move(opt), open, none);
+}
+
+}  // namespace sluice::inline v0
