@@ -32,6 +32,7 @@
 #include <sluice/core/staging_pool.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
+#include <sluice/sink/any_sink.hpp>
 #include <sluice/sink/concepts.hpp>
 #include <sluice/source/concepts.hpp>
 #include <sluice/stages/coalesce.hpp>
@@ -97,6 +98,16 @@ struct load_stats {
   return static_cast<std::size_t>((max_read + 4095) / 4096 * 4096 + 2 * 4096);
 }
 
+/// Whether `s` wants whole tensors: its compile-time choice, or the one an
+/// any_sink carries.
+template <sink Sink>
+[[nodiscard]] bool whole_tensors_of(const Sink& s) noexcept {
+  if constexpr (std::same_as<Sink, any_sink>)
+    return s.whole_tensors();
+  else
+    return wants_whole_tensors<Sink>();
+}
+
 /// Builds the jobs of a load: every tensor, with its direct destination where
 /// the sink offers one.
 template <sink Sink>
@@ -134,7 +145,7 @@ template <source Source, sink Sink>
   auto placer = place<Sink>(s);
   const auto& fetch_counters = fetcher.counters();
   const auto& place_counters = placer.counters();
-  auto pipeline = coalesce({max_read ? max_read : 4096}) | std::move(fetcher) | stage({wants_whole_tensors<Sink>()}) |
+  auto pipeline = coalesce({max_read ? max_read : 4096}) | std::move(fetcher) | stage({whole_tensors_of(s)}) |
                   std::move(placer);
 
   auto consume = [&st, progress = opt.progress](const placement& p) {

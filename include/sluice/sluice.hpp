@@ -1,11 +1,12 @@
 #pragma once
 /// \file
 /// Umbrella header: core, format, checkpoint, stages, sinks and the io_uring
-/// file source (no Beast, no CUDA). Link sluice::uring.
+/// file source (no Beast, no CUDA). Link sluice::sluice.
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/lease.hpp>
+#include <sluice/core/run.hpp>
 #include <sluice/core/staging_pool.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/core/uring.hpp>
@@ -16,6 +17,7 @@
 #include <sluice/format/writer.hpp>
 #include <sluice/load.hpp>
 #include <sluice/load_file.hpp>
+#include <sluice/sink/any_sink.hpp>
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/sink/discard_sink.hpp>

@@ -1,10 +1,11 @@
 # Installs the build tree into a scratch prefix, then configures, builds and
-# runs tests/package/consumer against it, with the build's compiler, compiler
-# launcher, build type and compile/link flags (BIN SRC CXX LAUNCHER BUILD_TYPE
-# CXX_FLAGS EXE_LINKER_FLAGS).
-set(prefix ${BIN}/package-test/prefix)
-set(build ${BIN}/package-test/consumer)
-file(REMOVE_RECURSE ${BIN}/package-test)
+# runs the consumer project SRC (its executable EXE) against it, with the
+# build's compiler, compiler launcher, build type and compile/link flags
+# (BIN SRC EXE CXX LAUNCHER BUILD_TYPE CXX_FLAGS EXE_LINKER_FLAGS). Each
+# consumer has its own scratch folder, so the tests may run in parallel.
+set(prefix ${BIN}/package-test/${EXE}/prefix)
+set(build ${BIN}/package-test/${EXE}/build)
+file(REMOVE_RECURSE ${BIN}/package-test/${EXE})
 if(NOT BUILD_TYPE)
   set(BUILD_TYPE Release)
 endif()
@@ -18,7 +19,7 @@ endif()
 set(step_install ${CMAKE_COMMAND} --install ${BIN} --prefix ${prefix})
 set(step_configure ${configure})
 set(step_build ${CMAKE_COMMAND} --build ${build})
-set(step_run ${build}/consumer ${build})
+set(step_run ${build}/${EXE} ${build})
 foreach(step IN ITEMS step_install step_configure step_build step_run)
   execute_process(COMMAND ${${step}} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("${out}")

@@ -3,22 +3,22 @@
 /// Blocking load of a checkpoint stored in S3 (link sluice::s3): the catalog
 /// opened it (index + headers, ETags pinned); the data path is an s3_source
 /// over the same pinned versions, with as many range GETs in flight as the
-/// connection pool allows.
+/// connection pool allows. Compiled once in the s3 component, over any_sink
+/// (src/s3/load.cpp), like the local load.
 
 #include <utility>
 
-#include <algorithm>
-#include <stop_token>
-#include <string>
-#include <vector>
-
-#include <boost/asio/io_context.hpp>
-
+#include <sluice/checkpoint.hpp>
+#include <sluice/core/staging_pool.hpp>
 #include <sluice/load.hpp>
 #include <sluice/load_file.hpp>
+#include <sluice/sink/any_sink.hpp>
 #include <sluice/source/s3_source.hpp>
 
 namespace sluice::inline v0 {
+
+extern template task<load_stats> load_async<s3_source, any_sink>(const checkpoint&, s3_source&, any_sink&, staging_pool&,
+                                                                 load_options);
 
 /// Loads `ck` (opened through `cat`) into `s`, staging through `pool` (reuse
 /// a pool across loads: its pages are faulted in once). Every object is read
@@ -26,28 +26,23 @@ namespace sluice::inline v0 {
 /// with s3_object_changed_error. The queue depth is raised to twice the
 /// client's connection count: fetch releases results in order, so with depth
 /// == connections an early-finishing GET would leave its connection idle until
-/// the oldest one completes (requests then go out in waves; bench/s3 measured
-/// it with strace).
+/// the oldest one completes (requests would go out in waves). A stop
+/// (`opt.stop`) also cancels the GETs in flight.
+load_stats load(const checkpoint& ck, s3_catalog& cat, any_sink s, staging_pool& pool, load_options opt = {});
+
 template <sink Sink>
+  requires(!std::same_as<Sink, any_sink>)
 load_stats load(const checkpoint& ck, s3_catalog& cat, Sink& s, staging_pool& pool, load_options opt = {}) {
-  asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
-  std::vector<std::string> uris;
-  for (const auto& sh : ck.shards()) uris.push_back(sh.uri);
-  s3_source src(ioc.get_executor(), cat.cfg(), std::move(uris));
-  for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, cat.object_info(ck.shards()[i].name));
-  opt.queue_depth = std::max<unsigned>(opt.queue_depth, 2 * static_cast<unsigned>(cat.cfg().max_connections));
-  // A stop aborts the pipeline's channels; GETs in flight would still wait for
-  // their bytes (a stalled one up to the low-speed window, times its retries):
-  // cancel them too.
-  std::stop_callback cancel_gets(opt.stop, [&src] { src.cancel(); });
-  return run_on(ioc, load_async(ck, src, s, pool, opt), opt.threads);
+  return load(ck, cat, any_sink(s), pool, std::move(opt));
 }
 
 /// As above, with a staging pool made for this load.
+load_stats load(const checkpoint& ck, s3_catalog& cat, any_sink s, load_options opt = {});
+
 template <sink Sink>
+  requires(!std::same_as<Sink, any_sink>)
 load_stats load(const checkpoint& ck, s3_catalog& cat, Sink& s, load_options opt = {}) {
-  staging_pool pool({opt.staging_budget, slot_size_for(opt.max_read), opt.poison});
-  return load(ck, cat, s, pool, opt);
+  return load(ck, cat, any_sink(s), std::move(opt));
 }
 
 }  // namespace sluice::inline v0

@@ -1,0 +1,60 @@
+#pragma once
+/// \file
+/// `any_sink`: a non-owning, type-erased reference to any sink.
+///
+/// The blocking loads (`load()` for files and S3) are compiled once, into the
+/// library, over `any_sink`: an engine's translation unit then instantiates
+/// no coroutine pipeline of its own, whatever its sink type. The cost is one
+/// indirect call per view (a view is a tensor or a piece of one: megabytes),
+/// nothing per byte. `any_sink` is itself a sink with every optional member:
+/// `direct_destination` returns an empty span (stage it) for a sink without
+/// one, `finish` does nothing for a sink without one, and `whole_tensors()`
+/// carries the sink's compile-time choice as a value.
+
+#include <cstddef>
+#include <span>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/sink/concepts.hpp>
+#include <sluice/tensor_view.hpp>
+
+namespace sluice::inline v0 {
+
+class any_sink {
+ public:
+  /// Refers to `s`, which must outlive every use of this any_sink.
+  template <sink S>
+    requires(!std::same_as<S, any_sink>)
+  any_sink(S& s) noexcept  // NOLINT(google-explicit-constructor): a sink converts where a sink is expected
+      : self_(&s),
+        accept_([](void* p, tensor_view v) { return static_cast<S*>(p)->accept(std::move(v)); }),
+        direct_([](void* p, const tensor_ref& t) -> std::span<std::byte> {
+          if constexpr (direct_sink<S>)
+            return static_cast<S*>(p)->direct_destination(t);
+          else
+            return {};
+        }),
+        finish_([](void* p) {
+          if constexpr (requires(S& x) { x.finish(); }) static_cast<S*>(p)->finish();
+        }),
+        whole_(wants_whole_tensors<S>()) {}
+
+  bool accept(tensor_view v) { return accept_(self_, std::move(v)); }
+  /// The sink's destination for `t`, or an empty span (the tensor is staged).
+  [[nodiscard]] std::span<std::byte> direct_destination(const tensor_ref& t) { return direct_(self_, t); }
+  /// Calls the sink's finish(), if it has one.
+  void finish() { finish_(self_); }
+  /// Whether the sink wants whole tensors (its `whole_tensors`).
+  [[nodiscard]] bool whole_tensors() const noexcept { return whole_; }
+
+ private:
+  void* self_;
+  bool (*accept_)(void*, tensor_view);
+  std::span<std::byte> (*direct_)(void*, const tensor_ref&);
+  void (*finish_)(void*);
+  bool whole_;
+};
+
+static_assert(direct_sink<any_sink>);
+
+}  // namespace sluice::inline v0

@@ -1,0 +1,162 @@
+// Opening, selecting and renaming checkpoints, compiled once (checkpoint.hpp
+// declares them).
+
+#include <sluice/checkpoint.hpp>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/source/directory_catalog.hpp>
+
+namespace sluice::inline v0 {
+
+checkpoint checkpoint::open(catalog& cat, const open_options& opt) {
+  checkpoint c;
+  c.location_ = cat.location();
+  const auto before = cat.bytes_read();
+  std::vector<std::string> shard_names;
+  std::optional<format::index> ix;
+  const std::string index_name{format::index_file_name};
+  if (cat.exists(index_name)) {
+    const auto sz = cat.size(index_name);
+    auto bytes = cat.read(index_name, 0, sz);
+    ix = format::parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), cat.uri(index_name));
+    std::set<std::string> needed;
+    for (const auto& [tensor, shard] : ix->weight_map)
+      if (!opt.select || opt.select(tensor)) needed.insert(shard);
+    shard_names.assign(needed.begin(), needed.end());
+  } else if (cat.exists("model.safetensors")) {
+    shard_names.push_back("model.safetensors");
+  } else {
+    for (auto& n : cat.list())
+      if (n.size() > 12 && n.ends_with(".safetensors")) shard_names.push_back(n);
+    if (shard_names.empty())
+      throw io_error("no model.safetensors.index.json, model.safetensors or *.safetensors file", {cat.location()});
+  }
+  std::map<std::string, const format::header*> headers;
+  c.shards_.reserve(shard_names.size());
+  for (const auto& name : shard_names) {
+    if (ix && !cat.exists(name))
+      throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", name),
+                        {ix->file, format::first_tensor_in(*ix, name)});
+    c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
+  }
+  for (const auto& s : c.shards_) headers.emplace(s.name, &s.header);
+  if (ix) {
+    if (opt.select) {
+      // Verify only what was opened: the index restricted to opened shards.
+      format::index sub;
+      sub.file = ix->file;
+      for (const auto& [t, s] : ix->weight_map)
+        if (headers.contains(s)) sub.weight_map.emplace(t, s);
+      format::verify(sub, headers, opt.verify);  // sub has no total_size: a subset cannot match it
+    } else {
+      format::verify(*ix, headers, opt.verify);
+    }
+  }
+  c.header_bytes_read_ = cat.bytes_read() - before;
+  for (std::uint32_t i = 0; i < c.shards_.size(); ++i) {
+    const auto& h = c.shards_[i].header;
+    for (const auto& t : h.tensors) {
+      if (opt.select && !opt.select(t.name)) continue;
+      c.tensors_.push_back({apply_rename(t.name, opt.rename), t.name, i, t.type, t.shape,
+                            h.data_start() + t.begin, t.size()});
+    }
+  }
+  c.check_unique_names();
+  return c;
+}
+
+checkpoint checkpoint::open(const std::filesystem::path& path, const open_options& opt) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec) && path.filename() == format::index_file_name) {
+    directory_catalog cat(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+    return open(cat, opt);
+  }
+  if (std::filesystem::is_regular_file(path, ec)) {
+    directory_catalog cat(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+    checkpoint c;
+    c.location_ = path.string();
+    const auto name = path.filename().string();
+    c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
+    c.header_bytes_read_ = cat.bytes_read();
+    const auto& h = c.shards_[0].header;
+    for (const auto& t : h.tensors)
+      if (!opt.select || opt.select(t.name))
+        c.tensors_.push_back({apply_rename(t.name, opt.rename), t.name, 0, t.type, t.shape, h.data_start() + t.begin, t.size()});
+    c.check_unique_names();
+    return c;
+  }
+  directory_catalog cat(path);
+  return open(cat, opt);
+}
+
+format::header checkpoint::read_header(catalog& cat, const std::string& name) {
+  const auto uri = cat.uri(name);
+  const auto file_size = cat.size(name);
+  auto first = cat.read_prefix(name, 8);
+  const auto n = format::parse_header_length(first, file_size, uri);
+  auto json = cat.read(name, 8, n);
+  if (json.size() != n)
+    throw truncated_error(fmt::format("header read returned {} of {} bytes", json.size(), n), {uri, "", byte_range{8, 8 + n}});
+  return format::parse_header(std::string_view(reinterpret_cast<const char*>(json.data()), json.size()), file_size, uri);
+}
+
+checkpoint checkpoint::select(const std::function<bool(const tensor_ref&)>& keep) const {
+  checkpoint c;
+  c.location_ = location_;
+  c.header_bytes_read_ = header_bytes_read_;
+  std::vector<std::int64_t> remap(shards_.size(), -1);
+  for (const auto& t : tensors_) {
+    if (!keep(t)) continue;
+    if (remap[t.shard] < 0) {
+      remap[t.shard] = static_cast<std::int64_t>(c.shards_.size());
+      c.shards_.push_back(shards_[t.shard]);
+    }
+    c.tensors_.push_back(t);
+    c.tensors_.back().shard = static_cast<std::uint32_t>(remap[t.shard]);
+  }
+  c.check_unique_names();
+  return c;
+}
+
+checkpoint checkpoint::select(const std::set<std::string>& names) const {
+  for (const auto& n : names)
+    if (!find(n)) throw config_error(fmt::format("select: the checkpoint has no tensor '{}'", n), {location_, n});
+  return select([&](const tensor_ref& t) { return names.contains(t.name); });
+}
+
+checkpoint checkpoint::rename(const std::vector<rename_rule>& rules) const {
+  checkpoint c = *this;
+  for (auto& t : c.tensors_) t.name = apply_rename(t.name, rules);
+  c.check_unique_names();
+  return c;
+}
+
+std::string checkpoint::apply_rename(const std::string& name, const std::vector<rename_rule>& rules) {
+  for (const auto& r : rules)
+    if (name.starts_with(r.from)) return r.to + name.substr(r.from.size());
+  return name;
+}
+
+void checkpoint::check_unique_names() {
+  by_name_.clear();
+  by_name_.reserve(tensors_.size());
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    if (!by_name_.emplace(tensors_[i].name, i).second) {
+      const auto& first = tensors_[by_name_[tensors_[i].name]];
+      throw config_error(fmt::format("two tensors are named '{}' (from '{}' in {} and '{}' in {})", tensors_[i].name,
+                                     first.source_name, shards_[first.shard].name, tensors_[i].source_name,
+                                     shards_[tensors_[i].shard].name),
+                         {location_, tensors_[i].name});
+    }
+  }
+}
+
+}  // namespace sluice::inline v0
