@@ -1,7 +1,7 @@
 // gen-checkpoint DIR [--size 2GiB] [--layers N] [--experts E] [--hidden H]
 //                    [--engram-tables T] [--engram-rows R] [--shard-size 512MiB]
 //                    [--no-draft] [--vl-prefix] [--seed S] [--plan-only]
-//                    [--digests FILE]   (name, dtype, shape, sha256 per tensor)
+//                    [--digests FILE]   (name, dtype, shape, sha256 per tensor; see --help)
 // Writes a deterministic DeepSeek-like sharded checkpoint (see
 // sluice/testing/generator.hpp) and prints what it wrote. Reusing an existing
 // checkpoint is the caller's business: this always (re)writes.
@@ -9,10 +9,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <sluice/testing/generator.hpp>
+
+#include "common/args.hpp"
 
 namespace {
 
@@ -30,50 +34,53 @@ std::uint64_t parse_size(std::string_view s) {
   return static_cast<std::uint64_t>(v * m);
 }
 
-int usage() {
-  std::cerr << "usage: gen-checkpoint DIR [--size 2GiB] [--layers N] [--experts E] [--hidden H]\n"
-               "                      [--engram-tables T] [--engram-rows R] [--shard-size S]\n"
-               "                      [--no-draft] [--vl-prefix] [--seed S] [--plan-only] [--digests FILE]\n";
-  return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
   namespace t = sluice::testing;
-  if (argc < 2 || std::string_view(argv[1]).starts_with("-")) return usage();
-  const std::string dir = argv[1];
-  // First pass: --size and --seed set the base; the others override it.
-  t::generator_options o;
+  CLI::App app("gen-checkpoint: write a deterministic DeepSeek-like sharded checkpoint and print what it wrote.\n"
+               "--size and --seed set the base; the other options override it.",
+               "gen-checkpoint");
+  app.get_formatter()->column_width(26);
+  std::string dir, size, shard_size, digests;
   std::uint64_t seed = 1;
-  for (int i = 2; i + 1 < argc; ++i) {
-    if (std::string_view(argv[i]) == "--seed") seed = std::stoull(argv[i + 1]);
-  }
-  for (int i = 2; i + 1 < argc; ++i)
-    if (std::string_view(argv[i]) == "--size") o = t::options_for_size(parse_size(argv[i + 1]), seed);
+  std::optional<std::uint32_t> layers, dense_layers, experts, engram_tables;
+  std::optional<std::uint64_t> hidden, engram_rows;
+  bool no_draft = false, vl_prefix = false, plan_only = false;
+  // An option that, when given, overrides the generator's value.
+  const auto override_of = [&app](const char* name, auto& into, const char* what) {
+    using value = typename std::remove_reference_t<decltype(into)>::value_type;
+    app.add_option_function<value>(name, [&into](const value& v) { into = v; }, what)->type_name("N");
+  };
+  app.add_option("DIR", dir, "where to write the checkpoint (always rewritten)")->required();
+  app.add_option("--size", size, "about this many tensor bytes, e.g. 2GiB (default: the generator's small model)")
+      ->type_name("SIZE");
+  override_of("--layers", layers, "decoder layers");
+  override_of("--dense-layers", dense_layers, "leading layers with a dense MLP");
+  override_of("--experts", experts, "routed experts per MoE layer");
+  override_of("--hidden", hidden, "model width");
+  override_of("--engram-tables", engram_tables, "Engram-like tables, one shard each");
+  override_of("--engram-rows", engram_rows, "rows per Engram table");
+  app.add_option("--shard-size", shard_size, "cut ordinary shards at about this size, e.g. 512MiB")->type_name("SIZE");
+  app.add_flag("--no-draft", no_draft, "no draft (MTP) module");
+  app.add_flag("--vl-prefix", vl_prefix, "name tensors model.language_model.* instead of model.*");
+  app.add_option("--seed", seed, "seed of the tensor contents (default 1)")->type_name("S");
+  app.add_flag("--plan-only", plan_only, "print the plan, write nothing");
+  app.add_option("--digests", digests, "write name, dtype, shape, sha256 per tensor to FILE")->type_name("FILE");
+  if (auto rc = sluice_cli::parse_args(app, argc, argv, 2)) return *rc;
+
+  t::generator_options o;
+  if (!size.empty()) o = t::options_for_size(parse_size(size), seed);
   o.seed = seed;
-  bool plan_only = false;
-  std::string digests;
-  for (int i = 2; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw sluice::config_error(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    if (a == "--size" || a == "--seed") (void)value();
-    else if (a == "--layers") o.layers = static_cast<std::uint32_t>(std::stoul(value()));
-    else if (a == "--dense-layers") o.dense_layers = static_cast<std::uint32_t>(std::stoul(value()));
-    else if (a == "--experts") o.experts = static_cast<std::uint32_t>(std::stoul(value()));
-    else if (a == "--hidden") o.hidden = std::stoull(value());
-    else if (a == "--engram-tables") o.engram_tables = static_cast<std::uint32_t>(std::stoul(value()));
-    else if (a == "--engram-rows") o.engram_rows = std::stoull(value());
-    else if (a == "--shard-size") o.max_shard_bytes = parse_size(value());
-    else if (a == "--no-draft") o.draft = false;
-    else if (a == "--vl-prefix") o.vl_prefix = true;
-    else if (a == "--plan-only") plan_only = true;
-    else if (a == "--digests") digests = value();
-    else return usage();
-  }
+  if (layers) o.layers = *layers;
+  if (dense_layers) o.dense_layers = *dense_layers;
+  if (experts) o.experts = *experts;
+  if (hidden) o.hidden = *hidden;
+  if (engram_tables) o.engram_tables = *engram_tables;
+  if (engram_rows) o.engram_rows = *engram_rows;
+  if (!shard_size.empty()) o.max_shard_bytes = parse_size(shard_size);
+  if (no_draft) o.draft = false;
+  if (vl_prefix) o.vl_prefix = true;
   const auto plan = t::make_plan(o);
   if (!plan_only) t::write_checkpoint(dir, plan);
   if (!digests.empty()) {

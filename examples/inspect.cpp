@@ -1,9 +1,9 @@
-// sluice-inspect PATH [--json]
+// sluice-inspect PATH [--json]   (see --help)
 // Opens a checkpoint directory (index + shards, or model.safetensors) or one
 // .safetensors file, reading headers only, and reports its shards, tensors,
 // bytes per dtype and per class, and the header bytes read.
 // Errors: exit 1 and one stderr line "sluice: error: ..." naming the file, the
-// tensor and the rule.
+// tensor and the rule (a usage error: exit 2, one such line).
 #include <array>
 #include <iostream>
 #include <map>
@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include <sluice/checkpoint.hpp>
+
+#include "common/args.hpp"
 
 namespace {
 
@@ -34,21 +36,15 @@ std::string_view classify(std::string_view name) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  CLI::App app("sluice-inspect: report a checkpoint's shards, tensors, and bytes per dtype and per class,\n"
+               "reading headers only.",
+               "sluice-inspect");
   std::string path;
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    if (a == "--json") json = true;
-    else if (path.empty() && !a.starts_with("--")) path = a;
-    else {
-      std::cerr << "usage: sluice-inspect PATH [--json]\n";
-      return 2;
-    }
-  }
-  if (path.empty()) {
-    std::cerr << "usage: sluice-inspect PATH [--json]\n";
-    return 2;
-  }
+  app.add_option("PATH", path, "checkpoint directory (index + shards, or model.safetensors) or one .safetensors file")
+      ->required();
+  app.add_flag("--json", json, "print the report as JSON");
+  if (auto rc = sluice_cli::parse_args(app, argc, argv, 2)) return *rc;
   const auto ckpt = sluice::checkpoint::open(std::filesystem::path(path));
 
   std::map<std::string, std::array<std::uint64_t, 2>> per_dtype, per_class;  // {tensors, bytes}

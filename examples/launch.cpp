@@ -1,5 +1,5 @@
 // sluice-launch: runs N local ranks of a command (torchrun-style environment)
-// and merges their JSON summaries.
+// and merges their JSON summaries (see --help).
 //
 //   sluice-launch -n 8 [--store DIR | --store redis://HOST:PORT/RUN] [--nnodes M --node-rank K]
 //                 [--host ADDR] [--timeout SECONDS] [--json-out FILE] -- sluice-load ...
@@ -22,10 +22,13 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/args.hpp"
 
 namespace fs = std::filesystem;
 
@@ -33,24 +36,31 @@ int main(int argc, char** argv) {
   std::size_t n = 1, nnodes = 1, node_rank = 0;
   double timeout = 60;
   std::string store, json_out, host = "127.0.0.1";
+  // The command is everything after the first "--"; CLI11 sees only what precedes it.
   int i = 1;
-  for (; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--") { ++i; break; }
-    if ((a == "-n" || a == "--nproc") && i + 1 < argc) n = std::stoul(argv[++i]);
-    else if (a == "--store" && i + 1 < argc) store = argv[++i];
-    else if (a == "--timeout" && i + 1 < argc) timeout = std::stod(argv[++i]);
-    else if (a == "--json-out" && i + 1 < argc) json_out = argv[++i];
-    else if (a == "--nnodes" && i + 1 < argc) nnodes = std::stoul(argv[++i]);
-    else if (a == "--node-rank" && i + 1 < argc) node_rank = std::stoul(argv[++i]);
-    else if (a == "--host" && i + 1 < argc) host = argv[++i];
-    else {
-      std::fprintf(stderr,
-                   "usage: sluice-launch -n N [--store DIR|redis://HOST:PORT/RUN] [--nnodes M --node-rank K] [--host ADDR]\n"
-                   "                     [--timeout S] [--json-out FILE] -- command args...\n");
-      return 2;
-    }
-  }
+  while (i < argc && std::string_view(argv[i]) != "--") ++i;
+  const int options_end = i;
+  if (i < argc) ++i;   // skip "--": argv[i..] is the command
+  CLI::App app("sluice-launch: run N local ranks of a command (torchrun-style environment) and merge\n"
+               "their JSON summaries.",
+               "sluice-launch");
+  app.get_formatter()->column_width(32);
+  app.footer("After the options: -- COMMAND ARGS...  (run once per local rank, e.g. -- sluice-load CKPT --topology ...)\n"
+             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
+             "SLUICE_JSON_OUT, SLUICE_GLOO_HOST and SLUICE_STORE_DIR or SLUICE_STORE.");
+  app.add_option("-n,--nproc", n, "local ranks to run (default 1)")->type_name("N");
+  app.add_option("--store", store,
+                 "rendezvous: a Gloo file-store directory (default: a fresh one; with --nnodes,\n"
+                 "one every node shares) or redis://HOST:PORT/RUN (the same URL on every node)")
+      ->type_name("DIR|redis://HOST:PORT/RUN");
+  app.add_option("--nnodes", nnodes, "nodes, each running this launcher (default 1)")->type_name("M");
+  app.add_option("--node-rank", node_rank, "this node's index, below --nnodes (default 0)")->type_name("K");
+  app.add_option("--host", host, "this node's address that the other nodes reach (default 127.0.0.1)")
+      ->type_name("ADDR");
+  app.add_option("--timeout", timeout, "seconds the other ranks get to fail once one has (default 60)")
+      ->type_name("SECONDS");
+  app.add_option("--json-out", json_out, "write the merged summary to FILE (default: stdout)")->type_name("FILE");
+  if (auto rc = sluice_cli::parse_args(app, options_end, argv, 2)) return *rc;
   if (nnodes == 0 || node_rank >= nnodes) {
     std::fprintf(stderr, "sluice-launch: --node-rank %zu is not below --nnodes %zu\n", node_rank, nnodes);
     return 2;

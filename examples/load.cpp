@@ -34,43 +34,13 @@
 #include <sluice/cuda/device_sink.hpp>
 #endif
 
+#include "common/args.hpp"
 #include "common/cli.hpp"
 
 namespace {
 
 using namespace sluice;
 using sluice_cli::human_bytes;
-
-constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
-  SOURCE                 checkpoint directory, .safetensors file, or s3://bucket/prefix/
-                         (credentials, region and endpoint from AWS_* variables and ~/.aws)
-  --staging SIZE         staging budget (default 4GiB); sizes take KiB/MiB/GiB suffixes
-  --max-read SIZE        bytes per read request (default 32MiB)
-  --queue-depth N        reads in flight (default 4)
-  --threads N            io_context threads (default 1)
-  --direct | --buffered  require O_DIRECT / always use the page cache (default: O_DIRECT when aligned)
-  --inline-copies        copy page-cache hits in the submitting thread, not in io_uring's
-                         io-wq workers (default: workers, so cached reads copy on several cores)
-  --select REGEX         load only tensors whose name matches
-  --digest               print name, dtype, shape, sha256 per tensor (sorted by name)
-  --json                 print the summary as JSON on stdout
-  --json-out FILE        write the JSON summary to FILE
-  --no-progress          no progress display
-  --topology tp1,dp8,ep8 act as one rank of a distributed load (rank from --rank/--world-size or
-                         RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, SLUICE_STORE_DIR; see sluice-launch)
-  --offload MODE         none | per-rank | shared-single | shared-cooperative (default none)
-  --overlap auto|on|off   read the next window while this one's collective runs (default auto:
-                         on with at least two hardware threads per local rank)
-  --rank N --world-size N --local-rank N --local-world-size N   override the environment
-  --device               with --topology: one GPU per rank (device = local rank): tensors for the
-                         device travel by NCCL (unique id through SLUICE_STORE_DIR) into device memory;
-                         --digest copies them back (needs the nccl component and a GPU)
-  --connections N        s3://: S3 connections (concurrent range GETs) of the node (default 16)
-  --connections-per-rank N   s3:// with --topology: connections of each rank's S3 client (default: the
-                         per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)
-  --probe                read headers only: print the per-layer plan (keys, tensors, bytes)
-  --contract-out FILE    with --probe: write the load contract (JSON) to FILE
-)";
 
 struct options {
   std::string source;
@@ -82,51 +52,72 @@ struct options {
   bool digest = false, json = false, progress = true, probe = false, device = false;
 };
 
-options parse(int argc, char** argv) {
-  options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw config_error(fmt::format("{} needs a value", argv[i]));
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    } else if (a == "--staging") o.load.staging_budget = sluice_cli::parse_size(value(i));
-    else if (a == "--max-read") o.load.max_read = sluice_cli::parse_size(value(i));
-    else if (a == "--queue-depth") o.load.queue_depth = static_cast<unsigned>(std::stoul(value(i)));
-    else if (a == "--threads") o.load.threads = static_cast<unsigned>(std::stoul(value(i)));
-    else if (a == "--direct") o.load.io = io_mode::direct;
-    else if (a == "--buffered") o.load.io = io_mode::buffered;
-    else if (a == "--inline-copies") o.load.punt_buffered = false;
-    else if (a == "--select") o.select = value(i);
-    else if (a == "--digest") o.digest = true;
-    else if (a == "--device") o.device = true;
-    else if (a == "--json") o.json = true;
-    else if (a == "--json-out") o.json_out = value(i);
-    else if (a == "--no-progress") o.progress = false;
-    else if (a == "--probe") o.probe = true;
-    else if (a == "--topology") o.topology = value(i);
-    else if (a == "--offload") o.offload = value(i);
-    else if (a == "--overlap") o.overlap = value(i);
-    else if (a == "--rank") o.rank = std::stoul(value(i));
-    else if (a == "--world-size") o.world = std::stoul(value(i));
-    else if (a == "--local-rank") o.local_rank = std::stoul(value(i));
-    else if (a == "--local-world-size") o.local_world = std::stoul(value(i));
-    else if (a == "--connections-per-rank") o.connections_per_rank = std::stoul(value(i));
-    else if (a == "--connections") {
-      o.connections = std::stoul(value(i));
-      if (o.connections == 0) throw config_error("--connections must be at least 1");
-    }
-    else if (a == "--contract-out") o.contract_out = value(i);
-    else if (!a.starts_with("--") && o.source.empty()) o.source = a;
-    else throw config_error(fmt::format("unknown argument '{}' (see --help)", a));
-  }
+// Fills `o` from the command line; an exit code when the tool stops there
+// (--help, or a usage error already reported on stderr).
+std::optional<int> parse(options& o, int argc, char** argv) {
+  CLI::App app("sluice-load: load a checkpoint (a directory or one .safetensors file) with a live progress\n"
+               "display and a summary.",
+               "sluice-load");
+  app.get_formatter()->column_width(28);
+  std::string staging, max_read;
+  bool direct = false, buffered = false;
+  const auto index = [](std::optional<std::size_t>& into) { return [&into](std::size_t v) { into = v; }; };
+  app.add_option("SOURCE", o.source,
+                 "checkpoint directory, .safetensors file, or s3://bucket/prefix/\n"
+                 "(credentials, region and endpoint from AWS_* variables and ~/.aws)");
+  app.add_option("--staging", staging, "staging budget (default 4GiB); sizes take KiB/MiB/GiB suffixes")->type_name("SIZE");
+  app.add_option("--max-read", max_read, "bytes per read request (default 32MiB)")->type_name("SIZE");
+  app.add_option("--queue-depth", o.load.queue_depth, "reads in flight (default 4)")->type_name("N");
+  app.add_option("--threads", o.load.threads, "io_context threads (default 1)")->type_name("N");
+  app.add_flag("--direct", direct, "require O_DIRECT (default: O_DIRECT when aligned)");
+  app.add_flag("--buffered", buffered, "always use the page cache");
+  app.add_flag_callback("--inline-copies", [&] { o.load.punt_buffered = false; },
+                        "copy page-cache hits in the submitting thread, not in io_uring's\n"
+                        "io-wq workers (default: workers, so cached reads copy on several cores)");
+  app.add_option("--select", o.select, "load only tensors whose name matches")->type_name("REGEX");
+  app.add_flag("--digest", o.digest, "print name, dtype, shape, sha256 per tensor (sorted by name)");
+  app.add_flag("--json", o.json, "print the summary as JSON on stdout");
+  app.add_option("--json-out", o.json_out, "write the JSON summary to FILE")->type_name("FILE");
+  app.add_flag_callback("--no-progress", [&] { o.progress = false; }, "no progress display");
+  app.add_option("--topology", o.topology,
+                 "act as one rank of a distributed load (rank from --rank/--world-size or\n"
+                 "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, SLUICE_STORE_DIR; see sluice-launch)")
+      ->type_name("tp1,dp8,ep8");
+  app.add_option("--offload", o.offload, "none | per-rank | shared-single | shared-cooperative (default none)")
+      ->type_name("MODE");
+  app.add_option("--overlap", o.overlap,
+                 "read the next window while this one's collective runs (default auto:\n"
+                 "on with at least two hardware threads per local rank)")
+      ->type_name("auto|on|off");
+  app.add_option_function<std::size_t>("--rank", index(o.rank), "override RANK")->type_name("N");
+  app.add_option_function<std::size_t>("--world-size", index(o.world), "override WORLD_SIZE")->type_name("N");
+  app.add_option_function<std::size_t>("--local-rank", index(o.local_rank), "override LOCAL_RANK")->type_name("N");
+  app.add_option_function<std::size_t>("--local-world-size", index(o.local_world), "override LOCAL_WORLD_SIZE")
+      ->type_name("N");
+  app.add_flag("--device", o.device,
+               "with --topology: one GPU per rank (device = local rank): tensors for the\n"
+               "device travel by NCCL (unique id through SLUICE_STORE_DIR) into device memory;\n"
+               "--digest copies them back (needs the nccl component and a GPU)");
+  app.add_option("--connections", o.connections, "s3://: S3 connections (concurrent range GETs) of the node (default 16)")
+      ->type_name("N");
+  app.add_option("--connections-per-rank", o.connections_per_rank,
+                 "s3:// with --topology: connections of each rank's S3 client (default: the\n"
+                 "per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)")
+      ->type_name("N");
+  app.add_flag("--probe", o.probe, "read headers only: print the per-layer plan (keys, tensors, bytes)");
+  app.add_option("--contract-out", o.contract_out, "with --probe: write the load contract (JSON) to FILE")
+      ->type_name("FILE");
+  if (auto rc = sluice_cli::parse_args(app, argc, argv, 1)) return rc;
+  if (!staging.empty()) o.load.staging_budget = sluice_cli::parse_size(staging);
+  if (!max_read.empty()) o.load.max_read = sluice_cli::parse_size(max_read);
+  if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
+  if (direct) o.load.io = io_mode::direct;
+  if (buffered) o.load.io = io_mode::buffered;
+  if (app.count("--connections") && o.connections == 0) throw config_error("--connections must be at least 1");
   if (o.source.empty()) throw config_error("no SOURCE given (see --help)");
   if (!o.contract_out.empty() && !o.probe) throw config_error("--contract-out needs --probe");
   if (o.device && o.topology.empty()) throw config_error("--device needs --topology (it places one rank's tensors on its GPU)");
-  return o;
+  return std::nullopt;
 }
 
 // Progress on a terminal: one line redrawn; otherwise a plain line every 2 s.
@@ -291,7 +282,8 @@ int run_distributed(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  auto o = parse(argc, argv);
+  options o;
+  if (auto rc = parse(o, argc, argv)) return *rc;
   open_options oo;
   if (!o.select.empty()) {
     auto re = std::make_shared<std::regex>(o.select);

@@ -7,7 +7,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 apt_pkgs=(build-essential cmake ninja-build ccache pkg-config
           liburing-dev libboost-dev libssl-dev libfmt-dev catch2 nlohmann-json3-dev
           libgloo-dev libhiredis-dev redis-server iproute2 nodejs npm openssl fio nginx-light python3-boto3 python3-botocore
-          clang-14 libclang-rt-14-dev curl procps)
+          libpugixml-dev libcli11-dev clang-14 libclang-rt-14-dev curl procps)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,6 +5,8 @@
 #include <sluice/source/s3/client.hpp>
 #include <sluice/source/s3/connection_pool.hpp>
 
+#include "xml.hpp"
+
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -79,77 +82,6 @@ struct response {
   std::uint64_t object_size = 0;
   std::string body;   // small bodies (listings, PUT responses)
 };
-
-std::string xml_unescape(std::string_view s) {
-  std::string r;
-  r.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '&') {
-      r += s[i];
-      continue;
-    }
-    auto semi = s.find(';', i);
-    if (semi == std::string_view::npos) {
-      r += s[i];
-      continue;
-    }
-    auto ent = s.substr(i + 1, semi - i - 1);
-    if (ent == "amp") r += '&';
-    else if (ent == "lt") r += '<';
-    else if (ent == "gt") r += '>';
-    else if (ent == "quot") r += '"';
-    else if (ent == "apos") r += '\'';
-    else if (!ent.empty() && ent[0] == '#') {
-      unsigned long cp = 0;
-      auto num = ent.substr(1);
-      int base = 10;
-      if (!num.empty() && (num[0] == 'x' || num[0] == 'X')) {
-        num = num.substr(1);
-        base = 16;
-      }
-      std::from_chars(num.data(), num.data() + num.size(), cp, base);
-      if (cp < 0x80) r += static_cast<char>(cp);
-      else if (cp < 0x800) { r += static_cast<char>(0xC0 | (cp >> 6)); r += static_cast<char>(0x80 | (cp & 0x3F)); }
-      else if (cp < 0x10000) {
-        r += static_cast<char>(0xE0 | (cp >> 12)); r += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        r += static_cast<char>(0x80 | (cp & 0x3F));
-      } else {
-        r += static_cast<char>(0xF0 | (cp >> 18)); r += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        r += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)); r += static_cast<char>(0x80 | (cp & 0x3F));
-      }
-    } else {
-      r += s.substr(i, semi - i + 1);
-    }
-    i = semi;
-  }
-  return r;
-}
-
-/// The text of the first <tag>...</tag> in `doc`, unescaped; nullopt if absent.
-std::optional<std::string> xml_text(std::string_view doc, std::string_view tag) {
-  const std::string open = "<" + std::string(tag) + ">", close = "</" + std::string(tag) + ">";
-  auto b = doc.find(open);
-  if (b == std::string_view::npos) return std::nullopt;
-  b += open.size();
-  auto e = doc.find(close, b);
-  if (e == std::string_view::npos) return std::nullopt;
-  return xml_unescape(doc.substr(b, e - b));
-}
-
-/// Every <tag>...</tag> block of `doc`.
-std::vector<std::string_view> xml_blocks(std::string_view doc, std::string_view tag) {
-  const std::string open = "<" + std::string(tag) + ">", close = "</" + std::string(tag) + ">";
-  std::vector<std::string_view> out;
-  for (std::size_t pos = 0;;) {
-    auto b = doc.find(open, pos);
-    if (b == std::string_view::npos) break;
-    auto e = doc.find(close, b);
-    if (e == std::string_view::npos) break;
-    out.push_back(doc.substr(b + open.size(), e - b - open.size()));
-    pos = e + close.size();
-  }
-  return out;
-}
 
 std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
 
@@ -531,12 +463,19 @@ struct client::impl {
         response r = co_await attempt(o, progress);
         if (r.status >= 200 && r.status < 300) co_return std::pair{std::move(r), attempt_no};
         if (r.status == 416 && o.ranged) co_return std::pair{std::move(r), attempt_no};   // at/after the end
-        if (r.status == 409 && o.name == "CreateBucket" && r.body.find("BucketAlreadyOwnedByYou") != std::string::npos)
+        const auto doc = detail::parse_error_document(r.body);
+        if (r.status == 409 && o.name == "CreateBucket" && doc && doc->code == "BucketAlreadyOwnedByYou")
           co_return std::pair{std::move(r), attempt_no};
         attempt_failure f;
         f.status = r.status;
-        f.code = xml_text(r.body, "Code").value_or("");
-        f.message = xml_text(r.body, "Message").value_or("");
+        if (doc) {
+          f.code = doc->code;
+          f.message = doc->message;
+        } else if (!r.body.empty()) {
+          // Not an S3 error document (an HTML page from a proxy, a cut body):
+          // quote its start, so the error says what came back.
+          f.message = "unexpected response body: " + detail::excerpt(r.body);
+        }
         if (f.code.empty()) {
           switch (r.status) {
             case 404: f.code = o.key.empty() ? "NoSuchBucket" : "NotFound"; break;
@@ -629,24 +568,21 @@ task<list_result> client::list(std::string bucket, std::string prefix, std::stri
     std::size_t progress = 0;
     auto [r, attempts] = co_await impl_->execute(std::move(o), progress);
     ++out.pages;
-    for (auto block : xml_blocks(r.body, "Contents")) {
-      list_entry e;
-      e.key = xml_text(block, "Key").value_or("");
-      e.size = to_u64(xml_text(block, "Size").value_or("0"));
-      e.etag = xml_text(block, "ETag").value_or("");
-      out.objects.push_back(std::move(e));
+    auto fail = [&](std::string code, std::string message) {
+      throw s3_error(s3_error_info{"ListObjectsV2", impl_->cfg.endpoint.url(), bucket, prefix, std::nullopt, r.status,
+                                   std::move(code), std::move(message), attempts, impl_->cfg.retry.max_attempts});
+    };
+    detail::list_page page;
+    try {
+      page = detail::parse_list_page(r.body);
+    } catch (const detail::malformed_xml& e) {
+      fail("MalformedResponse", fmt::format("page {} of the listing: {}", out.pages, e.what()));
     }
-    for (auto block : xml_blocks(r.body, "CommonPrefixes"))
-      if (auto p = xml_text(block, "Prefix")) out.common_prefixes.push_back(*p);
-    const bool truncated = xml_text(r.body, "IsTruncated").value_or("false") == "true";
-    token = xml_text(r.body, "NextContinuationToken").value_or("");
-    if (!truncated) break;
-    if (token.empty()) {
-      s3_error_info info{"ListObjectsV2", impl_->cfg.endpoint.url(), bucket, prefix, std::nullopt, r.status,
-                         "MissingContinuationToken", "IsTruncated without NextContinuationToken", attempts,
-                         impl_->cfg.retry.max_attempts};
-      throw s3_error(std::move(info));
-    }
+    std::move(page.objects.begin(), page.objects.end(), std::back_inserter(out.objects));
+    std::move(page.common_prefixes.begin(), page.common_prefixes.end(), std::back_inserter(out.common_prefixes));
+    token = std::move(page.next_token);
+    if (!page.truncated) break;
+    if (token.empty()) fail("MissingContinuationToken", "IsTruncated without NextContinuationToken");
   }
   co_return out;
 }

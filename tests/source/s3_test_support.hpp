@@ -260,14 +260,26 @@ inline std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed) {
 /// The fault proxy (tests/support/fault_proxy.js) in front of `upstream`.
 struct fault_proxy {
   fault_proxy(const std::string& upstream, const std::string& fault, int every, int stall_ms = 60000)
-      : proc({"node", SLUICE_FAULT_PROXY_SCRIPT, "--upstream", upstream, "--fault", fault, "--every",
-              std::to_string(every), "--stall-ms", std::to_string(stall_ms)}) {
+      : fault_proxy({"--upstream", upstream, "--fault", fault, "--every", std::to_string(every), "--stall-ms",
+                     std::to_string(stall_ms)}) {}
+  /// Every request answered with HTTP `status` and `body` (the proxy's "body" mode).
+  static fault_proxy canned(int status, const std::string& body) {
+    return fault_proxy({"--upstream", "http://127.0.0.1:9", "--fault", "body", "--match", "all", "--status",
+                        std::to_string(status), "--body", body});
+  }
+  explicit fault_proxy(std::vector<std::string> args) : proc(with_script(std::move(args))) {
     auto line = proc.read_line();
     if (line.rfind("PORT ", 0) != 0) throw std::runtime_error("fault proxy said: " + line);
     endpoint = "http://127.0.0.1:" + line.substr(5);
   }
   child proc;
   std::string endpoint;
+
+ private:
+  static std::vector<std::string> with_script(std::vector<std::string> args) {
+    args.insert(args.begin(), {"node", SLUICE_FAULT_PROXY_SCRIPT});
+    return args;
+  }
 };
 
 }  // namespace sluice_test

@@ -305,3 +305,92 @@ TEST_CASE("persistent faults fail with a clear error after the last attempt", "[
     CHECK(std::chrono::steady_clock::now() - start < 20s);   // bounded, not a wall-clock assertion of speed
   }
 }
+
+// ---- unexpected response bodies (the fault proxy's canned answers) ------------
+
+TEST_CASE("a listing that is not valid ListObjectsV2 XML is a typed MalformedResponse error, not a crash",
+          "[source][s3][client][xml]") {
+  REQUIRE_S3_SERVERS();
+  struct bad_case {
+    const char* body;
+    const char* says;
+  };
+  const auto bc = GENERATE(
+      bad_case{"<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>a</Key><Si", "not well-formed XML"},
+      bad_case{"upstream connect error", "not well-formed XML"},
+      bad_case{"<ListBucketResult><Contents><Key>a</Key></Contents></ListBucketResult>", "has no <Size>"},
+      bad_case{"<html><body>hello</body></html>", "root element is <html>"});
+  INFO("body: " << bc.body);
+  auto proxy = sluice_test::fault_proxy::canned(200, bc.body);
+  asio::io_context ioc;
+  s3::client c(ioc.get_executor(), sluice_test::test_config(proxy.endpoint));
+  try {
+    (void)run_blocking(ioc, list(c, "bucket", "ckpt/", "", 1000));
+    FAIL("a malformed listing was accepted");
+  } catch (const s3_error& e) {
+    INFO(e.what());
+    CHECK(e.s3_code() == "MalformedResponse");
+    CHECK(e.http_status() == 200);
+    CHECK_THAT(e.what(), Catch::Contains("S3 ListObjectsV2 failed") && Catch::Contains("page 1 of the listing") &&
+                             Catch::Contains(bc.says) && Catch::Contains("bucket bucket"));
+  }
+}
+
+TEST_CASE("entity-escaped keys in a listing come back decoded", "[source][s3][client][xml]") {
+  REQUIRE_S3_SERVERS();
+  auto proxy = sluice_test::fault_proxy::canned(
+      200, "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><IsTruncated>false</IsTruncated>"
+           "<Contents><Key>ckpt/a&amp;b &lt;1&gt;.safetensors</Key><Size>42</Size><ETag>&quot;e&quot;</ETag></Contents>"
+           "</ListBucketResult>");
+  asio::io_context ioc;
+  s3::client c(ioc.get_executor(), sluice_test::test_config(proxy.endpoint));
+  auto r = run_blocking(ioc, list(c, "bucket", "ckpt/", "", 1000));
+  REQUIRE(r.objects.size() == 1);
+  CHECK(r.objects[0].key == "ckpt/a&b <1>.safetensors");
+  CHECK(r.objects[0].size == 42);
+  CHECK(r.objects[0].etag == "\"e\"");
+}
+
+TEST_CASE("keys with XML special characters round-trip through a real listing", "[source][s3][client][xml]") {
+  REQUIRE_S3_SERVERS();
+  asio::io_context ioc;
+  s3::client c(ioc.get_executor(), sluice_test::test_config(servers().http));
+  const auto bucket = sluice_test::unique_bucket("xmlkeys");
+  run_blocking(ioc, upload(c, bucket, "ckpt/a&b'c\".bin", sluice_test::random_bytes(3, 1)));
+  auto r = run_blocking(ioc, list(c, bucket, "ckpt/", "", 1000));
+  REQUIRE(r.objects.size() == 1);
+  CHECK(r.objects[0].key == "ckpt/a&b'c\".bin");
+  CHECK(r.objects[0].size == 3);
+}
+
+TEST_CASE("error bodies: S3 documents give code and message; anything else falls back to the status, quoted",
+          "[source][s3][client][xml]") {
+  REQUIRE_S3_SERVERS();
+  asio::io_context ioc;
+  std::vector<std::byte> dst(10);
+  SECTION("an escaped message is decoded") {
+    auto proxy = sluice_test::fault_proxy::canned(
+        404, "<Error><Code>NoSuchKey</Code><Message>no key &apos;a&amp;b&apos;</Message></Error>");
+    s3::client c(ioc.get_executor(), sluice_test::test_config(proxy.endpoint));
+    CHECK_THROWS_AS(run_blocking(ioc, get(c, "bucket", "a&b", 0, dst)), s3_not_found_error);
+    CHECK_THROWS_WITH(run_blocking(ioc, get(c, "bucket", "a&b", 0, dst)),
+                      Catch::Contains("HTTP 404 NoSuchKey: no key 'a&b'"));
+  }
+  SECTION("a truncated error document") {
+    auto proxy = sluice_test::fault_proxy::canned(403, "<Error><Code>AccessDenied</Code><Mess");
+    s3::client c(ioc.get_executor(), sluice_test::test_config(proxy.endpoint));
+    CHECK_THROWS_AS(run_blocking(ioc, get(c, "bucket", "k", 0, dst)), s3_access_error);
+    CHECK_THROWS_WITH(run_blocking(ioc, get(c, "bucket", "k", 0, dst)),
+                      Catch::Contains("HTTP 403 AccessDenied: unexpected response body: <Error><Code>AccessDenied"));
+  }
+  SECTION("an HTML page from a proxy, retried as a 502") {
+    auto proxy = sluice_test::fault_proxy::canned(502, "<html>\n<body>Bad Gateway</body>\n</html>");
+    auto cfg = sluice_test::test_config(proxy.endpoint);
+    cfg.retry.max_attempts = 2;
+    s3::client c(ioc.get_executor(), cfg);
+    CHECK_THROWS_WITH(run_blocking(ioc, head(c, "bucket", "k")), Catch::Contains("HTTP 502 HTTP502") &&
+                                                                     Catch::Contains("attempt 2 of 2"));
+    CHECK_THROWS_WITH(run_blocking(ioc, get(c, "bucket", "k", 0, dst)),
+                      Catch::Contains("unexpected response body: <html> <body>Bad Gateway</body> </html>"));
+  }
+}

@@ -17,6 +17,8 @@
 //   stall         forward the headers and half the body, then send nothing for
 //                 --stall-ms (default 60000) before closing
 //   stall-header  send nothing at all for --stall-ms, then close
+//   body          answer --status (default 200) with --body (application/xml):
+//                 a canned response, e.g. malformed XML for the client's parser
 const http = require('http');
 
 const args = { every: '1', match: 'range', 'stall-ms': '60000', fault: 'none' };
@@ -63,6 +65,13 @@ const server = http.createServer((req, res) => {
       const body = '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>' +
         '<Message>Please reduce your request rate.</Message></Error>';
       res.writeHead(503, { 'Content-Type': 'application/xml', 'Content-Length': Buffer.byteLength(body) });
+      return res.end(body);
+    }
+    case 'body': {
+      req.resume();
+      const body = args.body || '';
+      res.writeHead(Number(args.status || 200),
+                    { 'Content-Type': 'application/xml', 'Content-Length': Buffer.byteLength(body) });
       return res.end(body);
     }
     case 'drop': return req.socket.destroy();

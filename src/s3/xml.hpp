@@ -1,0 +1,51 @@
+#pragma once
+// The S3 XML documents the client reads (error bodies, ListObjectsV2 pages),
+// parsed with pugixml. Private to the compiled s3 component: pugixml appears
+// in no public header.
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <sluice/source/s3/client.hpp>
+
+namespace sluice::inline v0::s3::detail {
+
+/// A response body that is not the XML document expected; what() says why
+/// (the parser's description and byte offset, or the missing/invalid element).
+class malformed_xml : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// `<Error><Code>…</Code><Message>…</Message></Error>`, entities decoded.
+struct error_document {
+  std::string code;      ///< empty when the document has no <Code>
+  std::string message;   ///< empty when the document has no <Message>
+};
+
+/// The error document in `body`; nullopt when `body` is empty, is not
+/// well-formed XML, or its root element is not <Error> (e.g. an HTML page from
+/// a proxy). Never throws on bad input.
+[[nodiscard]] std::optional<error_document> parse_error_document(std::string_view body);
+
+/// One ListObjectsV2 page (`<ListBucketResult>`).
+struct list_page {
+  std::vector<list_entry> objects;            ///< <Contents>: <Key>, <Size> required, <ETag> optional
+  std::vector<std::string> common_prefixes;   ///< <CommonPrefixes><Prefix>
+  bool truncated = false;                     ///< <IsTruncated>; absent = false
+  std::string next_token;                     ///< <NextContinuationToken>; empty when absent
+};
+
+/// Parses one ListObjectsV2 page. Throws malformed_xml when `body` is not
+/// well-formed XML, its root is not <ListBucketResult>, a <Contents> lacks
+/// <Key> or <Size>, <Size> is not a decimal integer, or <IsTruncated> is
+/// neither "true" nor "false".
+[[nodiscard]] list_page parse_list_page(std::string_view body);
+
+/// At most `max` bytes of `body` with control characters replaced by spaces and
+/// "..." appended when cut: for quoting an unexpected body in an error message.
+[[nodiscard]] std::string excerpt(std::string_view body, std::size_t max = 120);
+
+}  // namespace sluice::inline v0::s3::detail
