@@ -26,8 +26,8 @@ namespace sluice::inline v0 {
 /// with s3_object_changed_error. The queue depth is raised to twice the
 /// client's connection count: fetch releases results in order, so with depth
 /// == connections an early-finishing GET would leave its connection idle until
-/// the oldest one completes (requests then go out in waves; bench/s3 measured
-/// it with strace).
+/// the oldest one completes, and requests would go out in waves (see
+/// bench/README.md, bench-s3).
 template <sink Sink>
 load_stats load(const checkpoint& ck, s3_catalog& cat, Sink& s, staging_pool& pool, load_options opt = {}) {
   asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
