@@ -1,4 +1,4 @@
-// bench-distributed: figures of the distributed load (issue 5).
+// bench-distributed: figures of the distributed load.
 //   1. aggregate GiB/s of a whole load for 1, 2, 4, 8 ranks (one node, Gloo over loopback);
 //   2. the exchange's throughput vs one raw Gloo broadcast of the same bytes:
 //      both are (bytes that travel) / (seconds of the collectives), where the

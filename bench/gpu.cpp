@@ -11,7 +11,7 @@
 //
 // DIR is (re)generated with gen-checkpoint's generator unless it holds a
 // checkpoint of --size. Without a CUDA device it prints "SKIPPED: ..." and
-// exits 77. Traps of shared/ENVIRONMENT.md: page-aligned pre-faulted buffers,
+// exits 77. Benchmark traps (bench/README.md): page-aligned pre-faulted buffers,
 // hot runs re-read the files right before timing, O_DIRECT runs drop the page
 // cache first where allowed (root).
 #include <fcntl.h>

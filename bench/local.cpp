@@ -5,7 +5,7 @@
 //   bench-local DIR [--size 2GiB] [--max-read 32MiB] [--qd 4] [--staging 1GiB] [--repeat 3] [--no-cold]
 //
 // DIR is created with gen-checkpoint's generator if it holds no checkpoint.
-// Traps of this VM (shared/ENVIRONMENT.md) handled here: every buffer is
+// Benchmark traps handled here (bench/README.md): every buffer is
 // page-aligned and pre-faulted before timing; hot runs re-read the files right
 // before timing; cold runs drop the page cache (needs root).
 #include <fcntl.h>
@@ -40,7 +40,8 @@ struct file_set {
 };
 
 // Where a contender's bytes go: `reuse` — one max_read buffer for every read
-// (the classic loop; the buffer stays in the 32 MiB last-level cache here);
+// (the classic loop; a max_read-sized buffer can stay in the last-level cache
+// and outrun the memcpy ceiling);
 // `into_place` — every byte of every file to its own place in a
 // checkpoint-sized, pre-faulted arena (files back to back), as a loader fills
 // host tensors: the destination cannot stay in the cache, so this is the
@@ -114,8 +115,8 @@ double fio(const file_set& fs, std::size_t bs, unsigned qd, bool direct, const c
 
 // fio allocates its buffers without MADV_HUGEPAGE; with transparent hugepages
 // in `madvise` mode (Debian's default) its 32 MiB O_DIRECT reads then pin 8192
-// small pages each and run at ~1.1-1.5 GiB/s cold where a hugepage buffer
-// reaches ~2.7 (measured here). Every other contender uses hugepage-backed
+// small pages each and run well below a hugepage buffer's speed cold (figures
+// in bench/README.md). Every other contender uses hugepage-backed
 // buffers, so for fio's runs THP is set to `always` when this process may
 // (root) and restored afterwards; otherwise the output says fio ran without.
 class thp_always {

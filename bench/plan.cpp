@@ -1,5 +1,5 @@
 // bench-plan: plan time and per-rank bytes for a 475 GiB-shaped checkpoint
-// description (issue 8). The generator's metadata mode builds the tensor list
+// description. The generator's metadata mode builds the tensor list
 // (DeepSeek-V3-like: 61 layers + the draft layer, 256 routed experts, hidden
 // 7168, Engram-like tables to make up ~40% of the bytes) without writing data;
 // then each topology is planned `--reps` times (best and median printed) and a

@@ -9,8 +9,8 @@
 // DIR is the local copy of the checkpoint (file list and sizes); every server
 // holds it as s3://B/P<file> (path-style). Credentials and region come from
 // the AWS_* environment (bench/s3.sh sets them). WARM_DIR, when given, is read
-// before each timed run so that the server reads from the page cache (this VM
-// reclaims idle page cache within a minute: shared/ENVIRONMENT.md).
+// before each timed run so that the server reads from the page cache (hosts
+// may reclaim idle page cache within a minute: see bench/README.md).
 //
 // Contenders, per (streams N, part size S):
 //   sluice      one io_context thread, pool of N connections, fetch queue depth 2N

@@ -1,5 +1,5 @@
 // bench-tp-slices: how to get TP column parts of a row-parallel weight out of
-// storage (issue 8). A column part is strided in the file: TP rank k keeps
+// storage. A column part is strided in the file: TP rank k keeps
 // columns [k C/TP, (k+1) C/TP) of every row. Two plans, both through the
 // distributed loader's data path (file_reader: coalesce | fetch | stage |
 // place over io_uring) into pre-faulted part buffers:

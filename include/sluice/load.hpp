@@ -61,14 +61,14 @@ struct load_options {
   /// Submit buffered reads with IOSQE_ASYNC: the kernel's io-wq workers copy
   /// from the page cache, so the reads in flight (queue_depth) copy on several
   /// cores. Off, the submitting thread copies each cached read inline, one
-  /// after another. Measured on 2 cores, 4 GiB hot (bench-local, qd 4, 32 MiB
-  /// reads): 13.4 vs 9.6 GiB/s into a reused buffer, 11.9 vs 9.8 into place.
+  /// after another, which is slower for hot loads (bench-local's "inline
+  /// copies" rows; figures in bench/README.md).
   bool punt_buffered = true;
   bool poison = SLUICE_POISON_SLOTS;                    ///< poison released slots
   /// Register the staging pool as io_uring fixed buffers. Registration pins
   /// (and so faults in) the whole budget: worth it for a pool that is reused
-  /// across loads, not for a one-shot load of a fresh pool (measured: a fresh
-  /// 1 GiB pool registered per load cut a hot load from page cache ~7x).
+  /// across loads, not for a one-shot load of a fresh pool, which would first
+  /// pay to fault in all of the budget, used or not (see bench/README.md).
   bool register_buffers = false;
   std::stop_token stop;                                 ///< request a stop from any thread
   load_progress* progress = nullptr;                    ///< updated as tensors are placed

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// Vocabulary of placement: ranks, rank sets, tensor classes, destinations,
-/// and the `placement_policy` concept (STYLE §2.7). Pure: no I/O, no Asio.
+/// and the `placement_policy` concept. Pure: no I/O, no Asio.
 
 #include <algorithm>
 #include <bit>
@@ -128,7 +128,8 @@ struct tensor_info {
 };
 
 /// A placement policy answers, for every tensor, who needs it, who reads it
-/// from storage, and where each rank keeps it (STYLE §2.7).
+/// from storage, and where each rank keeps it. Policies are consulted once,
+/// to compute a plan (policy/plan.hpp); the run-time path reads only the plan.
 template <class P>
 concept placement_policy = requires(const P& p, const tensor_info& t, rank_t r) {
   { p.owners(t) } -> std::same_as<rank_set>;

@@ -2,7 +2,7 @@
 /// \file
 /// The load plan: computed once from tensor metadata, a topology and an
 /// offload strategy; the run-time path (sluice/distributed.hpp) reads only the
-/// plan, so no policy template reaches a channel element type (STYLE §2.7).
+/// plan, so no policy template reaches a channel element type.
 ///
 /// For every tensor, in file order, the plan holds its owners, the byte
 /// ranges each reader reads (one range, or slices: cooperative tables,

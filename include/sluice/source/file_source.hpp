@@ -9,7 +9,7 @@
 /// io_mode::automatic a range that is mostly in the page cache already (a
 /// checkpoint loaded again, e.g. after an engine restart) is read buffered:
 /// O_DIRECT would fetch it from the device again, at a fraction of the
-/// speed (measured: 2.1 vs 14 GiB/s for 4 GiB on this VM). Short reads
+/// speed (see bench/README.md, page-cache-aware reads). Short reads
 /// are returned as such (callers resume); errors throw io_error naming the
 /// file and byte range.
 

@@ -26,8 +26,9 @@ extern template task<load_stats> load_async<s3_source, any_sink>(const checkpoin
 /// with s3_object_changed_error. The queue depth is raised to twice the
 /// client's connection count: fetch releases results in order, so with depth
 /// == connections an early-finishing GET would leave its connection idle until
-/// the oldest one completes (requests would go out in waves). A stop
-/// (`opt.stop`) also cancels the GETs in flight.
+/// the oldest one completes, and requests would go out in waves (see
+/// bench/README.md, bench-s3). A stop (`opt.stop`) also cancels the GETs in
+/// flight.
 load_stats load(const checkpoint& ck, s3_catalog& cat, any_sink s, staging_pool& pool, load_options opt = {});
 
 template <sink Sink>

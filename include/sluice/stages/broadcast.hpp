@@ -88,10 +88,9 @@ namespace detail {
 // A window buffer reused while no sink holds a view into it (a sink that
 // keeps views gets a fresh buffer next window): no first touch per window.
 // Not pre-faulted: populating a window's buffers up front (MADV_POPULATE_WRITE)
-// took first touch out of the exchange but made the whole load slower — the
-// 8-rank demo load 2.4–4.1 s against 1.5–1.7 s, alternating runs — because
-// faults taken while a rank waits on its peers cost less than faults taken
-// by every rank at once before reading.
+// takes first touch out of the exchange but makes the whole load slower,
+// because faults taken while a rank waits on its peers cost less than faults
+// taken by every rank at once before reading (figures: bench/README.md).
 class window_buffer {
  public:
   lease get(std::size_t n) {
@@ -251,9 +250,10 @@ inline std::vector<window_layout::message_at> window_messages(const policy::load
 /// A distributed load's window buffers (host memory), kept between loads:
 /// give the same object to successive loads (`distributed_options::buffers`,
 /// e.g. weight reloads) and they reuse memory already faulted in, instead of
-/// paying first touch again (0.4–1.4 GB/s on fresh pages here, inside the
-/// exchange for bytes that arrive). One load at a time; memory a sink still
-/// holds views into is replaced, not overwritten.
+/// paying first touch again (slow on hosts that reclaim freed pages, and paid
+/// inside the exchange for bytes that arrive; see bench/README.md). One load
+/// at a time; memory a sink still holds views into is replaced, not
+/// overwritten.
 class window_buffers {
  public:
   /// The buffer of window parity `parity` (0, 1) and region `region` (0: kept, 1: scratch).

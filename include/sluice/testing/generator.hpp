@@ -548,7 +548,8 @@ struct expected_tensor {
 };
 
 /// The expected (name, dtype, shape, sha256) of every tensor, in file order.
-/// Hashes every byte (~0.3-0.5 GB/s): meant for test-sized checkpoints.
+/// Hashes every byte with the generator's own portable SHA-256 (slow: it keeps
+/// the core free of OpenSSL), so it is meant for test-sized checkpoints.
 [[nodiscard]] inline std::vector<expected_tensor> expected_tensors(const checkpoint_plan& plan) {
   std::vector<expected_tensor> out;
   out.reserve(plan.tensors.size());

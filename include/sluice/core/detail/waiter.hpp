@@ -2,7 +2,9 @@
 /// \file
 /// A queue of type-erased, move-only completion handlers `void()`, woken by
 /// posting each to its own associated executor (never resumed inline: a
-/// resumption inside a completion would grow the stack, see STYLE pitfall 3).
+/// resumption inside a completion nests the waiter's frames on the
+/// completer's stack, and a long chain of synchronous completions would
+/// overflow it).
 
 #include <utility>
 
