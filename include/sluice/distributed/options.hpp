@@ -40,8 +40,8 @@ struct distributed_options {
   /// (page-cache copies; TCP copies on loopback or a NIC without offload), so
   /// overlapping pays only when each local rank has cores to spare:
   /// `automatic` overlaps when the machine has at least two hardware threads
-  /// per local rank. Measured on 2 cores (bench-distributed, 0.5 GiB, 128 MiB
-  /// windows): 8 ranks load in 0.53 s serial vs 1.01 s overlapped.
+  /// per local rank (on 2 cores, 8 ranks load twice as fast serially: see
+  /// bench/README.md, bench-distributed).
   enum class overlap_mode : std::uint8_t { automatic, on, off } overlap = overlap_mode::automatic;
   /// S3 sources only: connections (pool size) of this rank's client. 0: the
   /// S3 config's `max_connections` counts for the node, and each of its
