@@ -62,9 +62,11 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
   --overlap auto|on|off   read the next window while this one's collective runs (default auto:
                          on with at least two hardware threads per local rank)
   --rank N --world-size N --local-rank N --local-world-size N   override the environment
-  --device               with --topology: one GPU per rank (device = local rank): tensors for the
-                         device travel by NCCL (unique id through SLUICE_STORE_DIR) into device memory;
-                         --digest copies them back (needs the nccl component and a GPU)
+  --device               with --topology: one GPU per rank (device = local rank % visible GPUs, so a
+                         rank that sees only its own GPU through CUDA_VISIBLE_DEVICES uses device 0):
+                         tensors for the device travel by NCCL (unique id through SLUICE_STORE_DIR)
+                         into device memory; offloaded tables stay in host memory; --digest copies
+                         everything back (needs the nccl component and a GPU)
   --connections N        s3://: S3 connections (concurrent range GETs) of the node (default 16)
   --connections-per-rank N   s3:// with --topology: connections of each rank's S3 client (default: the
                          per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)
@@ -227,7 +229,7 @@ int run_distributed(const options& o) {
 #if SLUICE_HAS_NCCL
     // The device sink first (without a driver it fails here, on every rank,
     // before any collective), then NCCL through the store.
-    const int dev = static_cast<int>(who.local_rank);
+    const int dev = cuda::device_for_local_rank(who.local_rank);
     cuda::device_sink sink({.device = dev});
     // One rank needs no rendezvous; more exchange NCCL's unique id through the store.
     auto nccl = who.world_size == 1 ? comm::nccl(0, 1, comm::nccl::make_unique_id(), {.device = dev})

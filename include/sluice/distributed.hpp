@@ -562,7 +562,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
         if (e.shared()) {
           v.kind = view_kind::shared;
           v.bytes = segment.bytes().subspan(e.shared_offset, e.info.size);
-          v.hold = lease(segment.keep(), segment.bytes().subspan(e.shared_offset, e.info.size));
+          v.hold = lease(segment.keep(), segment.bytes());  // the whole segment: a sink registers it once
+          v.host_destined = true;
           st.shared_views += 1;
         } else if (e.owners.contains(me)) {
           const auto& L = ws.lanes[ws.lane_of[i - ws.begin]];
@@ -570,6 +571,7 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
           v.kind = dev ? view_kind::device : view_kind::bytes;
           v.bytes = ws.kept_at[i - ws.begin];
           v.hold = dev ? L.dev_kept : L.kept;
+          v.host_destined = e.owner_destination == policy::destination::host;
           if (e.split != policy::tp_split::none)
             v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.tp_rank(me)),
                       static_cast<std::uint32_t>(plan.tp)};
@@ -750,7 +752,7 @@ distributed_stats load_distributed(const checkpoint& ck, std::string_view topolo
 /// the world, so that a rank that cannot open it (a missing or corrupt shard)
 /// makes every rank throw distributed_error naming it, at once — rather than
 /// leaving its peers to time out at the rendezvous. With a device lane (e.g.
-/// comm::nccl_lane over `comm::nccl::connect(who, {.device = local_rank})`,
+/// comm::nccl_lane over `comm::nccl::connect(who, {.device = cuda::device_for_local_rank(local_rank)})`,
 /// whose unique id travels through the same store), tensors destined for the
 /// device reach `s` as `view_kind::device` views (cuda::device_sink).
 template <sink Sink, device_lane Lane>
