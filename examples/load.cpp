@@ -64,9 +64,10 @@ constexpr const char* usage = R"(usage: sluice-load SOURCE [options]
   --rank N --world-size N --local-rank N --local-world-size N   override the environment
   --device               with --topology: one GPU per rank (device = local rank % visible GPUs, so a
                          rank that sees only its own GPU through CUDA_VISIBLE_DEVICES uses device 0):
-                         tensors for the device travel by NCCL (unique id through SLUICE_STORE_DIR)
-                         into device memory; offloaded tables stay in host memory; --digest copies
-                         everything back (needs the nccl component and a GPU)
+                         tensors for the device travel by NCCL (unique id through the store:
+                         SLUICE_STORE_DIR or SLUICE_STORE=redis://...) into device memory; offloaded
+                         tables stay in host memory; --digest copies everything back (needs the nccl
+                         component and a GPU)
   --connections N        s3://: S3 connections (concurrent range GETs) of the node (default 16)
   --connections-per-rank N   s3:// with --topology: connections of each rank's S3 client (default: the
                          per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)
