@@ -95,9 +95,12 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   app.add_option_function<std::size_t>("--local-world-size", index(o.local_world), "override LOCAL_WORLD_SIZE")
       ->type_name("N");
   app.add_flag("--device", o.device,
-               "with --topology: one GPU per rank (device = local rank): tensors for the\n"
-               "device travel by NCCL (unique id through SLUICE_STORE_DIR) into device memory;\n"
-               "--digest copies them back (needs the nccl component and a GPU)");
+               "with --topology: one GPU per rank (device = local rank % visible GPUs, so a\n"
+               "rank that sees only its own GPU through CUDA_VISIBLE_DEVICES uses device 0):\n"
+               "tensors for the device travel by NCCL (unique id through the store:\n"
+               "SLUICE_STORE_DIR or SLUICE_STORE=redis://...) into device memory; offloaded\n"
+               "tables stay in host memory; --digest copies everything back (needs the nccl\n"
+               "component and a GPU)");
   app.add_option("--connections", o.connections, "s3://: S3 connections (concurrent range GETs) of the node (default 16)")
       ->type_name("N");
   app.add_option("--connections-per-rank", o.connections_per_rank,
@@ -218,7 +221,7 @@ int run_distributed(const options& o) {
 #if SLUICE_HAS_NCCL
     // The device sink first (without a driver it fails here, on every rank,
     // before any collective), then NCCL through the store.
-    const int dev = static_cast<int>(who.local_rank);
+    const int dev = cuda::device_for_local_rank(who.local_rank);
     cuda::device_sink sink({.device = dev});
     // One rank needs no rendezvous; more exchange NCCL's unique id through the store.
     auto nccl = who.world_size == 1 ? comm::nccl(0, 1, comm::nccl::make_unique_id(), {.device = dev})

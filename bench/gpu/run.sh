@@ -15,7 +15,10 @@
 # OpenSSL and Catch2 2 where present; otherwise the Debian .debs carried in
 # .gpudeps/debs (bench/gpu/fetch-deps.sh, run beforehand on a dev machine).
 # From a dev session:  device run(carry=[".gpudeps"], timeout_s=580, command="bench/gpu/run.sh")
-# Environment: SIZE (checkpoint, default 8GiB), STAGING (1GiB), REPEAT (3),
+# (always carry .gpudeps: the machine has no network, and a missing header
+# costs the whole run). The defaults are sized for a first pass that leaves
+# time for a rerun; SIZE=8GiB REPEAT=3 once the first pass is clean.
+# Environment: SIZE (checkpoint, default 4GiB), STAGING (1GiB), REPEAT (2),
 # JOBS (build jobs, default nproc), CKPT (checkpoint dir, default /tmp/sluice-gpu-ckpt),
 # FORCE_CARRIED_DEPS=1 (use .gpudeps even where the system has the headers).
 set -uo pipefail
@@ -23,15 +26,17 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/build/gpu-out}
 mkdir -p "$OUT"
-SIZE=${SIZE:-8GiB}
+SIZE=${SIZE:-4GiB}
 STAGING=${STAGING:-1GiB}
-REPEAT=${REPEAT:-3}
+REPEAT=${REPEAT:-2}
 JOBS=${JOBS:-$(nproc)}
 CKPT=${CKPT:-/tmp/sluice-gpu-ckpt}
 BUILD=$ROOT/build/gpu
 T0=$(date +%s)
 stamp() { echo "[run.sh +$(( $(date +%s) - T0 ))s] $*"; }
 export PATH=/usr/local/cuda/bin:$PATH
+# shellcheck source=lib.sh
+source "$ROOT/bench/gpu/lib.sh"
 
 stamp "machine: $(uname -srm); $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 stamp "tools: cmake $(cmake --version 2>/dev/null | head -1 | awk '{print $3}'), ninja $(ninja --version 2>/dev/null), $(g++ --version 2>/dev/null | head -1), nvcc $(nvcc --version 2>/dev/null | tail -1)"
@@ -62,7 +67,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # NCCL: the toolkit's, or the one pip's nvidia-nccl-cu13 ships (libnccl.so.2 only).
 if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
-  nd=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+  nd=$(pip_nccl_dir python3)  # a namespace package: its __path__, not its __file__
   if [ -n "$nd" ] && [ -e "$nd/include/nccl.h" ]; then
     lib=$(ls "$nd"/lib/libnccl.so* 2>/dev/null | head -1)
     cmake_args+=(-DNCCL_INCLUDE_DIR="$nd/include" -DNCCL_LIBRARY="$lib")
@@ -83,7 +88,9 @@ grep "sluice components" "$OUT/configure.txt"
 targets=(bench-gpu sluice_tests_cuda sluice-load gen-checkpoint sluice-inspect)
 grep -q "components:.*nccl" "$OUT/configure.txt" && targets+=(sluice_tests_nccl)
 stamp "build ${targets[*]} with $JOBS jobs"
+B0=$(date +%s)
 cmake --build "$BUILD" --target "${targets[@]}" -j "$JOBS" > "$OUT/build.txt" 2>&1 || { grep -B2 -A12 "error" "$OUT/build.txt" | head -80; exit 4; }
+stamp "built in $(( $(date +%s) - B0 ))s (budget: the whole run in 8 minutes; over 240s here, lower SIZE/REPEAT)"
 
 # ---- 3. the CUDA tests, on the device
 stamp "ctest -L cuda"
@@ -96,7 +103,7 @@ rm -rf "$DCK"
   "$BUILD/examples/sluice-load" "$DCK" --topology tp1,dp1,ep1 --offload per-rank --device --digest --json-out "$OUT/device-load.json" \
     --no-progress > "$OUT/device-digests.txt" 2> "$OUT/device-load.err"
 device_rc=$?
-if [ $device_rc -eq 0 ] && sort "$DCK.digests" | cmp -s - "$OUT/device-digests.txt"; then
+if [ $device_rc -eq 0 ] && digests_match "$DCK.digests" "$OUT/device-digests.txt"; then
   echo "ok: sluice-load --device: $(wc -l < "$OUT/device-digests.txt") tensors copied back from the GPU equal the generator's"
 else
   echo "FAIL: sluice-load --device (rc $device_rc):"; tail -5 "$OUT/device-load.err"; tests_rc=1

@@ -21,8 +21,9 @@ enum class view_kind : std::uint8_t {
   metadata,  ///< a probe: no data, `bytes` is empty (nothing was read); also the
              ///< distributed loader's placeholder for a tensor this rank does not own
   shared,    ///< the bytes live in the node's shared host segment (`bytes` maps it, valid
-             ///< while `hold` lives): every local rank gets this view of one copy — a
-             ///< placeholder, not a copy; sinks must not expect to own or free it
+             ///< while `hold` lives; `hold.bytes()` is the whole segment): every local rank
+             ///< gets this view of one copy — a placeholder, not a copy; sinks must not
+             ///< expect to own or free it
   device,    ///< `bytes` are in DEVICE memory (a distributed load's device lane; never read
              ///< them on the host): copy them device-to-device (cuda::device_sink does) while
              ///< `hold` lives
@@ -46,6 +47,10 @@ struct tensor_view {
   lease hold;                           ///< the staging slot or owned buffer; release it when done
   view_kind kind = view_kind::bytes;
   tensor_part part;                     ///< the TP part `bytes` belong to (whole tensor by default)
+  /// The load placed the tensor in host memory (a distributed load's offloaded
+  /// table: per-rank host memory, or the shared segment): a sink that places
+  /// tensors on the device leaves it on the host. False: the sink decides.
+  bool host_destined = false;
 
   [[nodiscard]] const std::string& name() const noexcept { return tensor->name; }
   [[nodiscard]] format::dtype dtype() const noexcept { return tensor->type; }
@@ -70,5 +75,12 @@ struct tensor_view {
   }
   [[nodiscard]] bool whole() const noexcept { return first() && last(); }
 };
+
+/// Whether a view's home is host memory: a shared-segment view, or a table
+/// the load keeps in host memory (`host_destined`). A sink that places tensors
+/// on the device must leave such views on the host (never copy them up).
+[[nodiscard]] inline bool host_resident(const tensor_view& v) noexcept {
+  return v.kind == view_kind::shared || (v.host_destined && v.kind != view_kind::device);
+}
 
 }  // namespace sluice::inline v0

@@ -126,9 +126,21 @@ host_registration host_registration::register_mapped(std::span<std::byte> bytes,
                                                      bool read_only) {
   host_registration r;
   if (bytes.empty()) return r;
-  unsigned flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
-  if (read_only) flags |= cudaHostRegisterReadOnly;
   const error_context ctx{fmt::format("{} bytes of host memory at {}", bytes.size(), static_cast<const void*>(bytes.data()))};
+  unsigned flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
+  // The read-only flag is a promise that lets the device cache the memory; a
+  // device that cannot take it (cudaDevAttrHostRegisterReadOnlySupported 0,
+  // as on some x86 hosts) fails the whole registration with
+  // cudaErrorNotSupported. There it is left out: the mapping works the same,
+  // only without that caching.
+  if (read_only) {
+    int device = 0, supported = 0;
+    check(::cudaGetDevice(&device), "cudaGetDevice", ctx);
+    check(::cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, device),
+          "cudaDeviceGetAttribute(cudaDevAttrHostRegisterReadOnlySupported)", ctx);
+    read_only = supported != 0;
+  }
+  if (read_only) flags |= cudaHostRegisterReadOnly;
   check(::cudaHostRegister(bytes.data(), bytes.size(), flags), "cudaHostRegister", ctx);
   void* dev = nullptr;
   if (const auto e = ::cudaHostGetDevicePointer(&dev, bytes.data(), 0); e != cudaSuccess) {
@@ -139,6 +151,7 @@ host_registration host_registration::register_mapped(std::span<std::byte> bytes,
   r.keep_ = std::move(keep);
   r.host_ = bytes;
   r.device_ = dev;
+  r.read_only_ = read_only;
   return r;
 }
 
@@ -149,6 +162,7 @@ void host_registration::unregister() noexcept {
   }
   host_ = {};
   device_ = nullptr;
+  read_only_ = false;
   keep_.reset();
 }
 

@@ -2,12 +2,19 @@
 // ncclCommGetAsyncError against a deadline and aborts on expiry.
 #include <nccl.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -34,84 +41,229 @@ void check(ncclResult_t r, const char* call, ncclComm_t c = nullptr) {
   if (r == ncclSuccess || r == ncclInProgress) return;
   throw nccl_error(call, static_cast<int>(r), describe(r, c));
 }
+
+// Just enough of the Redis protocol (RESP) to carry the unique id through
+// the same store Gloo meets in (SLUICE_STORE=redis://HOST:PORT/PREFIX): SET,
+// GET, DEL of one binary-safe value. Every socket operation is bounded by the
+// timeout; failures are comm_error naming the server.
+class redis_client {
+ public:
+  redis_client(const store_address& a, std::chrono::milliseconds timeout)
+      : where_(fmt::format("redis://{}:{}", a.redis_host, a.redis_port)) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (const int e = ::getaddrinfo(a.redis_host.c_str(), std::to_string(a.redis_port).c_str(), &hints, &res); e != 0)
+      throw comm_error(fmt::format("NCCL rendezvous: cannot resolve {}: {}", where_, ::gai_strerror(e)));
+    const auto deadline = clk::now() + timeout;
+    for (;;) {  // the server may come up after this rank: retry until the deadline
+      for (auto* ai = res; ai && fd_ < 0; ai = ai->ai_next) {
+        const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) fd_ = fd;
+        else ::close(fd);
+      }
+      if (fd_ >= 0 || clk::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::freeaddrinfo(res);
+    if (fd_ < 0) throw comm_error(fmt::format("NCCL rendezvous: cannot connect to {} within {} ms", where_, timeout.count()));
+  }
+  ~redis_client() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  redis_client(const redis_client&) = delete;
+  redis_client& operator=(const redis_client&) = delete;
+
+  void set(std::string_view key, std::string_view value) {
+    command({"SET", key, value});
+    if (const auto r = line(); r != "+OK") throw comm_error(fmt::format("NCCL rendezvous: {} answered SET with '{}'", where_, r));
+  }
+  // nullopt: no such key (yet).
+  std::optional<std::string> get(std::string_view key) {
+    command({"GET", key});
+    const auto head = line();
+    if (head == "$-1") return std::nullopt;
+    if (head.empty() || head[0] != '$') throw comm_error(fmt::format("NCCL rendezvous: {} answered GET with '{}'", where_, head));
+    const auto n = std::stoul(head.substr(1));
+    auto v = exactly(n + 2);
+    v.resize(n);  // less the CRLF
+    return v;
+  }
+  void del(std::string_view key) {
+    command({"DEL", key});
+    (void)line();  // ":<count>"
+  }
+
+ private:
+  void command(std::initializer_list<std::string_view> args) {
+    std::string m = fmt::format("*{}\r\n", args.size());
+    for (auto a : args) m += fmt::format("${}\r\n", a.size()), m.append(a), m += "\r\n";
+    for (std::size_t off = 0; off < m.size();) {
+      const auto n = ::send(fd_, m.data() + off, m.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) throw comm_error(fmt::format("NCCL rendezvous: sending to {} failed: {}", where_, std::strerror(errno)));
+      off += static_cast<std::size_t>(n);
+    }
+  }
+  void fill() {
+    char b[4096];
+    const auto n = ::recv(fd_, b, sizeof b, 0);
+    if (n <= 0)
+      throw comm_error(fmt::format("NCCL rendezvous: reading from {} failed: {}", where_, n == 0 ? "connection closed" : std::strerror(errno)));
+    in_.append(b, static_cast<std::size_t>(n));
+  }
+  std::string line() {
+    std::size_t end;
+    while ((end = in_.find("\r\n")) == std::string::npos) fill();
+    auto l = in_.substr(0, end);
+    in_.erase(0, end + 2);
+    return l;
+  }
+  std::string exactly(std::size_t n) {
+    while (in_.size() < n) fill();
+    auto v = in_.substr(0, n);
+    in_.erase(0, n);
+    return v;
+  }
+
+  std::string where_;
+  int fd_ = -1;
+  std::string in_;
+};
+
+std::string redis_key(const store_address& a) { return a.prefix.empty() ? "sluice-nccl-id" : a.prefix + "/sluice-nccl-id"; }
 }  // namespace
 
+// Polls of a pending NCCL operation sleep between tries, 20 µs doubling to
+// 200 µs: a rank waiting on its peers leaves its core to the reads that
+// overlap the exchange instead of spinning on it (a window's exchange takes
+// milliseconds, so the added latency is noise).
+class backoff {
+ public:
+  void pause() {
+    std::this_thread::sleep_for(d_);
+    d_ = std::min(d_ * 2, std::chrono::microseconds(200));
+  }
+
+ private:
+  std::chrono::microseconds d_{20};
+};
+
 struct nccl::impl {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // null once aborted
   cudaStream_t stream = nullptr;
   nccl_options opt;
-  bool broken = false;
+  bool aborted = false;  // ncclCommAbort ran (after a failure, or asked): no collective may run any more
 
   ~impl() {
-    if (comm) {
-      if (broken) {
-        (void)::ncclCommAbort(comm);
-      } else {
-        (void)::ncclCommFinalize(comm);
-        // Finalize is non-blocking on this communicator: wait (bounded) for it.
-        const auto deadline = clk::now() + opt.timeout;
-        ncclResult_t st = ncclInProgress;
-        while (::ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress && clk::now() < deadline)
-          std::this_thread::yield();
-        if (st == ncclSuccess)
-          (void)::ncclCommDestroy(comm);
-        else
-          (void)::ncclCommAbort(comm);
-      }
+    if (comm) {  // not aborted: every failure aborts where it is detected
+      (void)::ncclCommFinalize(comm);
+      // Finalize is non-blocking on this communicator: wait (bounded) for it.
+      const auto deadline = clk::now() + opt.timeout;
+      ncclResult_t st = ncclInProgress;
+      backoff b;
+      while (::ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress && clk::now() < deadline) b.pause();
+      if (st == ncclSuccess)
+        (void)::ncclCommDestroy(comm);
+      else
+        abort();
     }
+    // Does not block: the stream's resources go once its work is done (after
+    // an abort, NCCL's kernels have exited).
     if (stream) (void)::cudaStreamDestroy(stream);
+  }
+
+  // NCCL's kernels spin until their peers arrive or the communicator is
+  // aborted: every path that gives up on a collective aborts here first, so
+  // that nothing waiting on the stream afterwards (the lane's drain, a
+  // cudaFree that synchronizes the device) can hang on a dead peer.
+  void abort() noexcept {
+    if (comm) (void)::ncclCommAbort(comm);
+    comm = nullptr;
+    aborted = true;
+  }
+
+  // Aborts, then throws `e` (the message is built before the abort, while
+  // the communicator can still say what went wrong).
+  template <class Error>
+  [[noreturn]] void fail(Error e) {
+    abort();
+    throw std::move(e);
+  }
+
+  void usable(const char* call) const {
+    if (aborted)
+      throw comm_error(fmt::format("{}: the NCCL communicator was aborted after an earlier failure (make a new one)", call));
   }
 
   // Waits until the communicator's pending operation (init, a call that
   // returned ncclInProgress) is done.
   void settle(const char* call) {
     const auto deadline = clk::now() + opt.timeout;
+    backoff b;
     for (;;) {
       ncclResult_t st = ncclSuccess;
-      check(::ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", comm);
+      if (const auto r = ::ncclCommGetAsyncError(comm, &st); r != ncclSuccess)
+        fail(nccl_error("ncclCommGetAsyncError", static_cast<int>(r), describe(r, comm)));
       if (st == ncclSuccess) return;
-      if (st != ncclInProgress) {
-        broken = true;
-        throw nccl_error(call, static_cast<int>(st), describe(st, comm));
-      }
-      if (clk::now() > deadline) {
-        broken = true;
-        throw comm_error(fmt::format("{}: no completion within {} ms (a peer is gone or stalled)", call, opt.timeout.count()));
-      }
-      std::this_thread::yield();
+      if (st != ncclInProgress) fail(nccl_error(call, static_cast<int>(st), describe(st, comm)));
+      if (clk::now() > deadline)
+        fail(comm_error(fmt::format("{}: no completion within {} ms (a peer is gone or stalled)", call, opt.timeout.count())));
+      b.pause();
     }
   }
 
   void call(ncclResult_t r, const char* name) {
     if (r == ncclInProgress) return settle(name);
-    if (r != ncclSuccess) {
-      broken = true;
-      check(r, name, comm);
-    }
+    if (r != ncclSuccess) fail(nccl_error(name, static_cast<int>(r), describe(r, comm)));
   }
 
-  // Waits for `s`, watching the communicator for asynchronous errors.
+  // Waits for `s`, watching the communicator for asynchronous errors; on an
+  // error or at the deadline the communicator is aborted before the throw.
   void wait(cudaStream_t s, const char* what) {
     const auto deadline = clk::now() + opt.timeout;
+    backoff b;
     for (;;) {
       const auto q = ::cudaStreamQuery(s);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) {
-        broken = true;
+        abort();
         cuda::check(q, "cudaStreamQuery", {fmt::format("NCCL {}", what)});
       }
-      ncclResult_t st = ncclSuccess;
-      (void)::ncclCommGetAsyncError(comm, &st);
-      if (st != ncclSuccess && st != ncclInProgress) {
-        broken = true;
-        throw nccl_error(what, static_cast<int>(st), describe(st, comm));
+      if (comm) {
+        ncclResult_t st = ncclSuccess;
+        (void)::ncclCommGetAsyncError(comm, &st);
+        if (st != ncclSuccess && st != ncclInProgress) fail(nccl_error(what, static_cast<int>(st), describe(st, comm)));
       }
-      if (clk::now() > deadline) {
-        broken = true;
-        throw comm_error(fmt::format("NCCL {}: not complete within {} ms (a peer is gone or stalled)", what, opt.timeout.count()));
-      }
-      std::this_thread::yield();
+      if (clk::now() > deadline)
+        fail(comm_error(fmt::format("NCCL {}: not complete within {} ms (a peer is gone or stalled)", what, opt.timeout.count())));
+      b.pause();
     }
+  }
+
+  // Waits for `s` without throwing, bounded: at the deadline the
+  // communicator is aborted (its kernels then exit) and the wait goes on for
+  // at most one more timeout. True when the stream is idle.
+  bool drain(cudaStream_t s) noexcept {
+    for (int round = 0; round < 2; ++round) {
+      const auto deadline = clk::now() + opt.timeout;
+      backoff b;
+      while (clk::now() <= deadline) {
+        const auto q = ::cudaStreamQuery(s);
+        if (q != cudaErrorNotReady) return q == cudaSuccess;
+        if (comm) {
+          ncclResult_t st = ncclSuccess;
+          (void)::ncclCommGetAsyncError(comm, &st);
+          if (st != ncclSuccess && st != ncclInProgress) abort();
+        }
+        b.pause();
+      }
+      abort();
+    }
+    return false;
   }
 
   void broadcast(std::span<std::byte> buf, std::size_t root, cudaStream_t s) {
@@ -132,9 +284,60 @@ nccl::unique_id nccl::make_unique_id() {
   return out;
 }
 
+std::string nccl::id_path(const rank_info& who) {
+  return (std::filesystem::path(who.store_dir) / "sluice-nccl-id").string();
+}
+
+nccl nccl::connect(const rank_info& who, nccl_options opt) {
+  opt.timeout = who.timeout;
+  const auto id = exchange_id(who);
+  // Rank 0 removes the id whether or not the communicator comes up: made, it
+  // proves every rank has read the id; failed, nobody should use it again.
+  struct remove_on_exit {
+    const rank_info* who;
+    ~remove_on_exit() {
+      if (!who) return;
+      const auto a = who->rendezvous();
+      try {
+        if (a.redis()) {
+          redis_client(a, who->timeout).del(redis_key(a));
+        } else {
+          std::error_code ec;
+          std::filesystem::remove(id_path(*who), ec);
+        }
+      } catch (...) {  // best effort: the run itself is unaffected
+      }
+    }
+  } cleanup{who.rank == 0 ? &who : nullptr};
+  return nccl(who.rank, who.world_size, id, opt);
+}
+
 nccl::unique_id nccl::exchange_id(const rank_info& who) {
-  if (who.store_dir.empty()) throw config_error("NCCL rendezvous: no store directory (SLUICE_STORE_DIR)");
-  const auto path = std::filesystem::path(who.store_dir) / "sluice-nccl-id";
+  if (const auto a = who.rendezvous(); a.redis()) {
+    // Through the Redis store: rank 0 SETs the id under the run's prefix, the others poll GET.
+    redis_client r(a, who.timeout);
+    const auto key = redis_key(a);
+    unique_id id{};
+    if (who.rank == 0) {
+      id = make_unique_id();
+      r.set(key, std::string_view(reinterpret_cast<const char*>(id.data()), id.size()));
+      return id;
+    }
+    const auto deadline = clk::now() + who.timeout;
+    for (;;) {
+      if (auto v = r.get(key); v && v->size() == id.size()) {
+        std::memcpy(id.data(), v->data(), id.size());
+        return id;
+      }
+      if (clk::now() > deadline)
+        throw comm_error(fmt::format("NCCL rendezvous: rank 0 published no id within {} ms", who.timeout.count()),
+                         {fmt::format("redis://{}:{}/{}", a.redis_host, a.redis_port, key)});
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  if (who.store_dir.empty())
+    throw config_error("NCCL rendezvous: no store (SLUICE_STORE_DIR or SLUICE_STORE=redis://HOST:PORT/PREFIX)");
+  const std::filesystem::path path = id_path(who);
   unique_id id{};
   if (who.rank == 0) {
     id = make_unique_id();
@@ -171,10 +374,7 @@ nccl::nccl(std::size_t rank, std::size_t size, const unique_id& id, nccl_options
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   const auto r = ::ncclCommInitRankConfig(&impl_->comm, static_cast<int>(size), nid, static_cast<int>(rank), &cfg);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    impl_->broken = true;
-    throw nccl_error("ncclCommInitRankConfig", static_cast<int>(r), describe(r));
-  }
+  if (r != ncclSuccess && r != ncclInProgress) impl_->fail(nccl_error("ncclCommInitRankConfig", static_cast<int>(r), describe(r)));
   impl_->settle("ncclCommInitRankConfig");
 }
 
@@ -184,17 +384,31 @@ nccl::~nccl() = default;
 
 cudaStream_t nccl::stream() const noexcept { return impl_ ? impl_->stream : nullptr; }
 int nccl::device() const noexcept { return impl_ ? impl_->opt.device : -1; }
+std::chrono::milliseconds nccl::timeout() const noexcept { return impl_ ? impl_->opt.timeout : std::chrono::milliseconds(0); }
+void nccl::abort() noexcept {
+  if (impl_) impl_->abort();
+}
+bool nccl::aborted() const noexcept { return !impl_ || impl_->aborted; }
+bool nccl::drain(cudaStream_t s) noexcept { return impl_ ? impl_->drain(s) : true; }
 
 void nccl::broadcast(std::span<std::byte> buf, std::size_t root) {
+  impl_->usable("ncclBroadcast");
   impl_->broadcast(buf, root, impl_->stream);
   impl_->wait(impl_->stream, "ncclBroadcast");
 }
 
-void nccl::broadcast_async(std::span<std::byte> buf, std::size_t root, cudaStream_t s) { impl_->broadcast(buf, root, s); }
+void nccl::broadcast_async(std::span<std::byte> buf, std::size_t root, cudaStream_t s) {
+  impl_->usable("ncclBroadcast");
+  impl_->broadcast(buf, root, s);
+}
 
-void nccl::wait(cudaStream_t s) { impl_->wait(s, "collective"); }
+void nccl::wait(cudaStream_t s) {
+  impl_->usable("collective");
+  impl_->wait(s, "collective");
+}
 
 void nccl::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+  impl_->usable("ncclAllGather");
   if (out.size() != in.size() * size_)
     throw config_error(fmt::format("NCCL all_gather: output holds {} bytes, expected {} x {}", out.size(), size_, in.size()));
   impl_->call(::ncclAllGather(in.data(), out.data(), in.size(), ncclUint8, impl_->comm, impl_->stream), "ncclAllGather");
@@ -202,6 +416,7 @@ void nccl::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
 }
 
 void nccl::all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts) {
+  impl_->usable("all_gather_v");
   if (counts.size() != size_) throw config_error(fmt::format("NCCL all_gather_v: {} counts for {} ranks", counts.size(), size_));
   const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   if (total > buf.size()) throw config_error(fmt::format("NCCL all_gather_v: counts sum to {} bytes, buffer holds {}", total, buf.size()));
@@ -224,6 +439,7 @@ void nccl::exchange(std::span<const send_message> sends, std::span<const recv_me
     if (m.peer >= size_ || m.peer == rank_) throw config_error(fmt::format("NCCL exchange: rank {} cannot send to rank {}", rank_, m.peer));
   for (const auto& m : recvs)
     if (m.peer >= size_ || m.peer == rank_) throw config_error(fmt::format("NCCL exchange: rank {} cannot receive from rank {}", rank_, m.peer));
+  impl_->usable("exchange");
   if (sends.empty() && recvs.empty()) return;
   // NCCL pairs a peer's sends with our receives in the order they are issued
   // within the group: both sides list their messages in the same (plan) order.
@@ -242,6 +458,7 @@ void nccl::exchange(std::span<const send_message> sends, std::span<const recv_me
 
 void nccl::barrier() {
   // An all-reduce of one int in device memory: returns when every rank reached it.
+  impl_->usable("barrier");
   void* d = nullptr;
   cuda::check(::cudaMallocAsync(&d, sizeof(int), impl_->stream), "cudaMallocAsync", {"NCCL barrier"});
   cuda::check(::cudaMemsetAsync(d, 0, sizeof(int), impl_->stream), "cudaMemsetAsync", {"NCCL barrier"});

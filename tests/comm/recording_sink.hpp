@@ -15,8 +15,10 @@ struct recording_sink {
   sluice::digest_sink digests;
   std::vector<std::string> calls;   // tensor names, in call order
   std::vector<std::string> device;  // names of the device views (emulated lane)
+  std::vector<std::string> host;    // names of the views whose home is host memory (sluice::host_resident)
   bool accept(sluice::tensor_view v) {
     calls.push_back(std::string(v.name()));
+    if (sluice::host_resident(v)) host.push_back(std::string(v.name()));
     if (v.kind == sluice::view_kind::metadata) return true;
     if (v.kind == sluice::view_kind::device) device.push_back(std::string(v.name())), v.kind = sluice::view_kind::bytes;
     return digests.accept(std::move(v));

@@ -154,6 +154,7 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
           for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
           j["calls"] = s.calls;
           j["device"] = s.device;
+          j["host"] = s.host;
         } catch (const std::exception& e) {
           j["error"] = e.what();
           code = 3;
@@ -186,9 +187,11 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   opt.plan.split_bytes = dopt.plan.split_bytes;
   const auto plan = plan_for(ck, topology, offload, opt);
   const auto results = run_load(n, topology, offload, dopt, {}, {}, mode);
-  std::uint64_t read = 0, written = 0, shared_table_bytes = 0;
-  for (const auto& e : plan.entries)
+  std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0;
+  for (const auto& e : plan.entries) {
     if (e.shared()) shared_table_bytes += e.info.size;
+    if (e.owner_destination == policy::destination::device) device_table_bytes += e.info.size;
+  }
   for (std::size_t r = 0; r < n; ++r) {
     const auto& j = results[r];
     INFO("rank " << r << ": " << j.dump().substr(0, 2000));
@@ -226,10 +229,23 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
       REQUIRE(j["stats"]["bytes_uploaded"].get<std::uint64_t>() > 0);
     }
     REQUIRE(device == want_device);
+    // Offloaded tables (per-rank host memory, the shared segment) come as
+    // views whose home is host memory, and only they: a device sink leaves
+    // exactly these on the host.
+    std::set<std::string> host, want_host;
+    for (auto& h : j["host"]) host.insert(h.get<std::string>());
+    for (const auto& e : plan.entries)
+      if (e.owners.contains(static_cast<policy::rank_t>(r)) && e.owner_destination != policy::destination::device)
+        want_host.insert(e.info.name);
+    REQUIRE(host == want_host);
+    if (mode == lane_mode::emulated) uploaded += j["stats"]["bytes_uploaded"].get<std::uint64_t>();
     read += j["stats"]["bytes_read"].get<std::uint64_t>();
     written += j["stats"]["shared_bytes_written"].get<std::uint64_t>();
   }
   REQUIRE(read == ck.tensor_bytes());     // each byte read from storage once
+  // Lane memory holds tensors for the device only: no offloaded table is ever
+  // uploaded (without column splits, each device byte goes up exactly once).
+  if (mode == lane_mode::emulated && plan.tp == 1) REQUIRE(uploaded == device_table_bytes);
   REQUIRE(written == shared_table_bytes);  // the shared segment written once
 }
 
@@ -517,6 +533,71 @@ TEST_CASE("a rank killed mid-load makes the others fail with comm_error, not han
     INFO("rank " << r);
     REQUIRE(res[r].code == 42);
   }
+}
+
+namespace {
+// An emulated device lane whose process dies (no exception, no goodbye) in
+// its `die_at`-th exchange: a dead peer in the middle of a device exchange.
+template <class Comm>
+struct dying_lane : testing::emulated_device_lane<Comm> {
+  using testing::emulated_device_lane<Comm>::emulated_device_lane;
+  int exchanges = 0, die_at = 0;
+  void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {
+    if (++exchanges == die_at) ::_exit(9);
+    testing::emulated_device_lane<Comm>::exchange(sends, recvs);
+  }
+};
+}  // namespace
+
+TEST_CASE("a peer dead during a device-lane exchange: the others throw comm_error and free all lane memory", "[comm][distributed][lane]") {
+  // What must hold for comm::nccl_lane on a GPU, in the emulation: the ranks
+  // waiting on the dead one throw comm_error (bounded by the communicator's
+  // timeout, not a hang), the lanes whose exchange failed are aborted, and
+  // once the load has unwound and the lane let go, no lane memory is left.
+  // Codes: 42 aborted in its exchange, 43 failed later (its own exchange had
+  // completed), 10 wrong exception, 11 lane memory left, 12 no failure.
+  const auto store = sluice_test::fresh_dir("dist-lane-kill");
+  auto res = sluice_test::run_ranks(
+      4,
+      [&](std::size_t rank) {
+        comm::rank_info who;
+        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+        who.store_dir = store.string();
+        who.timeout = 10s;
+        auto ck = checkpoint::open(checkpoint_dir());
+        comm::gloo c(who);
+        auto o = small_options();
+        o.plan.local_size = 4;
+        const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", o);
+        if (plan.windows < 3) return 13;
+        dying_lane<comm::gloo> lane(c);
+        lane.die_at = rank == 2 ? 2 : 0;
+        try {
+          recording_sink s;
+          (void)load_distributed(ck, c, plan, s, o, lane);
+        } catch (const comm::comm_error& e) {
+          std::fprintf(stderr, "rank %zu: %s\n", rank, e.what());
+          const bool aborted = lane.aborted();
+          lane.release();
+          if (lane.live_bytes() != 0) return 11;
+          return aborted ? 42 : 43;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank %zu: unexpected %s\n", rank, e.what());
+          return 10;
+        }
+        return 12;
+      },
+      90s);
+  fs::remove_all(store);
+  REQUIRE(res[2].code == 9);
+  int aborted = 0;
+  for (std::size_t r : {0, 1, 3}) {
+    INFO("rank " << r << " (42/43: comm_error, lane aborted or not; 10: wrong error; 11: lane memory left; 12: no failure; 13: too few windows)");
+    REQUIRE_FALSE(res[r].timed_out);
+    REQUIRE((res[r].code == 42 || res[r].code == 43));
+    aborted += res[r].code == 42;
+  }
+  CHECK(aborted > 0);  // at least one rank was waiting on the dead one inside the lane's exchange
 }
 
 TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[comm][distributed]") {

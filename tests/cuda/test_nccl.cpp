@@ -1,5 +1,6 @@
 // tests for <sluice/comm/nccl.hpp>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include <sluice/memory/device.hpp>
 
 #include "device_or_skip.hpp"
+#include "support/redis_server.hpp"
 
 using namespace sluice;
 
@@ -83,6 +85,81 @@ TEST_CASE("a follower whose rank 0 never publishes gets comm_error within the ti
   CHECK_THROWS_AS(comm::nccl::exchange_id(who), comm::comm_error);
   who.store_dir.clear();
   CHECK_THROWS_AS(comm::nccl::exchange_id(who), config_error);
+}
+
+TEST_CASE("rank 0's connect through the file store leaves no id file behind, made or failed", "[cuda][nccl]") {
+  // A stale id in a reused store directory would be read by the next run's
+  // ranks, which would then wait for a communicator that never forms.
+  temp_store store;
+  comm::rank_info who;
+  who.rank = 0;
+  who.world_size = 1;
+  who.store_dir = store.dir.string();
+  who.timeout = std::chrono::milliseconds(20000);
+  const auto path = comm::nccl::id_path(who);
+  std::ofstream(path, std::ios::binary) << std::string(128, 'x');  // an earlier run's
+  try {
+    auto c = comm::nccl::connect(who, {.device = 0});  // with a GPU: made; without: cudaSetDevice fails
+    CHECK(c.size() == 1);
+  } catch (const cuda::cuda_error& e) {
+    CHECK(e.call() == "cudaSetDevice");
+  }
+  CHECK_FALSE(std::filesystem::exists(path));
+}
+
+TEST_CASE("the unique id travels through a Redis store, and rank 0's connect removes it", "[cuda][nccl]") {
+  sluice_test::redis_server redis;
+  if (!redis.ready()) {
+    WARN("SKIPPED: no redis-server (/usr/bin/redis-server)");
+    return;
+  }
+  const auto url = "redis://127.0.0.1:" + std::to_string(redis.port()) + "/run-" + std::to_string(::getpid());
+  std::vector<comm::nccl::unique_id> got(3);
+  std::vector<std::thread> ranks;
+  for (std::size_t r = 3; r-- > 0;)  // followers start first: they wait for the key
+    ranks.emplace_back([&, r] {
+      comm::rank_info who;
+      who.rank = r;
+      who.world_size = 3;
+      who.store = url;
+      who.timeout = std::chrono::milliseconds(10000);
+      got[r] = comm::nccl::exchange_id(who);
+    });
+  for (auto& t : ranks) t.join();
+  CHECK_FALSE(all_zero(got[0]));
+  CHECK(got[1] == got[0]);
+  CHECK(got[2] == got[0]);
+
+  // Rank 0's connect (one rank: made with a GPU, failed without) leaves no key:
+  // a follower of a later run on the same prefix would read a stale id.
+  comm::rank_info who;
+  who.world_size = 1;
+  who.store = url;
+  who.timeout = std::chrono::milliseconds(2000);
+  try {
+    auto c = comm::nccl::connect(who, {.device = 0});
+  } catch (const cuda::cuda_error& e) {
+    CHECK(e.call() == "cudaSetDevice");
+  }
+  who.rank = 1;
+  who.world_size = 2;
+  who.timeout = std::chrono::milliseconds(200);
+  CHECK_THROWS_AS(comm::nccl::exchange_id(who), comm::comm_error);  // nothing published: the key is gone
+}
+
+TEST_CASE("an aborted communicator refuses collectives and drains without waiting", "[cuda][nccl]") {
+  SLUICE_REQUIRE_DEVICE();
+  comm::local host;
+  auto c = comm::nccl::connect(host, {.device = 0, .timeout = std::chrono::milliseconds(20000)});
+  CHECK_FALSE(c.aborted());
+  c.abort();
+  CHECK(c.aborted());
+  c.abort();  // idempotent
+  CHECK(c.drain(c.stream()));  // nothing enqueued: idle at once
+  auto buf = memory::device_buffer::allocate(4096, 0);
+  CHECK_THROWS_AS(c.broadcast(buf.span(), 0), comm::comm_error);
+  CHECK_THROWS_AS(c.barrier(), comm::comm_error);
+  CHECK_THROWS_AS(c.wait(c.stream()), comm::comm_error);
 }
 
 TEST_CASE("without a driver joining a communicator throws cuda_error naming cudaSetDevice", "[cuda][nccl]") {

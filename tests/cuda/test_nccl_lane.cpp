@@ -59,8 +59,13 @@ TEST_CASE("a one-rank distributed load through the NCCL lane lands every tensor 
     REQUIRE(lane.stats().uploaded_bytes == device_bytes);
     REQUIRE(lane.stats().exchanges == plan.windows);
     REQUIRE(st.windows > 2);
-    // Every tensor (device views copied device-to-device, host tables
-    // uploaded by the sink) copied back and hashed against the generator.
+    // The per-rank tables stay in host memory: the sink copies only the
+    // device views, and takes device memory only for them.
+    REQUIRE(sink.stats().bytes == device_bytes);
+    REQUIRE(sink.stats().allocated == device_bytes);
+    REQUIRE(sink.stats().on_host == ck.tensors().size() - device_tensors);
+    // Every tensor (device views copied device-to-device, host tables from
+    // the sink's host copies) copied back and hashed against the generator.
     std::size_t checked = 0;
     for (const auto& t : testing::expected_tensors(written)) {
       std::vector<std::byte> out(sink.get(t.name).size);
@@ -70,6 +75,29 @@ TEST_CASE("a one-rank distributed load through the NCCL lane lands every tensor 
       ++checked;
     }
     REQUIRE(checked == ck.tensors().size());
+    lane.release();  // bounded: the communicator is healthy, the stream idle
+    CHECK_FALSE(dev.aborted());
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a device buffer a sink held comes back to the lane instead of going to cudaFree", "[cuda][nccl][lane]") {
+  SLUICE_REQUIRE_DEVICE();
+  comm::local host;
+  auto dev = comm::nccl::connect(host, {.device = 0});
+  comm::nccl_lane lane(dev);
+  auto a = lane.device_buffer(0, 1 << 20);
+  const auto* first = a.bytes().data();
+  auto b = lane.device_buffer(0, 1 << 20);  // `a` is held (a sink's view): a second buffer
+  CHECK(b.bytes().data() != first);
+  CHECK(lane.stats().device_allocations == 2);
+  a = {};                                   // the sink lets go of the first
+  auto c = lane.device_buffer(0, 1 << 20);  // `b` is held: the first comes back, no cudaMalloc
+  CHECK(c.bytes().data() == first);
+  CHECK(lane.stats().device_allocations == 2);
+  CHECK(lane.stats().device_recycled == 1);
+  lane.release();  // frees the free list; `b` and `c` go when let go
+  b = {};
+  c = {};
+  CHECK_FALSE(dev.aborted());
 }

@@ -7,11 +7,16 @@
 ///
 /// Rendezvous: rank 0 makes a unique id (ncclGetUniqueId, works without a
 /// GPU) and the others receive it either through a host communicator's
-/// broadcast (`connect(host, opt)`) or through the file store
-/// (`connect(rank_info, opt)`: `<store_dir>/sluice-nccl-id`, written
-/// atomically). The communicator is created non-blocking, and every wait —
+/// broadcast (`connect(host, opt)`) or through the rank's store
+/// (`connect(rank_info, opt)`: the file `<store_dir>/sluice-nccl-id`, written
+/// atomically, or with SLUICE_STORE=redis://HOST:PORT/PREFIX the Redis key
+/// `PREFIX/sluice-nccl-id`). The communicator is created non-blocking, and every wait —
 /// init and each collective — is bounded by `timeout`: a dead or stalled
-/// peer aborts the communicator and throws comm_error, never hangs.
+/// peer, or an asynchronous NCCL error, aborts the communicator (ncclCommAbort,
+/// which stops its kernels) where it is detected, before anything else waits
+/// on its stream, and throws comm_error; it never hangs. An aborted
+/// communicator refuses further collectives (comm_error); make a new one.
+/// Waits poll with a back-off (20 to 200 µs), leaving the core to other work.
 ///
 /// Large broadcasts are cut into `chunk_bytes` pieces (NCCL pipelines them;
 /// the caller can overlap its own copies on other streams). The blocking
@@ -65,10 +70,16 @@ class nccl {
     host.broadcast(std::span<std::byte>(id), 0);
     return id;
   }
-  /// Rank 0 makes the id and writes `<who.store_dir>/sluice-nccl-id`; the
-  /// others wait for it (up to who.timeout). Throws config_error (no store
-  /// dir), comm_error (timeout), io_error.
+  /// Rank 0 makes the id and writes `<who.store_dir>/sluice-nccl-id` (with
+  /// who.store = redis://HOST:PORT/PREFIX: SETs the key `PREFIX/sluice-nccl-id`);
+  /// the others wait for it (up to who.timeout). Throws config_error (no
+  /// store), comm_error (timeout, Redis unreachable), io_error. The file stays: connect(who)
+  /// removes it; a caller of this one removes it (id_path) when all have read it.
+  /// A file left by an earlier run may be read as this run's id: give each
+  /// run a fresh store directory, or use connect(who).
   [[nodiscard]] static unique_id exchange_id(const rank_info& who);
+  /// The id file of exchange_id(who): `<store_dir>/sluice-nccl-id`.
+  [[nodiscard]] static std::string id_path(const rank_info& who);
 
   /// Joins the communicator `id` as `rank` of `size`. Throws cuda_error
   /// (cudaSetDevice, e.g. no driver) or nccl_error / comm_error.
@@ -77,10 +88,11 @@ class nccl {
   [[nodiscard]] static nccl connect(Host& host, nccl_options opt = {}) {
     return nccl(host.rank(), host.size(), exchange_id(host), opt);
   }
-  [[nodiscard]] static nccl connect(const rank_info& who, nccl_options opt = {}) {
-    opt.timeout = who.timeout;
-    return nccl(who.rank, who.world_size, exchange_id(who), opt);
-  }
+  /// Through the rank's store (exchange_id(who)); the timeout is who.timeout.
+  /// Rank 0 removes the id (file or key) once its communicator is made (every
+  /// rank has read the id then: init needs them all) or has failed, so that a
+  /// later run in the same store cannot read a stale id and time out.
+  [[nodiscard]] static nccl connect(const rank_info& who, nccl_options opt = {});
   nccl(nccl&&) noexcept;
   nccl& operator=(nccl&&) noexcept;
   /// Destroys the communicator (aborts it if a collective failed).
@@ -91,6 +103,18 @@ class nccl {
   [[nodiscard]] cudaStream_t stream() const noexcept;
   /// The CUDA device of this rank (nccl_options::device).
   [[nodiscard]] int device() const noexcept;
+  /// The bound of every wait (nccl_options::timeout).
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept;
+
+  /// Aborts the communicator now (ncclCommAbort: its kernels exit, streams
+  /// waiting on them drain). Idempotent; later collectives throw comm_error.
+  void abort() noexcept;
+  /// Whether the communicator was aborted (by abort() or after a failure).
+  [[nodiscard]] bool aborted() const noexcept;
+  /// Waits for `s` without throwing, for at most the timeout; if it is still
+  /// busy then, aborts the communicator and waits at most one timeout more.
+  /// True when `s` has drained without error. For destructors and error paths.
+  bool drain(cudaStream_t s) noexcept;
 
   // communicator (blocking; spans are device memory)
   void broadcast(std::span<std::byte> device_buf, std::size_t root);
@@ -104,7 +128,8 @@ class nccl {
 
   /// Enqueues a chunked broadcast on `s`; returns without waiting.
   void broadcast_async(std::span<std::byte> device_buf, std::size_t root, cudaStream_t s);
-  /// Waits for `s` (bounded by the timeout; aborts the communicator on expiry).
+  /// Waits for `s` (bounded by the timeout; aborts the communicator on expiry
+  /// or on an asynchronous error, then throws comm_error / nccl_error).
   void wait(cudaStream_t s);
 
  private:

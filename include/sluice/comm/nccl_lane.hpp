@@ -9,17 +9,25 @@
 /// returns when the stream has drained, bounded by the communicator's timeout.
 /// The sink then gets `view_kind::device` views of the window buffer
 /// (cuda::device_sink copies them device-to-device into their destinations).
+/// A dead peer: the exchange throws comm_error within the timeout, the
+/// communicator already aborted (its kernels stopped) and the stream drained,
+/// so unwinding frees the buffers without waiting on the peer.
 ///
-/// Memory: four pinned host buffers and four device buffers (window parity x
+/// Memory: four pinned host buffers (the staging pool's pin mode: pages of an
+/// ordinary mapping registered with cudaHostRegister, so O_DIRECT reads land
+/// in them on any driver) and four device buffers (window parity x
 /// kept/scratch), each as large as the largest window needs (about
 /// `plan_options::window_bytes` per rank for kept, its reads-for-others for
 /// scratch), reused from window to window; a buffer a sink still holds a view
-/// into is replaced, not overwritten. Errors: cuda::cuda_error naming the call,
+/// into is replaced, not overwritten, and comes back to the lane when the sink
+/// lets go (a free list, not cudaFree, which may synchronize the device
+/// while an exchange is in flight). Errors: cuda::cuda_error naming the call,
 /// nccl_error / comm_error from the exchange.
 ///
-///   auto dev = comm::nccl::connect(host_comm, {.device = local_rank});
+///   const int device = cuda::device_for_local_rank(local_rank);
+///   auto dev = comm::nccl::connect(host_comm, {.device = device});
 ///   comm::nccl_lane lane(dev);
-///   cuda::device_sink sink({.device = local_rank});
+///   cuda::device_sink sink({.device = device});
 ///   load_distributed(ck, host_comm, plan, sink, opt, lane);
 
 #include <cstddef>
@@ -38,7 +46,8 @@ struct nccl_lane_stats {
   std::uint64_t uploaded_bytes = 0;
   std::uint64_t exchanges = 0;
   std::uint64_t host_allocations = 0;    ///< pinned buffers allocated (a reused one is not counted again)
-  std::uint64_t device_allocations = 0;  ///< device buffers allocated
+  std::uint64_t device_allocations = 0;  ///< device buffers allocated (cudaMalloc)
+  std::uint64_t device_recycled = 0;     ///< device buffers taken back from a sink that had let go (no cudaMalloc)
 };
 
 class nccl_lane {
@@ -49,8 +58,12 @@ class nccl_lane {
   nccl_lane& operator=(nccl_lane&&) noexcept;
   nccl_lane(const nccl_lane&) = delete;
   nccl_lane& operator=(const nccl_lane&) = delete;
-  /// Waits for the stream (errors ignored) before the buffers go.
+  /// release().
   ~nccl_lane();
+  /// Waits for the stream (bounded by the communicator's timeout, aborting it
+  /// if it is stuck; errors ignored), then drops the lane's buffers (memory a
+  /// sink still holds goes when the sink lets go).
+  void release() noexcept;
 
   /// Pinned host memory for slot `slot` (0..3), `n` bytes.
   [[nodiscard]] lease host_buffer(unsigned slot, std::size_t n);
@@ -69,7 +82,9 @@ class nccl_lane {
     std::byte* data = nullptr;
     std::size_t cap = 0;
   };
+  struct recycler;
   nccl* c_;
+  std::shared_ptr<recycler> recycle_;
   slot_memory host_[4], dev_[4];
   nccl_lane_stats stats_;
 };

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 #include <utility>
 
@@ -41,6 +42,19 @@ struct device_query {
 }
 
 [[nodiscard]] inline int device_count() noexcept { return query_devices().count; }
+
+/// The device a rank uses: `local_rank % count`. Local rank k of a node with n
+/// visible GPUs takes GPU k % n; where each rank sees only its own GPU
+/// (CUDA_VISIBLE_DEVICES set per rank) that is device 0 — `local_rank` itself
+/// would name a device the rank cannot see. count <= 0 (no device, or the
+/// query failed): 0, and the first CUDA call reports why.
+[[nodiscard]] constexpr int device_for_local_rank(std::size_t local_rank, int count) noexcept {
+  return count > 0 ? static_cast<int>(local_rank % static_cast<std::size_t>(count)) : 0;
+}
+/// The same with the visible devices counted (cudaGetDeviceCount).
+[[nodiscard]] inline int device_for_local_rank(std::size_t local_rank) noexcept {
+  return device_for_local_rank(local_rank, device_count());
+}
 
 /// A non-blocking stream (does not synchronize with the legacy default stream).
 class stream {

@@ -21,8 +21,11 @@ namespace sluice::inline v0::cuda {
 class host_registration {
  public:
   host_registration() = default;
-  /// cudaHostRegister(bytes, portable | mapped [| read-only]); `keep` keeps the
-  /// memory alive at least until unregistered. Throws cuda_error naming the call.
+  /// cudaHostRegister(bytes, portable | mapped [| read-only]) on the current
+  /// device; `keep` keeps the memory alive at least until unregistered. The
+  /// read-only flag is used only where the device supports it
+  /// (cudaDevAttrHostRegisterReadOnlySupported; read_only() tells): elsewhere
+  /// it would fail the call with cudaErrorNotSupported. Throws cuda_error naming the call.
   [[nodiscard]] static host_registration register_mapped(std::span<std::byte> bytes, std::shared_ptr<void> keep = {},
                                                          bool read_only = false);
   /// Registers the whole shared segment (and keeps its mapping alive).
@@ -31,13 +34,17 @@ class host_registration {
   }
 
   host_registration(host_registration&& o) noexcept
-      : keep_(std::move(o.keep_)), host_(std::exchange(o.host_, {})), device_(std::exchange(o.device_, nullptr)) {}
+      : keep_(std::move(o.keep_)),
+        host_(std::exchange(o.host_, {})),
+        device_(std::exchange(o.device_, nullptr)),
+        read_only_(std::exchange(o.read_only_, false)) {}
   host_registration& operator=(host_registration&& o) noexcept {
     if (this != &o) {
       unregister();
       keep_ = std::move(o.keep_);
       host_ = std::exchange(o.host_, {});
       device_ = std::exchange(o.device_, nullptr);
+      read_only_ = std::exchange(o.read_only_, false);
     }
     return *this;
   }
@@ -50,12 +57,15 @@ class host_registration {
   /// The device-side address of host()[0] (cudaHostGetDevicePointer).
   [[nodiscard]] void* device_pointer() const noexcept { return device_; }
   [[nodiscard]] explicit operator bool() const noexcept { return host_.data() != nullptr; }
+  /// Whether it was registered read-only (asked for, and supported by the device).
+  [[nodiscard]] bool read_only() const noexcept { return read_only_; }
 
  private:
   void unregister() noexcept;
   std::shared_ptr<void> keep_;  // released after unregister()
   std::span<std::byte> host_;
   void* device_ = nullptr;
+  bool read_only_ = false;
 };
 
 }  // namespace sluice::inline v0::cuda

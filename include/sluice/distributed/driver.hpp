@@ -296,7 +296,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
         if (e.shared()) {
           v.kind = view_kind::shared;
           v.bytes = segment.bytes().subspan(e.shared_offset, e.info.size);
-          v.hold = lease(segment.keep(), segment.bytes().subspan(e.shared_offset, e.info.size));
+          v.hold = lease(segment.keep(), segment.bytes());  // the whole segment: a sink registers it once
+          v.host_destined = true;
           st.shared_views += 1;
         } else if (e.owners.contains(me)) {
           const auto& L = ws.lanes[ws.lane_of[i - ws.begin]];
@@ -304,6 +305,7 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
           v.kind = dev ? view_kind::device : view_kind::bytes;
           v.bytes = ws.kept_at[i - ws.begin];
           v.hold = dev ? L.dev_kept : L.kept;
+          v.host_destined = e.owner_destination == policy::destination::host;
           if (e.split != policy::tp_split::none)
             v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.tp_rank(me)),
                       static_cast<std::uint32_t>(plan.tp)};

@@ -112,7 +112,7 @@ distributed_stats load_distributed(const checkpoint& ck, std::string_view topolo
 /// the world, so that a rank that cannot open it (a missing or corrupt shard)
 /// makes every rank throw distributed_error naming it, at once — rather than
 /// leaving its peers to time out at the rendezvous. With a device lane (e.g.
-/// comm::nccl_lane over `comm::nccl::connect(who, {.device = local_rank})`,
+/// comm::nccl_lane over `comm::nccl::connect(who, {.device = cuda::device_for_local_rank(local_rank)})`,
 /// whose unique id travels through the same store), tensors destined for the
 /// device reach `s` as `view_kind::device` views (cuda::device_sink).
 template <sink Sink, device_lane Lane>
