@@ -2,8 +2,9 @@
 // ncclCommGetAsyncError against a deadline and aborts on expiry.
 #include <nccl.h>
 
-#include <netdb.h>
-#include <sys/socket.h>
+#if SLUICE_NCCL_REDIS
+#include <hiredis/hiredis.h>
+#endif
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string_view>
@@ -42,97 +44,78 @@ void check(ncclResult_t r, const char* call, ncclComm_t c = nullptr) {
   throw nccl_error(call, static_cast<int>(r), describe(r, c));
 }
 
-// Just enough of the Redis protocol (RESP) to carry the unique id through
-// the same store Gloo meets in (SLUICE_STORE=redis://HOST:PORT/PREFIX): SET,
-// GET, DEL of one binary-safe value. Every socket operation is bounded by the
-// timeout; failures are comm_error naming the server.
+#if SLUICE_NCCL_REDIS
+// The unique id through the same Redis store Gloo meets in
+// (SLUICE_STORE=redis://HOST:PORT/PREFIX): SET, GET, DEL of one binary-safe
+// value, with hiredis (the client Gloo's RedisStore uses). Connecting retries
+// until the timeout (the server may come up after this rank); every command
+// is bounded by it. Failures are comm_error naming the server.
 class redis_client {
  public:
   redis_client(const store_address& a, std::chrono::milliseconds timeout)
       : where_(fmt::format("redis://{}:{}", a.redis_host, a.redis_port)) {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (const int e = ::getaddrinfo(a.redis_host.c_str(), std::to_string(a.redis_port).c_str(), &hints, &res); e != 0)
-      throw comm_error(fmt::format("NCCL rendezvous: cannot resolve {}: {}", where_, ::gai_strerror(e)));
+    const timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
     const auto deadline = clk::now() + timeout;
-    for (;;) {  // the server may come up after this rank: retry until the deadline
-      for (auto* ai = res; ai && fd_ < 0; ai = ai->ai_next) {
-        const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) continue;
-        timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
-        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) fd_ = fd;
-        else ::close(fd);
-      }
-      if (fd_ >= 0 || clk::now() > deadline) break;
+    for (;;) {
+      ctx_.reset(::redisConnectWithTimeout(a.redis_host.c_str(), static_cast<int>(a.redis_port), tv));
+      if (ctx_ && !ctx_->err) break;
+      if (!ctx_) throw comm_error(fmt::format("NCCL rendezvous: cannot allocate a Redis context for {}", where_));
+      if (clk::now() > deadline)
+        throw comm_error(fmt::format("NCCL rendezvous: cannot connect to {} within {} ms: {}", where_, timeout.count(), ctx_->errstr));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    ::freeaddrinfo(res);
-    if (fd_ < 0) throw comm_error(fmt::format("NCCL rendezvous: cannot connect to {} within {} ms", where_, timeout.count()));
+    if (::redisSetTimeout(ctx_.get(), tv) != REDIS_OK)
+      throw comm_error(fmt::format("NCCL rendezvous: cannot set a timeout on {}: {}", where_, ctx_->errstr));
   }
-  ~redis_client() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  redis_client(const redis_client&) = delete;
-  redis_client& operator=(const redis_client&) = delete;
 
   void set(std::string_view key, std::string_view value) {
-    command({"SET", key, value});
-    if (const auto r = line(); r != "+OK") throw comm_error(fmt::format("NCCL rendezvous: {} answered SET with '{}'", where_, r));
+    const auto r = command("SET %b %b", key.data(), key.size(), value.data(), value.size());
+    if (r->type != REDIS_REPLY_STATUS) throw comm_error(fmt::format("NCCL rendezvous: {} refused SET: {}", where_, text(*r)));
   }
   // nullopt: no such key (yet).
   std::optional<std::string> get(std::string_view key) {
-    command({"GET", key});
-    const auto head = line();
-    if (head == "$-1") return std::nullopt;
-    if (head.empty() || head[0] != '$') throw comm_error(fmt::format("NCCL rendezvous: {} answered GET with '{}'", where_, head));
-    const auto n = std::stoul(head.substr(1));
-    auto v = exactly(n + 2);
-    v.resize(n);  // less the CRLF
-    return v;
+    const auto r = command("GET %b", key.data(), key.size());
+    if (r->type == REDIS_REPLY_NIL) return std::nullopt;
+    if (r->type != REDIS_REPLY_STRING) throw comm_error(fmt::format("NCCL rendezvous: {} refused GET: {}", where_, text(*r)));
+    return std::string(r->str, r->len);
   }
-  void del(std::string_view key) {
-    command({"DEL", key});
-    (void)line();  // ":<count>"
-  }
+  void del(std::string_view key) { (void)command("DEL %b", key.data(), key.size()); }
 
  private:
-  void command(std::initializer_list<std::string_view> args) {
-    std::string m = fmt::format("*{}\r\n", args.size());
-    for (auto a : args) m += fmt::format("${}\r\n", a.size()), m.append(a), m += "\r\n";
-    for (std::size_t off = 0; off < m.size();) {
-      const auto n = ::send(fd_, m.data() + off, m.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) throw comm_error(fmt::format("NCCL rendezvous: sending to {} failed: {}", where_, std::strerror(errno)));
-      off += static_cast<std::size_t>(n);
-    }
+  struct free_context {
+    void operator()(redisContext* c) const noexcept { ::redisFree(c); }
+  };
+  struct free_reply {
+    void operator()(redisReply* r) const noexcept { ::freeReplyObject(r); }
+  };
+  using reply = std::unique_ptr<redisReply, free_reply>;
+
+  template <class... Args>
+  reply command(const char* format, Args... args) {
+    reply r(static_cast<redisReply*>(::redisCommand(ctx_.get(), format, args...)));
+    if (!r) throw comm_error(fmt::format("NCCL rendezvous: {} did not answer: {}", where_, ctx_->errstr));
+    if (r->type == REDIS_REPLY_ERROR) throw comm_error(fmt::format("NCCL rendezvous: {} answered: {}", where_, text(*r)));
+    return r;
   }
-  void fill() {
-    char b[4096];
-    const auto n = ::recv(fd_, b, sizeof b, 0);
-    if (n <= 0)
-      throw comm_error(fmt::format("NCCL rendezvous: reading from {} failed: {}", where_, n == 0 ? "connection closed" : std::strerror(errno)));
-    in_.append(b, static_cast<std::size_t>(n));
-  }
-  std::string line() {
-    std::size_t end;
-    while ((end = in_.find("\r\n")) == std::string::npos) fill();
-    auto l = in_.substr(0, end);
-    in_.erase(0, end + 2);
-    return l;
-  }
-  std::string exactly(std::size_t n) {
-    while (in_.size() < n) fill();
-    auto v = in_.substr(0, n);
-    in_.erase(0, n);
-    return v;
-  }
+  static std::string text(const redisReply& r) { return r.str ? std::string(r.str, r.len) : fmt::format("reply type {}", r.type); }
 
   std::string where_;
-  int fd_ = -1;
-  std::string in_;
+  std::unique_ptr<redisContext, free_context> ctx_;
 };
+
+#else
+// Built without hiredis: a Redis store is refused, naming what is missing.
+class redis_client {
+ public:
+  redis_client(const store_address& a, std::chrono::milliseconds) {
+    throw config_error(fmt::format("NCCL rendezvous through redis://{}:{} needs hiredis: sluice was built without "
+                                   "libhiredis-dev (use SLUICE_STORE_DIR)", a.redis_host, a.redis_port));
+  }
+  void set(std::string_view, std::string_view) {}
+  std::optional<std::string> get(std::string_view) { return std::nullopt; }
+  void del(std::string_view) {}
+};
+#endif
 
 std::string redis_key(const store_address& a) { return a.prefix.empty() ? "sluice-nccl-id" : a.prefix + "/sluice-nccl-id"; }
 }  // namespace
