@@ -45,7 +45,7 @@ using sluice_cli::human_bytes;
 struct options {
   std::string source;
   load_options load;
-  std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto";
+  std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto", uneven = "error";
   std::optional<std::size_t> rank, world, local_rank, local_world;
   std::size_t connections_per_rank = 0;
   std::size_t connections = 0;  // 0: the S3 config's default
@@ -83,6 +83,10 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "act as one rank of a distributed load (rank from --rank/--world-size or\n"
                  "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, SLUICE_STORE_DIR; see sluice-launch)")
       ->type_name("tp1,dp8,ep8");
+  app.add_option("--uneven", o.uneven,
+                 "error | keep-whole: with --topology, a tensor TP should split but does not divide is\n"
+                 "an error naming it (default), or kept whole on every owner and listed in the summary")
+      ->type_name("MODE");
   app.add_option("--offload", o.offload, "none | per-rank | shared-single | shared-cooperative (default none)")
       ->type_name("MODE");
   app.add_option("--overlap", o.overlap,
@@ -196,6 +200,8 @@ int run_distributed(const options& o) {
   else if (o.overlap == "on") dopt.overlap = om::on;
   else if (o.overlap == "off") dopt.overlap = om::off;
   else throw config_error(fmt::format("--overlap '{}': expected auto, on or off", o.overlap));
+  if (o.uneven == "keep-whole") dopt.plan.uneven_tp_keep_whole = true;
+  else if (o.uneven != "error") throw config_error(fmt::format("--uneven '{}': expected error or keep-whole", o.uneven));
   open_options oo;
   if (!o.select.empty()) {
     auto re = std::make_shared<std::regex>(o.select);
@@ -279,6 +285,9 @@ int run_distributed(const options& o) {
                  human_bytes(static_cast<double>(st.bytes_read)).c_str(), human_bytes(static_cast<double>(st.bytes_received)).c_str(),
                  human_bytes(static_cast<double>(st.shared_bytes)).c_str(),
                  st.connections ? fmt::format("{} S3 connections, ", st.connections).c_str() : "", st.seconds);
+  if (!o.json && !st.kept_whole.empty() && who.rank == 0)
+    std::fprintf(stderr, "kept whole (TP %s does not divide them, --uneven keep-whole): %s\n", topo.c_str(),
+                 fmt::format("{}", fmt::join(st.kept_whole, ", ")).c_str());
   return 0;
 }
 
@@ -321,7 +330,11 @@ int main(int argc, char** argv) try {
     // With a topology: which rank reads how many bytes of each layer.
     std::map<std::int64_t, std::map<std::size_t, std::uint64_t>> readers;
     if (!o.topology.empty()) {
-      const auto placement = plan_for(*probed, o.topology, o.offload);
+      const auto placement = plan_for(*probed, o.topology, o.offload, [&] {
+        distributed_options popt;
+        popt.plan.uneven_tp_keep_whole = o.uneven == "keep-whole";
+        return popt;
+      }());
       const manifest::layer_grouping layers;
       for (const auto& e : placement.entries)
         for (const auto& r : e.reads) readers[layers.layer_of(e.info.name)][r.reader] += r.size;

@@ -48,6 +48,13 @@ assert p["bytes_read"] == 0 and sorted(by_rank) == ["0", "1", "2", "3"], p
 print("ok: probe under tp1,dp4,ep4 plans", sum(by_rank.values()), "bytes over readers", by_rank)
 PY
 
+# A TP that does not divide the tensors it splits is an error naming them, or an explicit choice.
+if "$load" "$ck" --probe --topology tp5,dp1,ep1 > /dev/null 2> "$work/err.txt"; then echo "FAIL: tp5 planned silently"; exit 1; fi
+[[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: plan: TP=5 does not divide the split dimension of [0-9]* tensors* ('model\." "$work/err.txt" \
+  || { echo "FAIL: tp5 error output:"; cat "$work/err.txt"; exit 1; }
+"$load" "$ck" --probe --topology tp5,dp1,ep1 --uneven keep-whole > /dev/null || { echo "FAIL: --uneven keep-whole refused"; exit 1; }
+echo "ok: tp5 refused ($(cut -c1-80 "$work/err.txt")...), accepted with --uneven keep-whole"
+
 if "$load" "$bad/truncated-after-header.safetensors" --no-progress 2> "$work/err.txt"; then echo "FAIL: bad input loaded"; exit 1; fi
 [[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: data-end: .*truncated-after-header.safetensors" "$work/err.txt" \
   || { echo "FAIL: error output:"; cat "$work/err.txt"; exit 1; }

@@ -176,7 +176,9 @@ TEST_CASE("TP: a column split sends each rank its columns of the rows read, pack
                                    {"model.layers.0.input_layernorm.weight", 64 * 2, {64}}};
   plan_options o;
   o.split_bytes = 1024;  // blocks of rows across readers
+  o.uneven_tp_keep_whole = true;  // down_proj: 30 columns, kept whole on request
   const auto p = make_plan(tensors, classifier::deepseek(), 4, 1, 1, offload_kind::none, o);
+  REQUIRE(p.kept_whole == std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});
   const auto& w = p.entry("model.layers.0.self_attn.o_proj.weight");
   REQUIRE(w.split == tp_split::columns);
   REQUIRE(p.entry("model.layers.0.mlp.down_proj.weight").split == tp_split::none);
@@ -350,4 +352,34 @@ TEST_CASE("a static model shape is checked at compile time and against the tenso
                       Catch::Contains("says 8 layers, the tensors have 7"));
   REQUIRE_THROWS_WITH((plan<tp1_dp8_ep8, offload::none, model_shape<dynamic, 32>>::compute(tp1_dp8_ep8{}, tensors)),
                       Catch::Contains("says 32 routed experts per layer, the tensors have 16"));
+}
+
+TEST_CASE("a TP that does not divide a split tensor is an error naming it, or kept whole on request", "[policy][plan][tp]") {
+  // q_proj (rows) 3 x 8 and o_proj (columns) 8 x 3: TP 2 divides neither; the norm is not split anyway.
+  const std::vector<tensor_info> tensors{{"model.layers.0.self_attn.q_proj.weight", 3 * 8 * 2, {3, 8}},
+                                         {"model.layers.0.self_attn.o_proj.weight", 8 * 3 * 2, {8, 3}},
+                                         {"model.layers.0.input_layernorm.weight", 8 * 2, {8}},
+                                         {"model.layers.0.mlp.down_proj.weight", 8 * 4 * 2, {8, 4}}};
+  try {
+    (void)make_plan(tensors, classifier::deepseek(), 2, 1, 1, offload_kind::none);
+    FAIL("an uneven TP split was accepted silently");
+  } catch (const config_error& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("TP=2 does not divide the split dimension of 2 tensors") != std::string::npos);
+    CHECK(m.find("'model.layers.0.self_attn.q_proj.weight'") != std::string::npos);
+    CHECK(m.find("'model.layers.0.self_attn.o_proj.weight'") != std::string::npos);
+    CHECK(m.find("down_proj") == std::string::npos);  // 4 columns: TP 2 divides it
+    CHECK(m.find("layernorm") == std::string::npos);   // never split
+  }
+  plan_options keep;
+  keep.uneven_tp_keep_whole = true;
+  const auto p = make_plan(tensors, classifier::deepseek(), 2, 1, 1, offload_kind::none, keep);
+  CHECK(p.kept_whole == std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"});
+  for (const auto& e : p.entries) {
+    INFO(e.info.name);
+    CHECK(e.split == (e.info.name.find("down_proj") != std::string::npos ? tp_split::columns : tp_split::none));
+  }
+  // A TP that divides everything keeps nothing whole.
+  CHECK(make_plan(tensors, classifier::deepseek(), 1, 2, 1, offload_kind::none).kept_whole.empty());
 }

@@ -68,6 +68,7 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
   st.topology = plan.topology_string();
   st.offload = std::string(policy::offload_name(plan.offload));
   st.planned_read_bytes = plan.read_bytes.at(me);
+  st.kept_whole = plan.kept_whole;
   st.windows = plan.windows;
   if (plan.world != c.size())
     throw config_error(fmt::format("the plan is for {} ranks, the communicator has {}", plan.world, c.size()));

@@ -72,6 +72,7 @@ struct distributed_stats {
   std::uint64_t storage_bytes = 0;        ///< bytes the source delivered (incl. O_DIRECT alignment)
   std::uint64_t requests = 0;             ///< reads (files) or GETs (S3) issued, retries included
   std::uint64_t planned_read_bytes = 0;   ///< what the plan gave this rank
+  std::vector<std::string> kept_whole;    ///< TP > 1, uneven_tp_keep_whole: tensors kept whole (TP does not divide them)
   std::uint64_t bytes_sent = 0;           ///< bytes this rank contributed to collectives
   std::uint64_t bytes_received = 0;       ///< bytes this rank received by collectives
   std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
@@ -89,7 +90,7 @@ struct distributed_stats {
     return {{"rank", rank}, {"world_size", world}, {"local_rank", local_rank}, {"topology", topology},
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
-            {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"bytes_sent", bytes_sent},
+            {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections}, {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},

@@ -58,6 +58,12 @@ struct plan_options {
   /// experts per layer nor EP a multiple of the other): some EP ranks then
   /// hold one expert more than others.
   bool uneven_experts = false;
+  /// TP > 1: a tensor the classifier would split (row- or column-sliced) whose
+  /// dimension TP does not divide. false (the default): make_plan throws
+  /// config_error naming every such tensor, before any read. true: each is
+  /// kept whole by every owner, and load_plan::kept_whole lists them (the
+  /// tools print them in their summary).
+  bool uneven_tp_keep_whole = false;
 };
 
 /// One read from storage: bytes [offset, offset + size) of a tensor, by `reader`.
@@ -109,6 +115,9 @@ class load_plan {
   std::vector<std::uint64_t> read_bytes;  ///< storage bytes each rank reads
   std::vector<std::uint64_t> sent_bytes;      ///< bytes each rank sends in the exchanges (per receiver)
   std::vector<std::uint64_t> received_bytes;  ///< bytes each rank receives in the exchanges
+  /// TP > 1 with plan_options::uneven_tp_keep_whole: the tensors that would be
+  /// split but are kept whole because TP does not divide their dimension.
+  std::vector<std::string> kept_whole;
 
   /// The node of a rank (ranks are grouped by host contiguously).
   [[nodiscard]] std::size_t node_of(rank_t r) const noexcept { return r / local_size; }
@@ -339,7 +348,11 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
     // TP parts: replicated weights, and routed experts when there is no
     // expert parallelism (EP=1: every TP rank holds a part of every expert).
     if (p.tp > 1 && (e.info.cls == tensor_class::replicated || (e.info.cls == tensor_class::routed_expert && p.ep == 1)))
+    {
       e.split = cls.split(e.info, p.tp);
+      if (e.split == tp_split::none && e.info.size && (cls.row_sliced(e.info) || cls.column_sliced(e.info)))
+        p.kept_whole.push_back(e.info.name);
+    }
     if (size) {
       if (e.info.cls == tensor_class::routed_expert && e.split == tp_split::none) {
         add_read(0, size);  // its reader: below, an owner
@@ -432,6 +445,15 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
     e.window = p.windows;
   }
   p.windows += 1;
+  if (!p.kept_whole.empty() && !opt.uneven_tp_keep_whole) {
+    std::string names;
+    for (std::size_t i = 0; i < p.kept_whole.size() && i < 8; ++i) names += fmt::format("{}'{}'", i ? ", " : "", p.kept_whole[i]);
+    if (p.kept_whole.size() > 8) names += fmt::format(" and {} more", p.kept_whole.size() - 8);
+    throw config_error(fmt::format("plan: TP={} does not divide the split dimension of {} {} ({}); choose a TP that "
+                                   "divides them, or keep them whole on every owner (plan_options::uneven_tp_keep_whole, "
+                                   "sluice-load --uneven keep-whole)",
+                                   p.tp, p.kept_whole.size(), p.kept_whole.size() == 1 ? "tensor" : "tensors", names));
+  }
   p.index();
   return p;
 }
