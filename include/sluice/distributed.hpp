@@ -61,3 +61,4 @@
 #include <sluice/distributed/peers.hpp>
 #include <sluice/distributed/slice_reader.hpp>
 #include <sluice/distributed/world.hpp>
+#include <sluice/load_file.hpp>  // the single-process load() beside the distributed one

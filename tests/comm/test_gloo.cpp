@@ -19,6 +19,7 @@
 #include <sluice/comm/local.hpp>
 
 #include "multiprocess.hpp"
+#include "support/redis_server.hpp"
 
 using namespace sluice;
 using namespace std::chrono_literals;
@@ -30,58 +31,7 @@ comm::gloo connect(std::size_t rank, std::size_t n, const std::filesystem::path&
   return comm::gloo(rank, n, comm::gloo_options{.store = {.dir = dir.string()}, .hostname = "127.0.0.1", .timeout = t});
 }
 
-// A redis-server of our own on a free loopback port (Debian's redis-server,
-// installed by scripts/setup.sh), stopped with the object.
-class redis_server {
- public:
-  redis_server() {
-    if (::access("/usr/bin/redis-server", X_OK) != 0) return;
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ::close(s);
-      return;
-    }
-    port_ = ntohs(a.sin_port);
-    ::close(s);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const std::string port = std::to_string(port_);
-      ::execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
-              "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    // Ready when it accepts a connection (at most ~5 s).
-    for (int i = 0; i < 100 && !ready(); ++i) std::this_thread::sleep_for(50ms);
-  }
-  ~redis_server() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  redis_server(const redis_server&) = delete;
-  redis_server& operator=(const redis_server&) = delete;
-  [[nodiscard]] bool ready() const {
-    if (pid_ <= 0) return false;
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(s);
-    return ok;
-  }
-  [[nodiscard]] int port() const noexcept { return port_; }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
+using sluice_test::redis_server;
 }  // namespace
 
 TEST_CASE("communicators model the concept", "[comm][concepts]") {

@@ -11,8 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
+
+#include <sluice/core/run.hpp>
 
 #include "s3_test_support.hpp"
 

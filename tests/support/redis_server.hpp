@@ -1,8 +1,8 @@
 #pragma once
 // A redis-server of our own on a free loopback port, for rendezvous tests
 // (Debian's redis-server, installed by scripts/setup.sh; absent: port() is 0
-// and ready() false, and the test skips). Same as the one in
-// tests/comm/test_gloo.cpp, which predates this header.
+// and ready() false, and the test skips). Used by the Gloo and NCCL
+// rendezvous tests.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
