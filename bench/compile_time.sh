@@ -24,9 +24,11 @@ for ((i = 0; i < runs; i++)); do
   /usr/bin/time -f "%e %U %S" -o "$tmp/t$i" "$cxx" -std=c++20 -O2 -I"$src/include" "$src/tests/package/minimal/main.cpp" \
     "$build/libsluice.a" -luring -lfmt -lcrypto -pthread -o "$tmp/consumer" 2> >(grep -v "^$" >&2 || true)
 done
-cat "$tmp"/t* | awk '{w[NR]=$1; c[NR]=$2+$3} END {
-  n=asort(w); asort(c);
-  printf "consumer compile+link: wall min %.1f s median %.1f s; cpu (user+sys) min %.1f s median %.1f s\n", w[1], w[int((n+1)/2)], c[1], c[int((n+1)/2)] }'
+# min and median of a column of numbers (POSIX tools only: Debian's awk is mawk).
+stats() { sort -n | awk '{v[NR] = $1} END {printf "min %.1f s median %.1f s", v[1], v[int((NR + 1) / 2)]}'; }
+wall=$(cat "$tmp"/t* | awk '{print $1}' | stats)
+cpu=$(cat "$tmp"/t* | awk '{print $2 + $3}' | stats)
+echo "consumer compile+link: wall $wall; cpu (user+sys) $cpu"
 "$tmp/consumer" "$tmp" >/dev/null 2>&1 || true   # it writes a sample into $tmp and loads it: it must at least link
 echo
 for log in "$src"/build/*/.ninja_log; do
