@@ -3,6 +3,7 @@
 
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <exception>
 #include <string>
@@ -149,11 +151,31 @@ void guarded(Impl& m, std::size_t rank, const char* what, F&& f, HandOver&& hand
     if (b) m.failed.push_back(std::move(b));
   throw comm_error(why);
 }
+// Gloo's TCP transport writes to its peers with plain writev: once a peer has
+// died, the next write raises SIGPIPE, whose default action kills this rank
+// on the spot instead of letting the collective fail with comm_error (seen:
+// a survivor of the killed-rank test exited by signal 13). The signal is
+// ignored for the process, once, unless the process set its own disposition:
+// a write to a dead peer then fails with EPIPE, which Gloo reports.
+void ignore_sigpipe_unless_handled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        !(current.sa_flags & SA_SIGINFO)) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      ::sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
 }  // namespace
 
 gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
     : impl_(std::make_unique<impl>()), rank_(rank), size_(size) {
   if (size == 0 || rank >= size) throw config_error(fmt::format("gloo: rank {} of a world of {}", rank, size));
+  ignore_sigpipe_unless_handled();
   const bool redis = opt.store.redis();
   if (!redis && opt.store.dir.empty())
     throw config_error("gloo: no rendezvous (set SLUICE_STORE_DIR or SLUICE_STORE=redis://HOST:PORT/PREFIX)");

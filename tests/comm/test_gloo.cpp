@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -242,5 +243,39 @@ TEST_CASE("an unreachable Redis store is a comm_error naming it", "[comm][gloo][
     CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:1"));
   } catch (const config_error& e) {
     CHECK_THAT(e.what(), Catch::Contains("needs sluice built with hiredis"));  // built without libhiredis-dev
+  }
+}
+
+namespace {
+void custom_sigpipe_handler(int) {}
+}  // namespace
+
+TEST_CASE("a dead peer cannot kill a rank with SIGPIPE; a process's own SIGPIPE handler is kept", "[comm][gloo]") {
+  // Each case in a child of its own: the disposition is process-wide.
+  // Codes: 0 as expected; 1 SIGPIPE not ignored; 2 a write to a closed socket
+  // did not fail with EPIPE; 3 the process's handler was replaced.
+  for (const bool own_handler : {false, true}) {
+    INFO((own_handler ? "the process handles SIGPIPE itself" : "default disposition"));
+    const auto dir = sluice_test::fresh_dir("gloo-sigpipe");
+    const auto res = sluice_test::run_ranks(
+        1,
+        [&](std::size_t) {
+          ::signal(SIGPIPE, own_handler ? custom_sigpipe_handler : SIG_DFL);
+          auto c = connect(0, 1, dir);
+          struct sigaction now {};
+          ::sigaction(SIGPIPE, nullptr, &now);
+          if (own_handler) return now.sa_handler == custom_sigpipe_handler ? 0 : 3;
+          if (now.sa_handler != SIG_IGN) return 1;
+          int sv[2];
+          if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 2;
+          ::close(sv[1]);
+          const char byte = 0;
+          const bool epipe = ::write(sv[0], &byte, 1) < 0 && errno == EPIPE;  // alive to tell
+          ::close(sv[0]);
+          return epipe ? 0 : 2;
+        },
+        30s);
+    std::filesystem::remove_all(dir);
+    CHECK(res[0].code == 0);
   }
 }
