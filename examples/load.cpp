@@ -244,6 +244,8 @@ int run_distributed(const options& o) {
         return s.accept(std::move(v));
       }
       void finish() { s.finish(); }
+      // One device arena for this rank's device tensors, at their part sizes (the driver calls it once).
+      void reserve(const policy::load_plan& plan, policy::rank_t rank) { s.reserve(plan, rank); }
     } rec{sink, {}};
     st = run(rec, lane);
     if (o.digest)

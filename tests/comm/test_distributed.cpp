@@ -750,3 +750,65 @@ TEST_CASE("ranks with nothing to read take part in every collective and finish",
   fs::remove_all(store);
   fs::remove_all(out);
 }
+
+namespace {
+// A sink that sizes its memory from the plan, as cuda::device_sink does: the
+// driver calls reserve() once the ranks agree on the plan, before any read.
+struct reserving_sink : sluice_test::recording_sink {
+  int reserves = 0;
+  bool throw_in_reserve = false, view_before_reserve = false, wrong_size = false;
+  std::map<std::string, std::uint64_t> sizes;  // device tensors this rank keeps, at their part sizes
+  void reserve(const policy::load_plan& plan, policy::rank_t rank) {
+    if (throw_in_reserve) throw config_error("cannot reserve device memory (test)");
+    ++reserves;
+    for (const auto& e : plan.entries)
+      if (e.owners.contains(rank) && e.owner_destination == policy::destination::device) sizes[e.info.name] = plan.kept_bytes(e);
+  }
+  bool accept(tensor_view v) {
+    if (!reserves) view_before_reserve = true;
+    if (v.kind == view_kind::bytes && !host_resident(v)) {
+      const auto it = sizes.find(v.name());
+      if (it == sizes.end() || it->second != v.bytes.size()) wrong_size = true;
+    }
+    return recording_sink::accept(std::move(v));
+  }
+};
+}  // namespace
+
+TEST_CASE("a sink that reserves from the plan is asked once, before any view, at its parts' sizes", "[comm][distributed][tp]") {
+  // Codes: 0 fine; 20 reserve() not called exactly once; 21 a view came first;
+  // 22 a device tensor arrived at a size the reservation does not have;
+  // 23 nothing reserved; 30 distributed_error naming rank 2's reserve; 31 another error.
+  for (const bool failing : {false, true}) {
+    INFO((failing ? "rank 2's reserve throws" : "every reserve succeeds"));
+    const auto store = sluice_test::fresh_dir("dist-reserve");
+    const auto res = sluice_test::run_ranks(
+        4,
+        [&](std::size_t rank) {
+          comm::rank_info who;
+          who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+          who.store_dir = store.string();
+          who.timeout = 20s;
+          reserving_sink s;
+          s.throw_in_reserve = failing && rank == 2;
+          try {
+            (void)load_distributed(checkpoint::open(checkpoint_dir()), "tp2,dp2,ep1", "per-rank", who, s, small_options());
+          } catch (const distributed_error& e) {
+            const std::string m = e.what();
+            std::fprintf(stderr, "rank %zu: %s\n", rank, m.c_str());
+            return m.find("rank 2 failed while reserving the sink's memory") != std::string::npos ? 30 : 31;
+          }
+          if (s.reserves != 1) return 20;
+          if (s.view_before_reserve) return 21;
+          if (s.wrong_size) return 22;
+          if (s.sizes.empty()) return 23;
+          return 0;
+        },
+        90s);
+    fs::remove_all(store);
+    for (std::size_t r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      CHECK(res[r].code == (failing ? 30 : 0));
+    }
+  }
+}

@@ -87,6 +87,18 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
     detail::check_peers(c, failure, "comparing load plans");
   }
 
+  // A sink that sizes its memory from the plan does so once, before any read
+  // (cuda::device_sink: one arena for this rank's device tensors at their part
+  // sizes); a rank that cannot (out of memory) fails every rank.
+  if constexpr (requires { s.reserve(plan, me); }) {
+    try {
+      s.reserve(plan, me);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::check_peers(c, failure, "reserving the sink's memory");
+  }
+
   // I/O set-up: one reader (io_context, staging pool, source) for every window.
   using reader_type = typename std::invoke_result_t<MakeReader&>::element_type;
   std::unique_ptr<reader_type> reader;

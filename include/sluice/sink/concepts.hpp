@@ -11,7 +11,10 @@
 ///   span makes the loader read the tensor straight into it (no staging copy);
 /// - `static constexpr bool whole_tensors`: deliver each tensor whole (the
 ///   stage assembles multi-piece tensors) instead of as ordered pieces;
-/// - `void finish()`: called once after the last view.
+/// - `void finish()`: called once after the last view;
+/// - `void reserve(const policy::load_plan&, policy::rank_t)`: called by a
+///   distributed load once the ranks agree on the plan, before any read (a
+///   device sink reserves its tensors' memory at their part sizes, once).
 
 #include <concepts>
 #include <span>
