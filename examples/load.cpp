@@ -264,7 +264,9 @@ int run_distributed(const options& o) {
 #endif
   } else {
     no_device_lane none;
-    st = o.digest ? run(digests, none) : run(discard, none);
+    // One sink type for both (the driver is instantiated once for them, not twice).
+    any_sink host = o.digest ? any_sink(digests) : any_sink(discard);
+    st = run(host, none);
     if (o.digest)
       for (const auto& [name, d] : digests.d.digests()) digest_lines.push_back(d.line());
   }
