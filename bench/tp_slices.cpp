@@ -39,11 +39,6 @@ std::uint64_t arg(int argc, char** argv, std::string_view name, std::uint64_t de
   return def;
 }
 
-tensor_ref slice(const tensor_ref& t, std::uint64_t off, std::uint64_t n) {
-  tensor_ref s = t;
-  s.offset += off, s.size = n, s.shape = {n}, s.type = format::dtype::U8;
-  return s;
-}
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -76,14 +71,14 @@ int main(int argc, char** argv) try {
     reads.reserve(rows * tp);
     for (std::uint64_t k = 0; k < tp; ++k)
       for (std::uint64_t r = 0; r < rows; ++r)
-        reads.emplace_back(slice(t, r * row + k * part, part), parts.subspan(k * rows * part + r * part, part));
+        reads.push_back({&t, r * row + k * part, part, parts.subspan(k * rows * part + r * part, part)});
     rd.read(reads);
   };
   auto rows_then_slice = [&](file_reader& rd) {
     for (std::uint64_t r0 = 0; r0 < rows; r0 += block_rows) {
       const auto n = std::min(block_rows, rows - r0);
       planned_reads reads;
-      reads.emplace_back(slice(t, r0 * row, n * row), scratch.first(n * row));
+      reads.push_back({&t, r0 * row, n * row, scratch.first(n * row)});
       rd.read(reads);
       for (std::uint64_t k = 0; k < tp; ++k)
         for (std::uint64_t r = 0; r < n; ++r)

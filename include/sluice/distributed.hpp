@@ -9,21 +9,23 @@
 /// 2. Shared tables (offload shared-single / shared-cooperative): local rank 0
 ///    of each node creates the node's shared segment (memory/shared_host.hpp),
 ///    the others attach it; each rank reads its planned slices straight into it.
-/// 3. Then, a window at a time (plan order): each rank reads its planned
-///    slices through the pipeline (coalesce | fetch | stage | place) — the
+/// 3. Then the windows (plan order) flow through one pipeline,
+///    read_window | exchange_window | deliver_window: each rank reads its
+///    planned slices through coalesce | fetch | stage | place — the
 ///    bytes it keeps straight into its part of the window's buffer, what it
 ///    reads only for others into scratch; one exchange (point-to-point, over
 ///    the communicator's transport) carries each slice from its reader to the
 ///    ranks that keep it and to no other (a TP rank gets its part of a split
 ///    tensor; an expert travels only to its EP replicas; a stage's tensors
 ///    stay in the stage); finally every rank calls its sink for every tensor
-///    of the window, in plan order. With a device lane (stages/broadcast.hpp:
+///    of the window, in plan order. With a device lane (comm/device_lane.hpp:
 ///    comm::nccl_lane), tensors destined for the device are read into pinned
 ///    host memory, uploaded, exchanged by NCCL between device window buffers,
 ///    and delivered as `view_kind::device` views; host-destined ones still
 ///    travel over the host communicator. Double-buffered: window w+1 is read while
-///    w's exchange runs on a helper thread (never on the io_context doing the
-///    I/O), where the machine has the cores for it (distributed_options::overlap).
+///    w's exchange runs on the exchange stage's own long-lived thread (never
+///    on the io_context doing the I/O), where the machine has the cores for it
+///    (distributed_options::overlap); two window credits bound the memory.
 ///
 /// Every rank's sink sees the same sequence of calls (same names, same
 /// order): owners get the bytes (`view_kind::bytes`; under TP > 1 a rank's
@@ -52,8 +54,9 @@
 /// (distributed_options, distributed_stats), slice_reader.hpp (the data-path
 /// concept), file_reader.hpp (io_uring), peers.hpp (the failure protocol),
 /// driver.hpp (load_distributed_with, load_distributed over a communicator),
-/// world.hpp (the tool-level calls that join a world). The window layout and
-/// the exchange's messages are in stages/broadcast.hpp.
+/// world.hpp (the tool-level calls that join a world), and the window
+/// pipeline: window.hpp (layout, messages, buffers), load_context.hpp,
+/// read_window.hpp | exchange_window.hpp | deliver_window.hpp.
 
 #include <sluice/distributed/driver.hpp>
 #include <sluice/distributed/file_reader.hpp>

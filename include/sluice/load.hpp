@@ -111,11 +111,11 @@ template <sink Sink>
 /// Builds the jobs of a load: every tensor, with its direct destination where
 /// the sink offers one.
 template <sink Sink>
-[[nodiscard]] std::vector<tensor_job> plan_jobs(const checkpoint& ck, Sink& s) {
-  std::vector<tensor_job> jobs;
+[[nodiscard]] std::vector<byte_extent> plan_jobs(const checkpoint& ck, Sink& s) {
+  std::vector<byte_extent> jobs;
   jobs.reserve(ck.tensors().size());
   for (const auto& t : ck.tensors()) {
-    tensor_job j{&t, {}};
+    auto j = byte_extent::whole(t);
     if constexpr (direct_sink<Sink>) j.direct = s.direct_destination(t);
     jobs.push_back(j);
   }

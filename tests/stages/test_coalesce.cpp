@@ -32,8 +32,8 @@ std::vector<tensor_ref> layout(const std::vector<std::pair<std::uint32_t, std::u
 
 std::vector<read_request> coalesced(const std::vector<tensor_ref>& ts, std::uint64_t max_read,
                                     std::span<std::byte> direct_for_last = {}) {
-  std::vector<tensor_job> jobs;
-  for (const auto& t : ts) jobs.push_back({&t, {}});
+  std::vector<byte_extent> jobs;
+  for (const auto& t : ts) jobs.push_back(byte_extent::whole(t));
   if (!direct_for_last.empty()) jobs.back().direct = direct_for_last;
   coalesce c({max_read});
   std::vector<read_request> out;

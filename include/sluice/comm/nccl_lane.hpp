@@ -37,7 +37,7 @@
 
 #include <sluice/comm/nccl.hpp>
 #include <sluice/core/lease.hpp>
-#include <sluice/stages/broadcast.hpp>
+#include <sluice/comm/device_lane.hpp>
 
 namespace sluice::inline v0::comm {
 

@@ -26,7 +26,7 @@
 #include <sluice/load.hpp>
 #include <sluice/policy/classify.hpp>
 #include <sluice/policy/plan.hpp>
-#include <sluice/stages/broadcast.hpp>
+#include <sluice/distributed/window.hpp>
 
 namespace sluice::inline v0 {
 

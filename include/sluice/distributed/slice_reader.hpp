@@ -19,12 +19,16 @@
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
 
+#include <fmt/format.h>
+
 #include <sluice/checkpoint.hpp>
+#include <sluice/error.hpp>
 #include <sluice/core/run.hpp>
 #include <sluice/core/staging_pool.hpp>
 #include <sluice/load.hpp>
@@ -37,16 +41,16 @@
 
 namespace sluice::inline v0 {
 
-/// A batch of planned reads: each a byte range of a shard (a tensor_ref of
-/// its own: a slice of a tensor is read like a tensor) and where its bytes go.
-using planned_reads = std::vector<std::pair<tensor_ref, std::span<std::byte>>>;
+/// A batch of planned reads: each an extent of a tensor (a plan slice) whose
+/// `direct` span is where its bytes go (a window buffer or the shared segment).
+using planned_reads = std::vector<byte_extent>;
 
-/// The data path of a distributed load. `read(reads)` reads every range of
-/// the batch straight into its destination and returns once all arrived;
-/// on failure it throws the first error (naming the file or object and the
-/// range) after every read of the batch has completed, so no destination is
-/// written after it returns. `counters().bytes_read` is what storage
-/// delivered (distributed_stats::storage_bytes). A reader may also report
+/// The data path of a distributed load. `read(reads)` reads every extent of
+/// the batch into its destination and returns once all arrived; on failure it
+/// throws the first error (naming the file or object and the range) after
+/// every read of the batch has completed, so no destination is written after
+/// it returns. `counters().bytes_read` is what storage delivered
+/// (distributed_stats::storage_bytes). A reader may also report
 /// `connections()` (distributed_stats::connections). One thread uses it.
 template <class R>
 concept slice_reader = requires(R& r, const R& cr, planned_reads& reads) {
@@ -54,21 +58,67 @@ concept slice_reader = requires(R& r, const R& cr, planned_reads& reads) {
   { cr.counters() } -> std::same_as<const io_counters&>;
 };
 
+/// A slice_reader behind a virtual interface, so that the distributed driver
+/// is compiled once for every reader (local files, S3, a test's own).
+class any_slice_reader {
+ public:
+  virtual ~any_slice_reader() = default;
+  virtual void read(planned_reads& reads) = 0;
+  [[nodiscard]] virtual const io_counters& counters() const noexcept = 0;
+  /// Connections of an S3 reader's client; 0 for readers without any.
+  [[nodiscard]] virtual std::size_t connections() const noexcept { return 0; }
+
+  /// Owns `r` behind this interface.
+  template <slice_reader R>
+  [[nodiscard]] static std::unique_ptr<any_slice_reader> wrap(std::unique_ptr<R> r);
+};
+
+namespace detail {
+template <slice_reader R>
+class slice_reader_holder final : public any_slice_reader {
+ public:
+  explicit slice_reader_holder(std::unique_ptr<R> r) : r_(std::move(r)) {}
+  void read(planned_reads& reads) override { r_->read(reads); }
+  [[nodiscard]] const io_counters& counters() const noexcept override { return r_->counters(); }
+  [[nodiscard]] std::size_t connections() const noexcept override {
+    if constexpr (requires(const R& x) { x.connections(); })
+      return r_->connections();
+    else
+      return 0;
+  }
+
+ private:
+  std::unique_ptr<R> r_;
+};
+}  // namespace detail
+
+template <slice_reader R>
+std::unique_ptr<any_slice_reader> any_slice_reader::wrap(std::unique_ptr<R> r) {
+  if (!r) return nullptr;
+  return std::make_unique<detail::slice_reader_holder<R>>(std::move(r));
+}
+
 namespace detail {
 
-// Copies staged views into their destination (direct reads arrive as `placed`).
+// Copies staged views into the destination of the extent they belong to
+// (extents read straight into their destination arrive as `placed`).
 struct destination_sink {
-  std::unordered_map<const tensor_ref*, std::span<std::byte>> dest;
+  // (tensor, extent offset) -> destination of the extent
+  std::map<std::pair<const tensor_ref*, std::uint64_t>, std::span<std::byte>> dest;
   bool accept(tensor_view v) {
     if (v.kind != view_kind::bytes || v.bytes.empty()) return true;
-    auto d = dest.at(v.tensor);
-    std::memcpy(d.data() + v.offset, v.bytes.data(), v.bytes.size());
+    auto it = dest.upper_bound({v.tensor, v.offset});
+    if (it == dest.begin() || std::prev(it)->first.first != v.tensor)
+      throw error(fmt::format("sluice: no destination for bytes at {} of tensor '{}'", v.offset, v.tensor->name));
+    --it;
+    const auto at = v.offset - it->first.second;
+    std::memcpy(it->second.data() + at, v.bytes.data(), v.bytes.size());
     return true;
   }
 };
 
 template <source Source>
-[[nodiscard]] task<void> read_into(std::vector<tensor_job> jobs, Source& src, destination_sink& s, staging_pool& pool,
+[[nodiscard]] task<void> read_into(std::vector<byte_extent> jobs, Source& src, destination_sink& s, staging_pool& pool,
                                    load_options opt) {
   const std::uint64_t max_read = std::min<std::uint64_t>(opt.max_read, pool.slot_size() - 2 * 4096);
   auto pipeline = coalesce({max_read ? max_read : 4096}) | fetch<Source>(src, pool, {opt.queue_depth}) | stage({false}) |
@@ -77,7 +127,7 @@ template <source Source>
 }
 
 // Reads a batch through coalesce | fetch | stage | place on `ioc`, run by the
-// calling thread (one thread: the pipeline and the source share it). Ranges
+// calling thread (one thread: the pipeline and the source share it). Extents
 // of `stage_below` bytes or more are read straight into their destination;
 // smaller ones into a staging slot, merged with file-adjacent ones into one
 // request (up to max_read), and copied out.
@@ -85,11 +135,13 @@ template <source Source>
 void read_slices(asio::io_context& ioc, Source& src, staging_pool& pool, const load_options& opt, planned_reads& reads,
                  std::uint64_t stage_below = 0) {
   destination_sink sink;
-  std::vector<tensor_job> jobs;
+  std::vector<byte_extent> jobs;
   jobs.reserve(reads.size());
-  for (auto& [ref, dst] : reads) {
-    sink.dest.emplace(&ref, dst);
-    jobs.push_back({&ref, ref.size < stage_below ? std::span<std::byte>{} : dst});
+  for (auto x : reads) {
+    if (!x.size) continue;
+    sink.dest.emplace(std::pair{x.tensor, x.offset}, x.direct);
+    if (x.size < stage_below) x.direct = {};
+    jobs.push_back(x);
   }
   if (jobs.empty()) return;
   run_blocking(ioc, read_into(std::move(jobs), src, sink, pool, opt));

@@ -36,6 +36,15 @@
 #include <sluice/comm/gloo.hpp>
 #endif
 
+#if defined(SLUICE_HAS_GLOO)
+namespace sluice::inline v0::detail {
+// Compiled once into the gloo component (src/gloo/distributed.cpp).
+extern template distributed_stats drive<comm::gloo, no_device_lane>(const checkpoint&, comm::gloo&, const policy::load_plan&,
+                                                                    any_sink, const distributed_options&,
+                                                                    const reader_factory&, no_device_lane&);
+}  // namespace sluice::inline v0::detail
+#endif
+
 namespace sluice::inline v0 {
 
 /// The plan for `ck` under a topology string ("tp1,dp8,ep8", "tp4,pp2") and an offload

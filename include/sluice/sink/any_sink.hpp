@@ -12,6 +12,7 @@
 /// carries the sink's compile-time choice as a value.
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include <sluice/checkpoint.hpp>
@@ -19,6 +20,10 @@
 #include <sluice/tensor_view.hpp>
 
 namespace sluice::inline v0 {
+
+namespace policy {
+struct load_plan;
+}  // namespace policy
 
 class any_sink {
  public:
@@ -37,6 +42,9 @@ class any_sink {
         finish_([](void* p) {
           if constexpr (requires(S& x) { x.finish(); }) static_cast<S*>(p)->finish();
         }),
+        reserve_([](void* p, const policy::load_plan& plan, std::uint32_t rank) {
+          if constexpr (requires(S& x) { x.reserve(plan, rank); }) static_cast<S*>(p)->reserve(plan, rank);
+        }),
         whole_(wants_whole_tensors<S>()) {}
 
   bool accept(tensor_view v) { return accept_(self_, std::move(v)); }
@@ -44,6 +52,9 @@ class any_sink {
   [[nodiscard]] std::span<std::byte> direct_destination(const tensor_ref& t) { return direct_(self_, t); }
   /// Calls the sink's finish(), if it has one.
   void finish() { finish_(self_); }
+  /// Calls the sink's reserve(plan, rank), if it has one (a distributed load
+  /// calls it once, before any read).
+  void reserve(const policy::load_plan& plan, std::uint32_t rank) { reserve_(self_, plan, rank); }
   /// Whether the sink wants whole tensors (its `whole_tensors`).
   [[nodiscard]] bool whole_tensors() const noexcept { return whole_; }
 
@@ -52,6 +63,7 @@ class any_sink {
   bool (*accept_)(void*, tensor_view);
   std::span<std::byte> (*direct_)(void*, const tensor_ref&);
   void (*finish_)(void*);
+  void (*reserve_)(void*, const policy::load_plan&, std::uint32_t);
   bool whole_;
 };
 

@@ -1,9 +1,9 @@
 #pragma once
 /// \file
-/// coalesce: tensors in file order → read requests. Adjacent tensors of one
-/// file are merged into one request of at most `max_read` bytes; a tensor
-/// larger than that is split into chunks. A tensor with a direct destination
-/// gets requests of its own that read straight into it.
+/// coalesce: byte extents in file order → read requests. Adjacent extents of
+/// one file are merged into one request of at most `max_read` bytes; an
+/// extent larger than that is split into chunks. An extent with a direct
+/// destination gets requests of its own that read straight into it.
 
 #include <algorithm>
 #include <cstdint>
@@ -18,10 +18,22 @@
 
 namespace sluice::inline v0 {
 
-/// A tensor to load, and where to read it straight into (empty: through staging).
-struct tensor_job {
+/// What every load reads: bytes [offset, offset + size) of a tensor, and
+/// where to read them straight into (empty: through staging). A single-process
+/// load reads whole tensors (`whole()`); a distributed load reads the plan's
+/// slices of them (a TP part, a row range) — the same type, so both go through
+/// the same coalesce | fetch | stage | place.
+struct byte_extent {
   const tensor_ref* tensor = nullptr;
+  std::uint64_t offset = 0;   ///< within the tensor
+  std::uint64_t size = 0;
   std::span<std::byte> direct;
+  /// The whole tensor `t`.
+  [[nodiscard]] static byte_extent whole(const tensor_ref& t, std::span<std::byte> direct = {}) noexcept {
+    return {&t, 0, t.size, direct};
+  }
+  /// Where the extent starts in its file.
+  [[nodiscard]] std::uint64_t file_offset() const noexcept { return tensor->offset + offset; }
 };
 
 /// A part of a tensor inside a read request.
@@ -48,7 +60,7 @@ struct coalesce_options {
 
 class coalesce : public pipeable {
  public:
-  using input_type = tensor_job;
+  using input_type = byte_extent;
   using output_type = read_request;
 
   explicit coalesce(coalesce_options opt = {}) : opt_(opt) {
@@ -58,29 +70,30 @@ class coalesce : public pipeable {
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     std::optional<read_request> cur;
     while (auto job = co_await in.receive()) {
-      const tensor_ref& t = *job->tensor;
-      if (!job->direct.empty()) {
+      const byte_extent x = *job;
+      if (!x.direct.empty()) {
         if (cur) co_await out.send(std::exchange(cur, std::nullopt).value());
-        for (std::uint64_t off = 0; off < t.size; off += opt_.max_read) {
-          const auto len = std::min(opt_.max_read, t.size - off);
-          co_await out.send(make_request(t, off, len, job->direct.subspan(off, len)));
+        for (std::uint64_t off = 0; off < x.size; off += opt_.max_read) {
+          const auto len = std::min(opt_.max_read, x.size - off);
+          co_await out.send(make_request(x, off, len, x.direct.subspan(off, len)));
         }
         continue;
       }
-      const bool fits = cur && cur->file == t.shard && cur->end() == t.offset && cur->length + t.size <= opt_.max_read;
+      const bool fits = cur && cur->file == x.tensor->shard && cur->end() == x.file_offset() &&
+                        cur->length + x.size <= opt_.max_read;
       if (fits) {
-        cur->pieces.push_back({&t, 0, t.size});
-        cur->length += t.size;
+        cur->pieces.push_back({x.tensor, x.offset, x.size});
+        cur->length += x.size;
         continue;
       }
       if (cur) co_await out.send(std::exchange(cur, std::nullopt).value());
-      if (t.size <= opt_.max_read) {
-        cur = make_request(t, 0, t.size, {});
+      if (x.size <= opt_.max_read) {
+        cur = make_request(x, 0, x.size, {});
         continue;
       }
-      for (std::uint64_t off = 0; off < t.size; off += opt_.max_read) {
-        const auto len = std::min(opt_.max_read, t.size - off);
-        co_await out.send(make_request(t, off, len, {}));
+      for (std::uint64_t off = 0; off < x.size; off += opt_.max_read) {
+        const auto len = std::min(opt_.max_read, x.size - off);
+        co_await out.send(make_request(x, off, len, {}));
       }
     }
     if (cur) co_await out.send(std::move(*cur));
@@ -88,12 +101,13 @@ class coalesce : public pipeable {
 
  private:
   // Built outside the coroutine body: g++ 12 rejects nested braced lists there.
-  static read_request make_request(const tensor_ref& t, std::uint64_t off, std::uint64_t len, std::span<std::byte> direct) {
+  // `off` is relative to the extent.
+  static read_request make_request(const byte_extent& x, std::uint64_t off, std::uint64_t len, std::span<std::byte> direct) {
     read_request r;
-    r.file = t.shard;
-    r.offset = t.offset + off;
+    r.file = x.tensor->shard;
+    r.offset = x.file_offset() + off;
     r.length = len;
-    r.pieces.push_back({&t, off, len});
+    r.pieces.push_back({x.tensor, x.offset + off, len});
     r.direct = direct;
     return r;
   }

@@ -37,7 +37,7 @@
 #include <sluice/comm/concepts.hpp>
 #include <sluice/core/lease.hpp>
 #include <sluice/error.hpp>
-#include <sluice/stages/broadcast.hpp>
+#include <sluice/comm/device_lane.hpp>
 
 namespace sluice::inline v0::testing {
 

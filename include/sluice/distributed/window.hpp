@@ -1,25 +1,17 @@
 #pragma once
 /// \file
-/// The broadcast stage's window machinery: where one rank's bytes of a window
-/// lie, which point-to-point messages carry each slice from its reader to the
-/// ranks that keep it, and the memory that holds them — host memory moved by
-/// the host communicator (Gloo), or, for tensors whose destination is the
-/// device, a `device_lane`: device memory moved by NCCL.
+/// A window of a distributed load: which tensors it covers in each lane, where
+/// one rank's bytes of it lie (`window_layout`), which point-to-point messages
+/// carry each slice from its reader to the ranks that keep it
+/// (`window_messages`), and the memory that holds them (`window_buffers`).
 ///
-/// Both lanes share one plan: `layout_window(plan, rank, begin, end, lane)` is
-/// a pure function of the plan and the lane, so a rank computes its peers'
-/// layouts too and both ends of every message agree on where it lies
-/// (`window_messages` coalesces a pair's back-to-back messages).
-///
-/// The driver (distributed.hpp) reads a rank's slices into host memory (the
-/// lane's `host_buffer`: pinned, for fast H2D copies), cuts column parts,
-/// `upload`s what it keeps or sends into the lane's `device_buffer`, then
-/// runs the lane's `exchange` and hands the sink `view_kind::device` views of
-/// that memory. Tensors destined for host memory (per-rank tables) travel
-/// over the host communicator in the same window; shared tables never travel.
+/// `layout_window(plan, rank, begin, end, lane)` is a pure function of the
+/// plan and the lane, so a rank computes its peers' layouts too and both ends
+/// of every message agree on where it lies (`window_messages` coalesces a
+/// pair's back-to-back messages). The stages that fill, move and deliver a
+/// window are read_window.hpp, exchange.hpp and deliver.hpp.
 
 #include <algorithm>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -32,41 +24,11 @@
 #include <sys/mman.h>
 
 #include <sluice/comm/concepts.hpp>
+#include <sluice/comm/device_lane.hpp>
 #include <sluice/core/lease.hpp>
 #include <sluice/policy/plan.hpp>
 
 namespace sluice::inline v0 {
-
-/// Device memory and its transport, for the tensors a distributed load
-/// places on the device (`policy::destination::device`):
-/// - `host_buffer(slot, n)`: host memory (pinned) the rank's reads land in;
-/// - `device_buffer(slot, n)`: lane memory the exchange moves and the sink
-///   sees (`view_kind::device` views hold its lease);
-/// - `upload(dst, src)`: copies host bytes into lane memory (may be
-///   asynchronous, but ordered before the next `exchange`);
-/// - `exchange(sends, recvs)`: the window's point-to-point messages between
-///   lane buffers; returns when every upload and message has completed.
-/// Slots: 0..3 (window parity x kept/scratch); a slot's memory is reused
-/// while nobody else holds its lease (a sink that keeps views gets fresh
-/// memory). Implementations: comm::nccl_lane (CUDA + NCCL),
-/// testing::emulated_device_lane (host memory, any host communicator: tests).
-template <class L>
-concept device_lane = requires(L& l, unsigned slot, std::size_t n, std::span<std::byte> dst, std::span<const std::byte> src,
-                               std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {
-  { l.host_buffer(slot, n) } -> std::same_as<lease>;
-  { l.device_buffer(slot, n) } -> std::same_as<lease>;
-  l.upload(dst, src);
-  l.exchange(sends, recvs);
-};
-
-/// No device lane: every tensor travels in host memory over the host communicator.
-struct no_device_lane {
-  lease host_buffer(unsigned, std::size_t) { return {}; }
-  lease device_buffer(unsigned, std::size_t) { return {}; }
-  void upload(std::span<std::byte>, std::span<const std::byte>) {}
-  void exchange(std::span<const comm::send_message>, std::span<const comm::recv_message>) {}
-};
-static_assert(device_lane<no_device_lane>);
 
 /// Which tensors of a window a layout covers: every one that travels (no
 /// device lane), those destined for host memory, or those for the device.
@@ -264,3 +226,40 @@ class window_buffers {
 };
 
 }  // namespace sluice::inline v0
+
+namespace sluice::inline v0::detail {
+
+// One lane of a window in flight: its layout, the memory its bytes occupy
+// and the messages that move them.
+struct lane_window {
+  window_lane which = window_lane::all;
+  lease kept, scratch;          // host memory: this rank's reads land here (and the host lane travels from/to it)
+  lease dev_kept, dev_scratch;  // device lane: its memory (what travels, what the sink sees)
+  window_layout layout;
+  std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> uploads;  // (lane memory, host bytes)
+  std::vector<comm::send_message> sends;
+  std::vector<comm::recv_message> recvs;
+  std::uint64_t sent = 0, received = 0, uploaded = 0;
+  // A layout region as host memory (where reads land), and as the memory that travels and the sink sees.
+  [[nodiscard]] std::span<std::byte> host_at(window_layout::region_at at, std::size_t n) const {
+    return (at.kept ? kept : scratch).bytes().subspan(at.off, n);
+  }
+  [[nodiscard]] std::span<std::byte> data_at(window_layout::region_at at, std::size_t n) const {
+    if (which != window_lane::device) return host_at(at, n);
+    return (at.kept ? dev_kept : dev_scratch).bytes().subspan(at.off, n);
+  }
+};
+
+// A window as it flows through read_window | exchange_window | deliver_window:
+// plan entries [begin, end), one lane_window per lane (one without a device
+// lane; host and device with one), and where this rank's part of each
+// entry it owns lies.
+struct window_state {
+  std::uint32_t window = 0;
+  std::size_t begin = 0, end = 0;
+  std::vector<lane_window> lanes;
+  std::vector<std::span<std::byte>> kept_at;  // by entry (i - begin): this rank's part of the tensor
+  std::vector<std::uint8_t> lane_of;          // by entry: its lane (index into lanes)
+};
+
+}  // namespace sluice::inline v0::detail

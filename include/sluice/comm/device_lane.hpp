@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// `device_lane`: device memory and its transport (NCCL), for the tensors a
+/// distributed load places on the device. The distributed driver reads a
+/// rank's slices into the lane's host memory (pinned, for fast H2D copies),
+/// `upload`s what it keeps or sends into the lane's device memory, runs the
+/// lane's `exchange`, and hands the sink `view_kind::device` views of that
+/// memory. Tensors for host memory travel over the host communicator.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+#include <sluice/comm/concepts.hpp>
+#include <sluice/core/lease.hpp>
+
+namespace sluice::inline v0 {
+
+/// Device memory and its transport, for the tensors a distributed load
+/// places on the device (`policy::destination::device`):
+/// - `host_buffer(slot, n)`: host memory (pinned) the rank's reads land in;
+/// - `device_buffer(slot, n)`: lane memory the exchange moves and the sink
+///   sees (`view_kind::device` views hold its lease);
+/// - `upload(dst, src)`: copies host bytes into lane memory (may be
+///   asynchronous, but ordered before the next `exchange`);
+/// - `exchange(sends, recvs)`: the window's point-to-point messages between
+///   lane buffers; returns when every upload and message has completed.
+/// Slots: 0..3 (window parity x kept/scratch); a slot's memory is reused
+/// while nobody else holds its lease (a sink that keeps views gets fresh
+/// memory). Implementations: comm::nccl_lane (CUDA + NCCL),
+/// testing::emulated_device_lane (host memory, any host communicator: tests).
+template <class L>
+concept device_lane = requires(L& l, unsigned slot, std::size_t n, std::span<std::byte> dst, std::span<const std::byte> src,
+                               std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {
+  { l.host_buffer(slot, n) } -> std::same_as<lease>;
+  { l.device_buffer(slot, n) } -> std::same_as<lease>;
+  l.upload(dst, src);
+  l.exchange(sends, recvs);
+};
+
+/// No device lane: every tensor travels in host memory over the host communicator.
+struct no_device_lane {
+  lease host_buffer(unsigned, std::size_t) { return {}; }
+  lease device_buffer(unsigned, std::size_t) { return {}; }
+  void upload(std::span<std::byte>, std::span<const std::byte>) {}
+  void exchange(std::span<const comm::send_message>, std::span<const comm::recv_message>) {}
+};
+static_assert(device_lane<no_device_lane>);
+
+}  // namespace sluice::inline v0
