@@ -100,3 +100,19 @@ TEST_CASE("zero-size tensors ride along with their neighbours", "[stages][coales
   REQUIRE(rs.size() == 1);
   REQUIRE(rs[0].pieces.size() == 3);
 }
+
+TEST_CASE("extents of tensors coalesce like tensors: adjacent slices of one tensor share a request", "[stages][coalesce]") {
+  auto ts = layout({{0, 1000}, {0, 500}});
+  std::vector<byte_extent> jobs{{&ts[0], 0, 400, {}}, {&ts[0], 400, 600, {}}, {&ts[1], 100, 200, {}}};
+  coalesce c({10000});
+  std::vector<read_request> out;
+  sluice_test::run(run_pipeline(c, jobs, [&](read_request r) { out.push_back(std::move(r)); }));
+  REQUIRE(out.size() == 2);  // the second tensor's slice starts 100 bytes after the first tensor's end
+  REQUIRE(out[0].offset == ts[0].offset);
+  REQUIRE(out[0].length == 1000);
+  REQUIRE(out[0].pieces.size() == 2);
+  REQUIRE(out[0].pieces[1].tensor_offset == 400);  // offsets within the tensor, as for whole tensors
+  REQUIRE(out[1].offset == ts[1].offset + 100);
+  REQUIRE(out[1].length == 200);
+  REQUIRE(out[1].pieces[0].tensor_offset == 100);
+}

@@ -9,7 +9,8 @@
 /// local rank a `view_kind::shared` view of a shared table. Then it releases
 /// the window and gives its credit back. A sink that throws does not stop
 /// the stage: the failure is recorded and reported to the peers by the next
-/// status exchange.
+/// status exchange, and from then on (as after any failure of this rank) the
+/// sink is not called again.
 
 #include <chrono>
 #include <cstdint>
@@ -52,6 +53,7 @@ class deliver_window : public pipeable {
     auto& c = *ctx_;
     const auto& plan = c.plan;
     auto& st = c.st;
+    if (c.failure) return;  // the load fails at the next status exchange: the sink is not called again
     const auto d0 = std::chrono::steady_clock::now();
     try {
       for (std::size_t i = ws.begin; i < ws.end; ++i) {

@@ -1,0 +1,230 @@
+// The window pipeline of a distributed load (read_window | exchange_window |
+// deliver_window), observed from one process: where each step runs, in which
+// order, and how far reads run ahead of deliveries.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <stdlib.h>
+
+#include <sluice/distributed.hpp>
+#include <sluice/sink/callback_sink.hpp>
+#include <sluice/sink/digest_sink.hpp>
+#include <sluice/testing/generator.hpp>
+
+using namespace sluice;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path& checkpoint_dir() {
+  static const fs::path dir = [] {
+    std::string tmpl = (fs::temp_directory_path() / "sluice-window-pipeline-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    testing::generator_options o;
+    o.experts = 4;
+    o.layers = 3;
+    o.engram_rows = 1024;
+    o.max_shard_bytes = 128u << 10;
+    testing::write_checkpoint(tmpl, o);
+    return fs::path(tmpl);
+  }();
+  return dir;
+}
+
+distributed_options many_windows(bool overlap) {
+  distributed_options o;
+  o.load.staging_budget = 8u << 20;
+  o.load.max_read = 1u << 20;
+  o.load.register_buffers = false;
+  o.plan.window_bytes = 64u << 10;
+  o.overlap = overlap ? distributed_options::overlap_mode::on : distributed_options::overlap_mode::off;
+  return o;
+}
+
+// What happened, in order, from every thread.
+struct event_log {
+  std::mutex m;
+  std::vector<std::pair<std::string, std::uint32_t>> events;  // (what, window)
+  std::thread::id driver = std::this_thread::get_id();
+  std::set<std::thread::id> exchange_threads;
+  void add(std::string what, std::uint32_t w) {
+    std::lock_guard lock(m);
+    events.emplace_back(std::move(what), w);
+  }
+  // Index of the first / last event (what, w); -1 when absent.
+  long first(const std::string& what, std::uint32_t w) {
+    for (std::size_t i = 0; i < events.size(); ++i)
+      if (events[i].first == what && events[i].second == w) return static_cast<long>(i);
+    return -1;
+  }
+  long last(const std::string& what, std::uint32_t w) {
+    for (std::size_t i = events.size(); i-- > 0;)
+      if (events[i].first == what && events[i].second == w) return static_cast<long>(i);
+    return -1;
+  }
+};
+
+// comm::local, logging each window's exchange and the thread it runs on.
+struct logging_comm {
+  comm::local inner;
+  event_log* log;
+  std::uint32_t exchanges = 0;
+  [[nodiscard]] std::size_t rank() const noexcept { return 0; }
+  [[nodiscard]] std::size_t size() const noexcept { return 1; }
+  void broadcast(std::span<std::byte> b, std::size_t root) { inner.broadcast(b, root); }
+  void all_gather(std::span<const std::byte> in, std::span<std::byte> out) { inner.all_gather(in, out); }
+  void all_gather_v(std::span<std::byte> b, std::span<const std::size_t> counts) { inner.all_gather_v(b, counts); }
+  void exchange(std::span<const comm::send_message> s, std::span<const comm::recv_message> r) {
+    {
+      std::lock_guard lock(log->m);
+      log->exchange_threads.insert(std::this_thread::get_id());
+    }
+    log->add("exchange", exchanges++);
+    inner.exchange(s, r);
+  }
+  void barrier() { inner.barrier(); }
+};
+static_assert(comm::communicator<logging_comm>);
+
+// file_reader, logging the window of each batch it reads (tables: none).
+struct logging_reader {
+  file_reader inner;
+  event_log* log;
+  const policy::load_plan* plan;
+  const checkpoint* ck;
+  void read(planned_reads& reads) {
+    if (!reads.empty()) {
+      const auto index = static_cast<std::size_t>(reads.front().tensor - ck->tensors().data());
+      for (const auto& e : plan->entries)
+        if (e.index == index) log->add(e.shared() ? "tables" : "read", e.window);
+    }
+    inner.read(reads);
+  }
+  [[nodiscard]] const io_counters& counters() const noexcept { return inner.counters(); }
+};
+
+// Digests what arrives and logs the window of each delivery.
+struct logging_sink {
+  digest_sink digests;
+  event_log* log;
+  std::map<std::string, std::uint32_t> window_of;
+  bool accept(tensor_view v) {
+    log->add("deliver", window_of.at(v.name()));
+    if (v.kind != view_kind::bytes) return true;
+    return digests.accept(std::move(v));
+  }
+};
+
+struct run_result {
+  distributed_stats st;
+  std::uint32_t windows = 0;
+  std::map<std::string, std::string> digests;
+};
+
+run_result run(event_log& log, bool overlap) {
+  const auto ck = checkpoint::open(checkpoint_dir());
+  const auto opt = many_windows(overlap);
+  const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", opt);
+  logging_comm c{{}, &log};
+  logging_sink s{{}, &log, {}};
+  for (const auto& e : plan.entries) s.window_of[e.info.name] = e.window;
+  run_result r;
+  r.st = load_distributed_with(ck, c, plan, s, opt, [&] {
+    return std::make_unique<logging_reader>(logging_reader{file_reader(ck, opt.load), &log, &plan, &ck});
+  });
+  r.windows = plan.windows;
+  for (auto& [n, d] : s.digests.digests()) r.digests[n] = d.sha256;
+  return r;
+}
+
+std::map<std::string, std::string> reference_digests() {
+  const auto ck = checkpoint::open(checkpoint_dir());
+  digest_sink d;
+  load_options lo;
+  lo.register_buffers = false;
+  (void)load(ck, d, lo);
+  std::map<std::string, std::string> m;
+  for (auto& [n, t] : d.digests()) m[n] = t.sha256;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("overlapped: every exchange runs on one long-lived thread, not the reading one", "[distributed][pipeline]") {
+  event_log log;
+  const auto r = run(log, true);
+  REQUIRE(r.windows >= 4);
+  REQUIRE(r.st.overlapped);
+  REQUIRE(r.digests == reference_digests());
+  REQUIRE(log.exchange_threads.size() == 1);  // one thread for every window, not one per window
+  REQUIRE_FALSE(log.exchange_threads.contains(log.driver));
+}
+
+TEST_CASE("overlapped: reads run at most one window ahead of deliveries", "[distributed][pipeline]") {
+  event_log log;
+  const auto r = run(log, true);
+  REQUIRE(r.windows >= 4);
+  for (std::uint32_t w = 0; w < r.windows; ++w) {
+    INFO("window " << w);
+    REQUIRE(log.first("read", w) >= 0);
+    REQUIRE(log.first("exchange", w) > log.last("read", w));     // a window travels once read
+    REQUIRE(log.first("deliver", w) > log.first("exchange", w));  // and is delivered once it travelled
+    // Two windows' buffers at most: w + 2 is read only after w was delivered.
+    if (w + 2 < r.windows) REQUIRE(log.first("read", w + 2) > log.last("deliver", w));
+  }
+  // And the overlap is real: some window is read before the previous one is delivered.
+  bool ahead = false;
+  for (std::uint32_t w = 0; w + 1 < r.windows; ++w) ahead = ahead || log.first("read", w + 1) < log.first("deliver", w);
+  REQUIRE(ahead);
+}
+
+TEST_CASE("serial: each window is read, exchanged and delivered before the next is read, on one thread",
+          "[distributed][pipeline]") {
+  event_log log;
+  const auto r = run(log, false);
+  REQUIRE(r.windows >= 4);
+  REQUIRE_FALSE(r.st.overlapped);
+  REQUIRE(r.digests == reference_digests());
+  REQUIRE(log.exchange_threads == std::set{log.driver});
+  for (std::uint32_t w = 0; w + 1 < r.windows; ++w) {
+    INFO("window " << w);
+    REQUIRE(log.first("exchange", w) > log.last("read", w));
+    REQUIRE(log.first("deliver", w) > log.first("exchange", w));
+    REQUIRE(log.first("read", w + 1) > log.last("deliver", w));
+  }
+}
+
+TEST_CASE("a sink that throws stops the load at the next status exchange, naming the tensor's error",
+          "[distributed][pipeline]") {
+  for (const bool overlap : {false, true}) {
+    INFO((overlap ? "overlapped" : "serial"));
+    const auto ck = checkpoint::open(checkpoint_dir());
+    const auto opt = many_windows(overlap);
+    const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", opt);
+    REQUIRE(plan.windows >= 4);
+    comm::local c;
+    std::size_t calls = 0;
+    auto thrower = [&](tensor_view) -> bool {
+      if (++calls == 2) throw config_error("the sink is full");
+      return true;
+    };
+    callback_sink s(thrower);
+    try {
+      (void)load_distributed(ck, c, plan, s, opt);
+      FAIL("no error");
+    } catch (const distributed_error& e) {
+      REQUIRE_THAT(e.what(), Catch::Contains("rank 0 failed") && Catch::Contains("the sink is full"));
+    }
+    REQUIRE(calls == 2);  // never called again after it threw
+    REQUIRE(plan.entries.size() > 2);
+  }
+}
