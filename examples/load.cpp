@@ -24,6 +24,9 @@
 #include <sluice/distributed.hpp>
 #include <sluice/probe.hpp>
 #include <sluice/sluice.hpp>
+#if SLUICE_HAS_GLOO
+#include <sluice/comm/gloo.hpp>  // multi-rank worlds are Gloo worlds
+#endif
 #if SLUICE_HAS_S3
 #include <sluice/source/s3_distributed.hpp>
 #include <sluice/source/s3_load.hpp>
@@ -184,6 +187,38 @@ s3::config s3_config_for(const options& o) {
 }
 #endif
 
+// The checkpoint's location: a path, or an S3 URI whose catalog (and its
+// config, from the environment) is made only when the location is opened —
+// in a distributed load, after joining the world, so that a rank without
+// credentials fails every rank at once.
+location where_of(const options& o) {
+  if (!o.source.starts_with("s3://")) return location(o.source);
+#if SLUICE_HAS_S3
+  return location(o.source, [&o] { return std::make_shared<s3_catalog>(o.source, s3_config_for(o)); });
+#else
+  throw config_error("this sluice-load was built without the s3 component");
+#endif
+}
+
+#if SLUICE_HAS_NCCL
+// The device sink of --device, recording what this rank holds (for --digest).
+struct device_recording {
+  static constexpr bool device_views = true;  // forwards them to the device sink
+  cuda::device_sink& s;
+  std::map<std::string, tensor_view> owned;  // last view of each tensor this rank holds (metadata: dropped)
+  bool accept(tensor_view v) {
+    if (v.kind == view_kind::metadata) return false;
+    tensor_view meta;
+    meta.tensor = v.tensor, meta.part = v.part, meta.kind = view_kind::metadata;
+    owned[v.name()] = meta;
+    return s.accept(std::move(v));
+  }
+  void finish() { s.finish(); }
+  // One device arena for this rank's device tensors, at their part sizes (the driver calls it once).
+  void reserve(const policy::load_plan& plan, policy::rank_t rank) { s.reserve(plan, rank); }
+};
+#endif
+
 int run_distributed(const options& o) {
   auto who = comm::rank_info::from_env();
   if (o.rank) who.rank = *o.rank;
@@ -210,16 +245,9 @@ int run_distributed(const options& o) {
   const std::string topo = o.topology.empty() ? fmt::format("tp1,dp{},ep{}", who.world_size, who.world_size) : o.topology;
   owned_digests digests;
   discard_sink discard;
+  const auto where = where_of(o);
   auto run = [&](auto& sink, auto& lane) -> distributed_stats {
-    if (o.source.starts_with("s3://")) {
-#if SLUICE_HAS_S3
-      return load_distributed(s3_location{o.source, o.connections ? std::optional(s3_config_for(o)) : std::nullopt}, topo,
-                              o.offload, who, sink, dopt, oo, lane);
-#else
-      throw config_error("this sluice-load was built without the s3 component");
-#endif
-    }
-    return load_distributed(std::filesystem::path(o.source), topo, o.offload, who, sink, dopt, oo, lane);
+    return load_distributed(where, topo, o.offload, who, sink, dopt, oo, lane);
   };
   distributed_stats st;
   std::vector<std::string> digest_lines;
@@ -233,20 +261,7 @@ int run_distributed(const options& o) {
     auto nccl = who.world_size == 1 ? comm::nccl(0, 1, comm::nccl::make_unique_id(), {.device = dev})
                                     : comm::nccl::connect(who, {.device = dev});
     comm::nccl_lane lane(nccl);
-    struct recording {
-      cuda::device_sink& s;
-      std::map<std::string, tensor_view> owned;  // last view of each tensor this rank holds (metadata: dropped)
-      bool accept(tensor_view v) {
-        if (v.kind == view_kind::metadata) return false;
-        tensor_view meta;
-        meta.tensor = v.tensor, meta.part = v.part, meta.kind = view_kind::metadata;
-        owned[v.name()] = meta;
-        return s.accept(std::move(v));
-      }
-      void finish() { s.finish(); }
-      // One device arena for this rank's device tensors, at their part sizes (the driver calls it once).
-      void reserve(const policy::load_plan& plan, policy::rank_t rank) { s.reserve(plan, rank); }
-    } rec{sink, {}};
+    device_recording rec{sink, {}};
     st = run(rec, lane);
     if (o.digest)
       for (const auto& [name, meta] : rec.owned) {  // copied back from the device and hashed
@@ -310,31 +325,20 @@ int main(int argc, char** argv) try {
     // Metadata only: the plan and the contract from the headers; no tensor byte is read.
     // Opened through a catalog whose counter sees every byte the probe reads
     // (a single file: its directory's catalog; only that file is opened).
-    std::optional<checkpoint> probed;
-    const io_counters* storage = nullptr;
-#if SLUICE_HAS_S3
-    std::optional<s3_catalog> cat;
-    if (o.source.starts_with("s3://")) {
-      probed = checkpoint::open(cat.emplace(o.source, s3_config_for(o)), oo);
-      storage = &cat->counters();
-    }
-#endif
-    std::optional<directory_catalog> dir;
-    if (!probed && std::filesystem::is_directory(o.source)) {
-      probed = checkpoint::open(dir.emplace(o.source), oo);
-      storage = &dir->counters();
-    }
-    if (!probed) probed = checkpoint::open(o.source, oo);
-    auto report = probe_contract(*probed);
+    // Its catalog's counters see every byte the probe reads (a single file:
+    // its directory's catalog; only that file is opened).
+    const auto probed = checkpoint::open(where_of(o), oo);
+    const io_counters* storage = &probed.storage().counters();
+    auto report = probe_contract(probed);
     if (!o.contract_out.empty()) manifest::save(report.contract, o.contract_out);
     auto j = report.plan.to_json();
     // Tensor bytes the probe read: what storage delivered beyond the headers.
-    if (storage) j["bytes_read"] = storage->bytes_read.load() - probed->header_bytes_read();
+    j["bytes_read"] = storage->bytes_read.load() - probed.header_bytes_read();
     j["source"] = o.source;
     // With a topology: which rank reads how many bytes of each layer.
     std::map<std::int64_t, std::map<std::size_t, std::uint64_t>> readers;
     if (!o.topology.empty()) {
-      const auto placement = plan_for(*probed, o.topology, o.offload, [&] {
+      const auto placement = plan_for(probed, o.topology, o.offload, [&] {
         distributed_options popt;
         popt.plan.uneven_tp_keep_whole = o.uneven == "keep-whole";
         return popt;
@@ -377,22 +381,12 @@ int main(int argc, char** argv) try {
   load_stats st;
   digest_sink digests;
   discard_sink discard;
-  std::optional<checkpoint> opened;
-  if (o.source.starts_with("s3://")) {
-#if SLUICE_HAS_S3
-    s3_catalog cat(o.source, s3_config_for(o));
-    opened = checkpoint::open(cat, oo);
+  const auto opened = checkpoint::open(where_of(o), oo);
+  {
     progress_display display(progress, o.progress && !o.json);
-    st = o.digest ? load(*opened, cat, digests, o.load) : load(*opened, cat, discard, o.load);
-#else
-    throw config_error("this sluice-load was built without the s3 component");
-#endif
-  } else {
-    opened = checkpoint::open(o.source, oo);
-    progress_display display(progress, o.progress && !o.json);
-    st = o.digest ? load(*opened, digests, o.load) : load(*opened, discard, o.load);
+    st = o.digest ? load(opened, digests, o.load) : load(opened, discard, o.load);
   }
-  const checkpoint& ck = *opened;
+  const checkpoint& ck = opened;
   const double cpu = sluice_cli::cpu_seconds() - cpu0;
   const double gib = static_cast<double>(st.tensor_bytes) / (1 << 30);
   nlohmann::ordered_json j = {

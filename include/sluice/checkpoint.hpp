@@ -24,6 +24,7 @@
 #include <sluice/format/index.hpp>
 #include <sluice/format/safetensors.hpp>
 #include <sluice/source/concepts.hpp>
+#include <sluice/location.hpp>
 #include <sluice/source/directory_catalog.hpp>
 
 namespace sluice::inline v0 {
@@ -72,11 +73,15 @@ class checkpoint {
   /// (model.safetensors.index.json) if present, else model.safetensors, else
   /// every *.safetensors file. Reads headers only. Throws format_error,
   /// index_error or io_error naming the file.
+  /// The checkpoint keeps a reference to `cat`, which must outlive every load
+  /// of it (the overload below shares ownership instead).
   [[nodiscard]] static checkpoint open(catalog& cat, const open_options& opt = {});
+  [[nodiscard]] static checkpoint open(std::shared_ptr<catalog> cat, const open_options& opt = {});
 
-  /// Opens a checkpoint directory, or a single .safetensors file (a path to
-  /// the index file opens its directory).
-  [[nodiscard]] static checkpoint open(const std::filesystem::path& path, const open_options& opt = {});
+  /// Opens the checkpoint at `where`: a directory, a single .safetensors
+  /// file (a path to the index file opens its directory), or a URI of a
+  /// registered scheme ("s3://bucket/prefix/", see location.hpp).
+  [[nodiscard]] static checkpoint open(const sluice::location& where, const open_options& opt = {});
 
   /// Reads and validates one shard's header through a catalog: the 8-byte
   /// length, then exactly the JSON (catalogs with costly round trips serve both
@@ -84,6 +89,9 @@ class checkpoint {
   [[nodiscard]] static format::header read_header(catalog& cat, const std::string& name);
 
   [[nodiscard]] const std::string& location() const noexcept { return location_; }
+  /// The catalog it was opened through: its storage, whose data paths every
+  /// load of it uses. Throws usage_error for a checkpoint that was not opened.
+  [[nodiscard]] catalog& storage() const;
   [[nodiscard]] const std::vector<shard>& shards() const noexcept { return shards_; }
   /// Tensors in file order: shard order, then offset.
   [[nodiscard]] const std::vector<tensor_ref>& tensors() const noexcept { return tensors_; }
@@ -122,6 +130,7 @@ class checkpoint {
   std::vector<tensor_ref> tensors_;
   std::unordered_map<std::string, std::size_t> by_name_;
   std::uint64_t header_bytes_read_ = 0;
+  std::shared_ptr<catalog> storage_;
 };
 
 }  // namespace sluice::inline v0

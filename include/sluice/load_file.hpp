@@ -1,7 +1,9 @@
 #pragma once
 /// \file
-/// Blocking load of a local checkpoint: io_uring file source, its own
-/// io_context and threads.
+/// The blocking load of a checkpoint, wherever it is: `load(ck, sink, ...)`
+/// reads through the catalog `ck` was opened by (checkpoint::storage()):
+/// io_uring for a local directory (directory_catalog), range GETs for S3
+/// (s3_catalog, sluice::s3), each on an io_context and threads of its own.
 ///
 /// `load(ck, sink, ...)` for any sink type is compiled once, in the library
 /// (src/core/load_file.cpp), over `any_sink`: a translation unit that calls
@@ -24,9 +26,12 @@ namespace sluice::inline v0 {
 extern template task<load_stats> load_async<file_source, any_sink>(const checkpoint&, file_source&, any_sink&,
                                                                    staging_pool&, load_options);
 
-/// Loads a local checkpoint into `s` through `pool`. Throws the load's error
+/// Loads `ck` into `s` through `pool`. Throws the load's error
 /// (io_error, truncated_error, cancelled_error, ...) after every part has
-/// stopped: no slot, buffer or file outlives the call. Compiled in the
+/// stopped: no slot, buffer, file or connection outlives the call. For S3,
+/// every object is read at the version (ETag) the catalog saw (a replaced
+/// object fails with s3_object_changed_error) and a stop (`opt.stop`) also
+/// cancels the GETs in flight. Compiled in the
 /// library; the overloads below forward to it.
 load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, load_options opt = {});
 

@@ -17,7 +17,19 @@
 namespace sluice::inline v0 {
 
 checkpoint checkpoint::open(catalog& cat, const open_options& opt) {
+  return open(std::shared_ptr<catalog>(std::shared_ptr<void>(), &cat), opt);  // not owned
+}
+
+catalog& checkpoint::storage() const {
+  if (!storage_) throw usage_error("this checkpoint was not opened (no storage to read it from)");
+  return *storage_;
+}
+
+checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options& opt) {
+  if (!shared) throw usage_error("checkpoint::open: no catalog");
+  catalog& cat = *shared;
   checkpoint c;
+  c.storage_ = shared;
   c.location_ = cat.location();
   const auto before = cat.bytes_read();
   std::vector<std::string> shard_names;
@@ -73,15 +85,17 @@ checkpoint checkpoint::open(catalog& cat, const open_options& opt) {
   return c;
 }
 
-checkpoint checkpoint::open(const std::filesystem::path& path, const open_options& opt) {
+checkpoint checkpoint::open(const sluice::location& where, const open_options& opt) {
+  if (!where.local()) return open(where.make_catalog(), opt);
+  const auto path = where.path();
   std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec) && path.filename() == format::index_file_name) {
-    directory_catalog cat(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
-    return open(cat, opt);
-  }
+  if (std::filesystem::is_regular_file(path, ec) && path.filename() == format::index_file_name)
+    return open(std::make_shared<directory_catalog>(path.has_parent_path() ? path.parent_path() : std::filesystem::path(".")), opt);
   if (std::filesystem::is_regular_file(path, ec)) {
-    directory_catalog cat(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+    auto shared = std::make_shared<directory_catalog>(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+    auto& cat = *shared;
     checkpoint c;
+    c.storage_ = shared;
     c.location_ = path.string();
     const auto name = path.filename().string();
     c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
@@ -93,8 +107,7 @@ checkpoint checkpoint::open(const std::filesystem::path& path, const open_option
     c.check_unique_names();
     return c;
   }
-  directory_catalog cat(path);
-  return open(cat, opt);
+  return open(std::make_shared<directory_catalog>(path), opt);
 }
 
 format::header checkpoint::read_header(catalog& cat, const std::string& name) {
@@ -111,6 +124,7 @@ format::header checkpoint::read_header(catalog& cat, const std::string& name) {
 checkpoint checkpoint::select(const std::function<bool(const tensor_ref&)>& keep) const {
   checkpoint c;
   c.location_ = location_;
+  c.storage_ = storage_;
   c.header_bytes_read_ = header_bytes_read_;
   std::vector<std::int64_t> remap(shards_.size(), -1);
   for (const auto& t : tensors_) {

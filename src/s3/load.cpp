@@ -1,5 +1,7 @@
-// The blocking S3 load, compiled once over any_sink (see s3_load.hpp).
+// The data paths of an S3 checkpoint (s3_catalog): the blocking load,
+// compiled once over any_sink, and the distributed load's reader.
 
+#include <sluice/source/s3_distributed.hpp>
 #include <sluice/source/s3_load.hpp>
 
 #include <algorithm>
@@ -16,13 +18,14 @@ namespace sluice::inline v0 {
 template task<load_stats> load_async<s3_source, any_sink>(const checkpoint&, s3_source&, any_sink&, staging_pool&,
                                                           load_options);
 
-load_stats load(const checkpoint& ck, s3_catalog& cat, any_sink s, staging_pool& pool, load_options opt) {
+load_stats s3_catalog::load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& options) {
+  auto opt = options;
   asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
   std::vector<std::string> uris;
   for (const auto& sh : ck.shards()) uris.push_back(sh.uri);
-  s3_source src(ioc.get_executor(), cat.cfg(), std::move(uris));
-  for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, cat.object_info(ck.shards()[i].name));
-  opt.queue_depth = std::max<unsigned>(opt.queue_depth, 2 * static_cast<unsigned>(cat.cfg().max_connections));
+  s3_source src(ioc.get_executor(), cfg(), std::move(uris));
+  for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, object_info(ck.shards()[i].name));
+  opt.queue_depth = std::max<unsigned>(opt.queue_depth, 2 * static_cast<unsigned>(cfg().max_connections));
   // A stop aborts the pipeline's channels; GETs in flight would still wait for
   // their bytes (a stalled one up to the low-speed window, times its retries):
   // cancel them too.
@@ -31,9 +34,10 @@ load_stats load(const checkpoint& ck, s3_catalog& cat, any_sink s, staging_pool&
   return run_blocking(ioc, load_async(ck, src, s, pool, std::move(opt)), threads);
 }
 
-load_stats load(const checkpoint& ck, s3_catalog& cat, any_sink s, load_options opt) {
-  staging_pool pool({opt.staging_budget, slot_size_for(opt.max_read), opt.poison});
-  return load(ck, cat, s, pool, std::move(opt));
+std::unique_ptr<any_slice_reader> s3_catalog::slice_reader(const checkpoint& ck, const load_options& opt,
+                                                           const reader_sizing& sizing) {
+  const auto n = rank_connections(cfg().max_connections, sizing.local_ranks, sizing.connections_per_rank);
+  return any_slice_reader::wrap(std::make_unique<s3_reader>(ck, *this, n, opt));
 }
 
 }  // namespace sluice::inline v0

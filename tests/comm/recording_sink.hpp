@@ -12,6 +12,7 @@
 namespace sluice_test {
 
 struct recording_sink {
+  static constexpr bool device_views = true;  // the emulated lane's "device" views are host memory
   sluice::digest_sink digests;
   std::vector<std::string> calls;   // tensor names, in call order
   std::vector<std::string> device;  // names of the device views (emulated lane)

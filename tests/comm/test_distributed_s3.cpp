@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sluice/comm/gloo.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/source/s3_distributed.hpp>
 #include <sluice/testing/generator.hpp>
@@ -149,12 +150,12 @@ std::vector<nlohmann::json> run_load(std::size_t n, const std::string& topology,
           recording_sink s;
           distributed_stats st;
           if (ro.open_after_joining) {
-            st = load_distributed(s3_location{uri, s3_config()}, topology, offload, who, s, ro.dopt);
+            st = load_distributed(s3_location(uri, s3_config()), topology, offload, who, s, ro.dopt);
           } else {
             s3_catalog cat(uri, s3_config());
             auto ck = checkpoint::open(cat);
             if (ro.after_open) ro.after_open(rank, ck, ro.prefix(rank));
-            st = load_distributed(ck, cat, topology, offload, who, s, ro.dopt);
+            st = load_distributed(ck, topology, offload, who, s, ro.dopt);  // reads through ck.storage(): cat
           }
           j["stats"] = st.to_json();
           for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
@@ -232,7 +233,7 @@ TEST_CASE("a one-rank distributed load from S3 equals the local load", "[comm][d
   const auto& b = bucket();
   recording_sink s;
   comm::rank_info who;
-  auto st = load_distributed(s3_location{"s3://" + b + "/ck/", s3_config()}, "tp1,dp1,ep1", "shared-cooperative", who, s,
+  auto st = load_distributed(s3_location("s3://" + b + "/ck/", s3_config()), "tp1,dp1,ep1", "shared-cooperative", who, s,
                              small_options());
   const auto ref = reference_digests();
   const auto tensor_bytes = checkpoint::open(checkpoint_dir()).tensor_bytes();

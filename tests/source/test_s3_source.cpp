@@ -244,7 +244,7 @@ TEST_CASE("a load from S3 stopped while its GETs stall ends promptly, every slot
   });
   discard_sink sink;
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_AS(load(ck, stalled, sink, pool, opt), cancelled_error);
+  CHECK_THROWS_AS(stalled.load(ck, sink, pool, opt), cancelled_error);  // the data path of the stalled catalog
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stopper.join();
   INFO("stopped after " << seconds << " s");

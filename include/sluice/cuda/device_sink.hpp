@@ -95,6 +95,7 @@ struct device_sink_stats {
 
 class device_sink {
  public:
+  static constexpr bool device_views = true;  ///< takes a device lane's views (sink/concepts.hpp)
   /// Selects the device and creates the streams. Throws cuda_error (e.g.
   /// "cudaSetDevice failed: cudaErrorInsufficientDriver (35): ..." without a driver).
   explicit device_sink(device_sink_options opt = {});

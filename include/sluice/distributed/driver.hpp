@@ -229,6 +229,10 @@ template <comm::communicator Comm, sink Sink, class MakeReader, device_lane Lane
   requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                         const distributed_options& opt, MakeReader make_reader, Lane& lane) {
+  static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
+                "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
+                "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
+                "without the lane");
   return detail::drive(ck, c, plan, any_sink(s), opt, [&make_reader] { return any_slice_reader::wrap(make_reader()); }, lane);
 }
 
@@ -240,20 +244,32 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
   return load_distributed_with(ck, c, plan, s, opt, std::move(make_reader), none);
 }
 
-/// Like load_distributed below, with a device lane: tensors destined for the
-/// device reach `s` as `view_kind::device` views of the lane's memory (e.g.
-/// comm::nccl_lane with cuda::device_sink).
+/// Loads this rank's part of `ck` into `s` per `plan`, reading through the
+/// data path of the catalog `ck` was opened by (local files: io_uring; S3:
+/// range GETs, the node's connections shared among its `plan.local_size`
+/// ranks unless `opt.connections_per_rank` says otherwise), and exchanging
+/// the rest over `c`. Every rank must call it with the same checkpoint and
+/// plan. Throws distributed_error (a rank failed), comm::comm_error (a peer is
+/// gone) or config_error (the plan does not fit the world) — on every rank.
+///
+/// With a device lane (e.g. comm::nccl_lane with cuda::device_sink), tensors
+/// destined for the device reach `s` as `view_kind::device` views of the
+/// lane's memory; `s` must then declare that it takes them
+/// (`static constexpr bool device_views = true`).
 template <comm::communicator Comm, sink Sink, device_lane Lane>
 distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                    const distributed_options& opt, Lane& lane) {
-  return load_distributed_with(ck, c, plan, s, opt, [&ck, &opt] { return std::make_unique<file_reader>(ck, opt.load); }, lane);
+  static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
+                "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
+                "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
+                "without the lane");
+  return detail::drive(ck, c, plan, any_sink(s), opt,
+                       [&] {
+                         return ck.storage().slice_reader(ck, opt.load, {plan.local_size, opt.connections_per_rank});
+                       },
+                       lane);
 }
 
-/// Loads this rank's part of `ck` into `s` per `plan` from local files
-/// (file_reader), exchanging the rest over `c`. Every rank must call it with
-/// the same checkpoint and plan. Throws distributed_error (a rank failed),
-/// comm::comm_error (a peer is gone) or config_error (the plan does not fit
-/// the world) — on every rank.
 template <comm::communicator Comm, sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                    const distributed_options& opt = {}) {

@@ -25,6 +25,8 @@
 #include <fmt/format.h>
 
 #include <sluice/checkpoint.hpp>
+#include <sluice/location.hpp>
+#include <sluice/comm/any_communicator.hpp>
 #include <sluice/comm/local.hpp>
 #include <sluice/comm/store.hpp>
 #include <sluice/distributed/driver.hpp>
@@ -32,18 +34,12 @@
 #include <sluice/distributed/peers.hpp>
 #include <sluice/error.hpp>
 #include <sluice/policy/plan.hpp>
-#if defined(SLUICE_HAS_GLOO)
-#include <sluice/comm/gloo.hpp>
-#endif
-
-#if defined(SLUICE_HAS_GLOO)
 namespace sluice::inline v0::detail {
-// Compiled once into the gloo component (src/gloo/distributed.cpp).
-extern template distributed_stats drive<comm::gloo, no_device_lane>(const checkpoint&, comm::gloo&, const policy::load_plan&,
-                                                                    any_sink, const distributed_options&,
-                                                                    const reader_factory&, no_device_lane&);
+// The driver the tool-level loads use is compiled once (src/core/distributed.cpp).
+extern template distributed_stats drive<comm::any_communicator, no_device_lane>(
+    const checkpoint&, comm::any_communicator&, const policy::load_plan&, any_sink, const distributed_options&,
+    const reader_factory&, no_device_lane&);
 }  // namespace sluice::inline v0::detail
-#endif
 
 namespace sluice::inline v0 {
 
@@ -58,20 +54,17 @@ namespace sluice::inline v0 {
 
 namespace detail {
 
-// Joins the world `who` describes (one rank: comm::local; more: comm::gloo
-// through its store, when built with sluice::gloo) and returns f(communicator).
+// Joins the world `who` describes (one rank: comm::local; more: the
+// registered communicator, comm::gloo through its store) and returns
+// f(communicator).
 template <class F>
 distributed_stats in_world(const comm::rank_info& who, F&& f) {
   if (who.world_size == 1) {
     comm::local c;
     return f(c);
   }
-#if defined(SLUICE_HAS_GLOO)
-  comm::gloo c(who);
-  return f(c);
-#else
-  throw config_error("a multi-rank load needs the sluice::gloo component (built without Gloo)");
-#endif
+  const auto c = comm::join_world(who);
+  return f(*c);
 }
 
 // The tool-level plan: `topology` must have WORLD_SIZE ranks.
@@ -107,8 +100,9 @@ std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std
 
 /// The one call for tools (sluice-load): plans `ck` for `topology` and
 /// `offload`, joins the world described by `who` (one rank: comm::local;
-/// more: comm::gloo through `who.store_dir`, when built with sluice::gloo)
-/// and loads this rank's part into `s` from local files.
+/// more: comm::gloo through its store, in a program that links sluice::gloo
+/// and includes <sluice/comm/gloo.hpp>) and loads this rank's part into `s`
+/// from wherever `ck` is (local files, S3).
 template <sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, std::string_view topology, std::string_view offload,
                                    const comm::rank_info& who, Sink& s, distributed_options opt = {}) {
@@ -117,29 +111,31 @@ distributed_stats load_distributed(const checkpoint& ck, std::string_view topolo
   return detail::in_world(who, [&](auto& c) { return load_distributed(ck, c, plan, s, opt); });
 }
 
-/// Like the call above, but opens the checkpoint at `location` after joining
+/// Like the call above, but opens the checkpoint at `where` (a path, an
+/// "s3://" URI, or s3_location(uri, config)) after joining
 /// the world, so that a rank that cannot open it (a missing or corrupt shard)
 /// makes every rank throw distributed_error naming it, at once — rather than
 /// leaving its peers to time out at the rendezvous. With a device lane (e.g.
 /// comm::nccl_lane over `comm::nccl::connect(who, {.device = cuda::device_for_local_rank(local_rank)})`,
 /// whose unique id travels through the same store), tensors destined for the
 /// device reach `s` as `view_kind::device` views (cuda::device_sink).
+/// Without one (the default) everything is delivered in host memory.
 template <sink Sink, device_lane Lane>
-distributed_stats load_distributed(const std::filesystem::path& location, std::string_view topology,
+distributed_stats load_distributed(const location& where, std::string_view topology,
                                    std::string_view offload, const comm::rank_info& who, Sink& s,
                                    distributed_options opt, const open_options& open, Lane& lane) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(location, open); }, topology, offload, who, opt);
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, open); }, topology, offload, who, opt);
     return load_distributed(ck, c, plan, s, opt, lane);
   });
 }
 template <sink Sink>
-distributed_stats load_distributed(const std::filesystem::path& location, std::string_view topology,
+distributed_stats load_distributed(const location& where, std::string_view topology,
                                    std::string_view offload, const comm::rank_info& who, Sink& s,
                                    distributed_options opt = {}, const open_options& open = {}) {
   no_device_lane none;
-  return load_distributed(location, topology, offload, who, s, std::move(opt), open, none);
+  return load_distributed(where, topology, offload, who, s, std::move(opt), open, none);
 }
 
 }  // namespace sluice::inline v0

@@ -27,6 +27,8 @@ struct load_plan;
 
 class any_sink {
  public:
+  /// Erased: the sink behind it checks at run time (require_host_view).
+  static constexpr bool device_views = true;
   /// Refers to `s`, which must outlive every use of this any_sink.
   template <sink S>
     requires(!std::same_as<S, any_sink>)

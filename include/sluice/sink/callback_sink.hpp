@@ -20,6 +20,8 @@ template <weight_loader F>
 class callback_sink {
  public:
   static constexpr bool whole_tensors = true;
+  /// The callback decides what to do with a device view.
+  static constexpr bool device_views = true;
   /// True when the loader can decline (returns bool).
   static constexpr bool can_decline = std::same_as<std::invoke_result_t<F&, tensor_view>, bool>;
 

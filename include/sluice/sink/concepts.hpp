@@ -45,6 +45,18 @@ inline void require_host_view(const tensor_view& v, const char* sink_name) {
                        {"", v.tensor ? v.tensor->name : std::string()});
 }
 
+/// Whether a sink takes `view_kind::device` views (a distributed load with a
+/// device lane delivers them): a sink says so with `static constexpr bool
+/// device_views = true` (cuda::device_sink). Host sinks do not, and a load
+/// with a lane into one fails to compile.
+template <class S>
+[[nodiscard]] constexpr bool takes_device_views() noexcept {
+  if constexpr (requires { S::device_views; })
+    return S::device_views;
+  else
+    return false;
+}
+
 /// Whether a sink wants whole tensors (default: ordered pieces).
 template <class S>
 [[nodiscard]] constexpr bool wants_whole_tensors() noexcept {

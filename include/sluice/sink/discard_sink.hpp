@@ -10,6 +10,7 @@ namespace sluice::inline v0 {
 
 class discard_sink {
  public:
+  static constexpr bool device_views = true;  ///< counts any view, never reads its bytes
   bool accept(tensor_view v) noexcept {
     bytes_ += v.bytes.size();
     if (v.last()) ++tensors_;

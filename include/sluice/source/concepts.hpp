@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,9 +32,27 @@ struct io_counters {
   std::atomic<std::uint64_t> files_opened{0};    ///< files / objects opened or HEADed
 };
 
-/// Metadata access to a checkpoint location (a directory, an S3 prefix).
-/// Used only to open a checkpoint: list files, read the index, read the
-/// safetensors headers. Names are plain file names relative to the location.
+class any_sink;
+class any_slice_reader;
+class checkpoint;
+class staging_pool;
+struct load_options;
+struct load_stats;
+
+/// How many ranks of a node share a distributed load's storage, and what one
+/// rank may use of it (S3: connections of its client).
+struct reader_sizing {
+  std::size_t local_ranks = 1;           ///< ranks on this node
+  std::size_t connections_per_rank = 0;  ///< S3: 0 = the node's max_connections / local_ranks (at least 1)
+};
+
+/// A checkpoint location's storage (a directory, an S3 prefix): metadata
+/// access to open a checkpoint (list files, read the index, read the
+/// safetensors headers; names are plain file names relative to the
+/// location), and the data paths that read it (`load`, `slice_reader`). A
+/// checkpoint remembers the catalog it was opened through, so every load of
+/// it, local or S3, single-process or distributed, goes through one entry
+/// point.
 class catalog {
  public:
   virtual ~catalog() = default;
@@ -55,6 +74,14 @@ class catalog {
   [[nodiscard]] virtual std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) {
     return read(name, 0, length);
   }
+  /// A single-process load of `ck` (opened through this catalog) into `s`,
+  /// staging through `pool`: io_uring for a directory, range GETs for S3.
+  /// `load()` (load_file.hpp) calls it for the checkpoint's catalog.
+  [[nodiscard]] virtual load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) = 0;
+  /// The data path of a distributed load of `ck` (opened through this
+  /// catalog): a reader of planned slices (distributed/slice_reader.hpp).
+  [[nodiscard]] virtual std::unique_ptr<any_slice_reader> slice_reader(const checkpoint& ck, const load_options& opt,
+                                                                       const reader_sizing& sizing) = 0;
   /// Bytes this catalog has read so far (headers and index).
   [[nodiscard]] std::uint64_t bytes_read() const noexcept { return counters_.bytes_read.load(); }
   [[nodiscard]] const io_counters& counters() const noexcept { return counters_; }

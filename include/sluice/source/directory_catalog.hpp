@@ -32,6 +32,11 @@ class directory_catalog final : public catalog {
   [[nodiscard]] std::string location() const override { return dir_.string(); }
   [[nodiscard]] std::string uri(const std::string& name) const override { return (dir_ / name).string(); }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return dir_; }
+  /// io_uring reads (file_source), compiled in the library (src/core/directory_catalog.cpp).
+  [[nodiscard]] load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) override;
+  /// A file_reader (distributed/file_reader.hpp).
+  [[nodiscard]] std::unique_ptr<any_slice_reader> slice_reader(const checkpoint& ck, const load_options& opt,
+                                                               const reader_sizing& sizing) override;
 
   [[nodiscard]] std::vector<std::string> list() override {
     std::vector<std::string> out;

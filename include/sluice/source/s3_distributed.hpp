@@ -1,9 +1,10 @@
 #pragma once
 /// \file
-/// The distributed load from S3 (link sluice::s3): the driver of
-/// <sluice/distributed.hpp> with an `s3_reader` as its data path. Every rank
-/// opens the checkpoint through an `s3_catalog` (index + headers, ETags
-/// pinned) and reads only its planned slices, each with range GETs straight
+/// The data path of a distributed load from S3 (link sluice::s3): call
+/// `load_distributed(...)` (<sluice/distributed.hpp>) on a checkpoint opened
+/// through an `s3_catalog`, or on an "s3://" location; the catalog's
+/// slice_reader() is an `s3_reader`. Every rank opens the checkpoint (index +
+/// headers, ETags pinned) and reads only its planned slices, each with range GETs straight
 /// into the window buffer or the node's shared segment, at the version the
 /// catalog saw: an object replaced mid-load fails with
 /// s3_object_changed_error, a deleted one with s3_not_found_error — and, as
@@ -105,80 +106,5 @@ class s3_reader {
 };
 
 static_assert(slice_reader<s3_reader>);
-
-/// Loads this rank's part of `ck` (opened through `cat`) into `s` per `plan`,
-/// reading from S3 (s3_reader, rank_connections(cat.cfg().max_connections,
-/// plan.local_size, opt.connections_per_rank) connections) and exchanging the
-/// rest over `c`. As load_distributed() for local files otherwise: every rank
-/// calls it with the same checkpoint and plan; on every rank it throws
-/// distributed_error (a rank failed: an S3 error names the object's key),
-/// comm::comm_error (a peer is gone) or config_error.
-/// With a device lane, tensors destined for the device reach `s` as
-/// `view_kind::device` views (see load_distributed_with).
-template <comm::communicator Comm, sink Sink, device_lane Lane>
-distributed_stats load_distributed(const checkpoint& ck, s3_catalog& cat, Comm& c, const policy::load_plan& plan, Sink& s,
-                                   const distributed_options& opt, Lane& lane) {
-  return load_distributed_with(
-      ck, c, plan, s, opt,
-      [&] {
-        const auto n = rank_connections(cat.cfg().max_connections, plan.local_size, opt.connections_per_rank);
-        return std::make_unique<s3_reader>(ck, cat, n, opt.load);
-      },
-      lane);
-}
-template <comm::communicator Comm, sink Sink>
-distributed_stats load_distributed(const checkpoint& ck, s3_catalog& cat, Comm& c, const policy::load_plan& plan, Sink& s,
-                                   const distributed_options& opt = {}) {
-  no_device_lane none;
-  return load_distributed(ck, cat, c, plan, s, opt, none);
-}
-
-/// For tools: plans `ck` (opened through `cat`) for `topology` and `offload`,
-/// joins the world described by `who` (one rank: comm::local; more:
-/// comm::gloo, when built with sluice::gloo) and loads this rank's part into
-/// `s` from S3. `opt.plan.local_size` defaults to `who.local_size`.
-template <sink Sink>
-distributed_stats load_distributed(const checkpoint& ck, s3_catalog& cat, std::string_view topology,
-                                   std::string_view offload, const comm::rank_info& who, Sink& s,
-                                   distributed_options opt = {}) {
-  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
-  const auto plan = detail::tool_plan(ck, topology, offload, who, opt);
-  return detail::in_world(who, [&](auto& c) { return load_distributed(ck, cat, c, plan, s, opt); });
-}
-
-/// Where an S3 checkpoint is.
-struct s3_location {
-  std::string uri;                  ///< "s3://bucket/prefix/"
-  std::optional<s3::config> cfg;    ///< none: s3::config::from_environment(), resolved after joining the world
-};
-
-/// Like the call above, but opens the checkpoint at `location` (an
-/// s3_catalog, then checkpoint::open) after joining the world, so that a rank
-/// that cannot (no credentials, a missing object, a corrupt header) makes
-/// every rank throw distributed_error naming it, at once.
-template <sink Sink, device_lane Lane>
-distributed_stats load_distributed(const s3_location& location, std::string_view topology, std::string_view offload,
-                                   const comm::rank_info& who, Sink& s, distributed_options opt, const open_options& open,
-                                   Lane& lane) {
-  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
-  return detail::in_world(who, [&](auto& c) {
-    std::optional<s3_catalog> cat;
-    auto [ck, plan] = detail::open_and_plan(
-        c,
-        [&] {
-          cat.emplace(location.uri, location.cfg ? *location.cfg : s3::config::from_environment());
-          return checkpoint::open(*cat, open);
-        },
-        topology, offload, who, opt);
-    return load_distributed(ck, *cat, c, plan, s, opt, lane);
-  });
-}
-template <sink Sink>
-distributed_stats load_distributed(const s3_location& location, std::string_view topology, std::string_view offload,
-                                   const comm::rank_info& who, Sink& s, distributed_options opt = {},
-                                   const open_options& open = {}) {
-  no_device_lane none;
-  return load_distributed(location, topology, offload, who, s, std::move(opt), open, none);
-}
 
 }  // namespace sluice::inline v0

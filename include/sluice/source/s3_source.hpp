@@ -21,6 +21,7 @@
 
 #include <sluice/core/run.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/location.hpp>
 #include <sluice/source/concepts.hpp>
 #include <sluice/source/s3/client.hpp>
 #include <sluice/source/s3/config.hpp>
@@ -148,6 +149,13 @@ static_assert(source<s3_source>);
 /// Errors: the s3_error family (io_error), config_error for a malformed URI.
 class s3_catalog final : public catalog {
  public:
+  /// Range GETs through an s3_source pinned to the ETags this catalog saw
+  /// (src/s3/load.cpp); up to twice the connections in flight.
+  [[nodiscard]] load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) override;
+  /// An s3_reader (source/s3_distributed.hpp) with rank_connections() connections.
+  [[nodiscard]] std::unique_ptr<any_slice_reader> slice_reader(const checkpoint& ck, const load_options& opt,
+                                                               const reader_sizing& sizing) override;
+
   /// Bytes fetched by the first read_prefix() of an object.
   static constexpr std::uint64_t speculative_prefix = 1 << 20;
 
@@ -244,5 +252,20 @@ class s3_catalog final : public catalog {
   std::map<std::string, s3::object_info> infos_;
   std::map<std::string, std::pair<std::vector<std::byte>, bool>> prefixes_;
 };
+
+/// An S3 location whose catalog uses `cfg` (made when the location is
+/// opened, e.g. after a distributed load joined its world).
+[[nodiscard]] inline location s3_location(std::string uri, s3::config cfg) {
+  auto u = uri;
+  return location(std::move(u), [uri = std::move(uri), cfg = std::move(cfg)] { return std::make_shared<s3_catalog>(uri, cfg); });
+}
+
+namespace detail {
+// "s3://bucket/prefix/" locations open an s3_catalog configured from the
+// environment (s3::config::from_environment()) in any program that includes
+// this header.
+inline const bool s3_scheme_registered =
+    register_scheme("s3", [](const std::string& uri) { return std::make_shared<s3_catalog>(uri); });
+}  // namespace detail
 
 }  // namespace sluice::inline v0

@@ -1,0 +1,68 @@
+#pragma once
+/// \file
+/// `any_communicator`: a communicator behind a virtual interface, and the
+/// registry through which a communicator component offers multi-rank worlds.
+///
+/// The tool-level distributed load (distributed/world.hpp) joins the world a
+/// `rank_info` describes: one rank needs nothing; more need the component
+/// that registered itself here (sluice::gloo, from <sluice/comm/gloo.hpp>).
+/// So what a program can do depends on what it links and includes, never on
+/// a macro inside a header template (which would differ between translation
+/// units).
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <utility>
+
+#include <sluice/comm/concepts.hpp>
+#include <sluice/comm/store.hpp>
+
+namespace sluice::inline v0::comm {
+
+class any_communicator {
+ public:
+  virtual ~any_communicator() = default;
+  [[nodiscard]] virtual std::size_t rank() const noexcept = 0;
+  [[nodiscard]] virtual std::size_t size() const noexcept = 0;
+  virtual void broadcast(std::span<std::byte> buf, std::size_t root) = 0;
+  virtual void all_gather(std::span<const std::byte> in, std::span<std::byte> out) = 0;
+  virtual void all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts) = 0;
+  virtual void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) = 0;
+  virtual void barrier() = 0;
+};
+static_assert(communicator<any_communicator>);
+
+/// Owns a communicator of type C behind any_communicator.
+template <communicator C>
+class communicator_holder final : public any_communicator {
+ public:
+  template <class... Args>
+  explicit communicator_holder(Args&&... args) : c_(std::forward<Args>(args)...) {}
+  [[nodiscard]] std::size_t rank() const noexcept override { return c_.rank(); }
+  [[nodiscard]] std::size_t size() const noexcept override { return c_.size(); }
+  void broadcast(std::span<std::byte> buf, std::size_t root) override { c_.broadcast(buf, root); }
+  void all_gather(std::span<const std::byte> in, std::span<std::byte> out) override { c_.all_gather(in, out); }
+  void all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts) override { c_.all_gather_v(buf, counts); }
+  void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) override { c_.exchange(sends, recvs); }
+  void barrier() override { c_.barrier(); }
+  [[nodiscard]] C& get() noexcept { return c_; }
+
+ private:
+  C c_;
+};
+
+/// Joins the world `who` describes (blocks until every rank arrived).
+using world_factory = std::function<std::unique_ptr<any_communicator>(const rank_info& who)>;
+
+/// Registers the communicator that multi-rank worlds use (the last one
+/// registered wins). Returns true, for static initialisers.
+bool register_world(world_factory join);
+
+/// Joins the world of `who` through the registered communicator; throws
+/// config_error when none was registered (a multi-rank load without
+/// sluice::gloo).
+[[nodiscard]] std::unique_ptr<any_communicator> join_world(const rank_info& who);
+
+}  // namespace sluice::inline v0::comm
