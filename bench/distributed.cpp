@@ -27,7 +27,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <sluice/comm/gloo.hpp>
+#include <sluice/gloo/communicator.hpp>
 #include <sluice/distributed.hpp>
 #include <sluice/testing/generator.hpp>
 

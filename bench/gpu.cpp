@@ -35,8 +35,8 @@
 #include <sluice/cuda/device.hpp>
 #include <sluice/cuda/device_sink.hpp>
 #include <sluice/cuda/staging.hpp>
-#include <sluice/memory/device.hpp>
-#include <sluice/memory/pinned.hpp>
+#include <sluice/cuda/device_buffer.hpp>
+#include <sluice/cuda/pinned.hpp>
 #include <sluice/sluice.hpp>
 #include <sluice/testing/generator.hpp>
 

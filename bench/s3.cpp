@@ -45,7 +45,7 @@
 #include <fmt/format.h>
 
 #include <sluice/sluice.hpp>
-#include <sluice/source/s3_load.hpp>
+#include <sluice/s3/load.hpp>
 
 #include "common/cli.hpp"
 

@@ -25,15 +25,15 @@
 #include <sluice/probe.hpp>
 #include <sluice/sluice.hpp>
 #if SLUICE_HAS_GLOO
-#include <sluice/comm/gloo.hpp>  // multi-rank worlds are Gloo worlds
+#include <sluice/gloo/communicator.hpp>  // multi-rank worlds are Gloo worlds
 #endif
 #if SLUICE_HAS_S3
-#include <sluice/source/s3_distributed.hpp>
-#include <sluice/source/s3_load.hpp>
+#include <sluice/s3/distributed.hpp>
+#include <sluice/s3/load.hpp>
 #endif
 
 #if SLUICE_HAS_NCCL
-#include <sluice/comm/nccl_lane.hpp>
+#include <sluice/nccl/lane.hpp>
 #include <sluice/cuda/device_sink.hpp>
 #endif
 

@@ -38,7 +38,7 @@
 /// that owns an io_context and a `source` and reads a batch of planned slices
 /// through coalesce | fetch | stage | place into their destinations. The
 /// overloads here read local files (`file_reader`: io_uring); those in
-/// <sluice/source/s3_distributed.hpp> (link sluice::s3) read S3 objects at the
+/// <sluice/s3/distributed.hpp> (link sluice::s3) read S3 objects at the
 /// ETags the catalog pinned, through one connection pool per rank sized so
 /// that the ranks of a node share the node's connections
 /// (`distributed_options::connections_per_rank`). The reader is made inside

@@ -3,7 +3,7 @@
 /// The sluice::error hierarchy. Every error names what it is about: the file or
 /// object, the tensor and the byte range, where they are known. Every class is
 /// declared here, except those of the optional components: S3's in
-/// source/s3/error.hpp, CUDA's and NCCL's in cuda/error.hpp.
+/// s3/error.hpp, CUDA's and NCCL's in cuda/error.hpp.
 
 #include <cstdint>
 #include <cstddef>

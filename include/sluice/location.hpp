@@ -3,7 +3,7 @@
 /// Where a checkpoint is: a local path (a directory, a .safetensors file or
 /// an index file), or a URI whose scheme a storage component registered
 /// (`s3://bucket/prefix/` once a translation unit of the program includes
-/// <sluice/source/s3_source.hpp> and links sluice::s3), or a catalog the
+/// <sluice/s3/source.hpp> and links sluice::s3), or a catalog the
 /// caller makes when the location is opened (an S3 catalog with its own
 /// config: s3_location()). `checkpoint::open(location)` opens any of them;
 /// the checkpoint then remembers its catalog, so `load()` and

@@ -40,7 +40,7 @@ std::shared_ptr<catalog> location::make_catalog() const {
     if (auto it = r.by_scheme.find(s); it != r.by_scheme.end()) make = it->second;
   }
   if (!make) {
-    const std::string hint = s == "s3" ? " (link sluice::s3 and include <sluice/source/s3_source.hpp>)" : "";
+    const std::string hint = s == "s3" ? " (link sluice::s3 and include <sluice/s3/source.hpp>)" : "";
     throw config_error(fmt::format("no storage is registered for {}:// locations{}", s, hint), {uri_});
   }
   return make(uri_);

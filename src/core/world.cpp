@@ -36,7 +36,7 @@ std::unique_ptr<any_communicator> join_world(const rank_info& who) {
     join = r.join;
   }
   if (!join)
-    throw config_error(fmt::format("a {}-rank load needs a communicator: link sluice::gloo and include <sluice/comm/gloo.hpp>",
+    throw config_error(fmt::format("a {}-rank load needs a communicator: link sluice::gloo and include <sluice/gloo/communicator.hpp>",
                                    who.world_size));
   return join(who);
 }

@@ -15,7 +15,7 @@
 #include <sluice/cuda/device.hpp>
 #include <sluice/cuda/device_sink.hpp>
 #include <sluice/cuda/host_register.hpp>
-#include <sluice/memory/device.hpp>
+#include <sluice/cuda/device_buffer.hpp>
 
 namespace sluice::inline v0::cuda {
 

@@ -10,8 +10,8 @@
 
 #include <sluice/cuda/error.hpp>
 #include <sluice/cuda/host_register.hpp>
-#include <sluice/memory/device.hpp>
-#include <sluice/memory/pinned.hpp>
+#include <sluice/cuda/device_buffer.hpp>
+#include <sluice/cuda/pinned.hpp>
 
 namespace sluice::inline v0 {
 namespace {

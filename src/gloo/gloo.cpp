@@ -1,5 +1,5 @@
 // The compiled part of sluice::gloo: everything that includes Gloo's headers.
-#include <sluice/comm/gloo.hpp>
+#include <sluice/gloo/communicator.hpp>
 
 #include <netdb.h>
 #include <poll.h>

@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include <sluice/comm/nccl.hpp>
+#include <sluice/nccl/communicator.hpp>
 #include <sluice/cuda/error.hpp>
 
 namespace sluice::inline v0::comm {

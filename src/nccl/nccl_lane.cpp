@@ -10,10 +10,10 @@
 
 #include <fmt/format.h>
 
-#include <sluice/comm/nccl_lane.hpp>
+#include <sluice/nccl/lane.hpp>
 #include <sluice/cuda/error.hpp>
-#include <sluice/memory/device.hpp>
-#include <sluice/memory/pinned.hpp>
+#include <sluice/cuda/device_buffer.hpp>
+#include <sluice/cuda/pinned.hpp>
 
 namespace sluice::inline v0::comm {
 

@@ -1,9 +1,9 @@
-// The S3 client (see include/sluice/source/s3/client.hpp). The only translation
+// The S3 client (see include/sluice/s3/client.hpp). The only translation
 // unit of sluice that includes Boost.Beast.
 #include <utility>   // before Asio (Boost 1.74)
 
-#include <sluice/source/s3/client.hpp>
-#include <sluice/source/s3/connection_pool.hpp>
+#include <sluice/s3/client.hpp>
+#include <sluice/s3/connection_pool.hpp>
 
 #include "xml.hpp"
 

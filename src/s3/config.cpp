@@ -1,5 +1,5 @@
-// S3 configuration from the AWS conventions (see include/sluice/source/s3/config.hpp).
-#include <sluice/source/s3/config.hpp>
+// S3 configuration from the AWS conventions (see include/sluice/s3/config.hpp).
+#include <sluice/s3/config.hpp>
 
 #include <algorithm>
 #include <cctype>

@@ -1,8 +1,8 @@
 // The data paths of an S3 checkpoint (s3_catalog): the blocking load,
 // compiled once over any_sink, and the distributed load's reader.
 
-#include <sluice/source/s3_distributed.hpp>
-#include <sluice/source/s3_load.hpp>
+#include <sluice/s3/distributed.hpp>
+#include <sluice/s3/load.hpp>
 
 #include <algorithm>
 #include <stop_token>

@@ -1,5 +1,5 @@
-// AWS SigV4 (see include/sluice/source/s3/sigv4.hpp).
-#include <sluice/source/s3/sigv4.hpp>
+// AWS SigV4 (see include/sluice/s3/sigv4.hpp).
+#include <sluice/s3/sigv4.hpp>
 
 #include <sluice/error.hpp>
 

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <sluice/comm/gloo.hpp>
+#include <sluice/gloo/communicator.hpp>
 #include <sluice/distributed.hpp>
 #include <sluice/format/writer.hpp>
 #include <sluice/sink/callback_sink.hpp>

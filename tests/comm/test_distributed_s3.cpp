@@ -1,4 +1,4 @@
-// Tests for include/sluice/source/s3_distributed.hpp: a generated checkpoint
+// Tests for include/sluice/s3/distributed.hpp: a generated checkpoint
 // uploaded to the S3 test server (s3rver with SigV4 verification, see
 // tests/source/s3_test_support.hpp), loaded by N forked ranks talking Gloo
 // over loopback, each reading only its planned slices from S3.
@@ -15,9 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include <sluice/comm/gloo.hpp>
+#include <sluice/gloo/communicator.hpp>
 #include <sluice/sink/digest_sink.hpp>
-#include <sluice/source/s3_distributed.hpp>
+#include <sluice/s3/distributed.hpp>
 #include <sluice/testing/generator.hpp>
 
 #include "multiprocess.hpp"

@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include <sluice/comm/gloo.hpp>
+#include <sluice/gloo/communicator.hpp>
 #include <sluice/comm/local.hpp>
 
 #include "multiprocess.hpp"

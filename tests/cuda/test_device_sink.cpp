@@ -16,7 +16,7 @@
 #include <sluice/distributed.hpp>
 #include <sluice/load_file.hpp>
 #include <sluice/memory/shared_host.hpp>
-#include <sluice/memory/device.hpp>
+#include <sluice/cuda/device_buffer.hpp>
 #include <sluice/testing/generator.hpp>
 
 #include "device_or_skip.hpp"

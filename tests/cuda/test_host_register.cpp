@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/cuda/host_register.hpp>
-#include <sluice/memory/pinned.hpp>
+#include <sluice/cuda/pinned.hpp>
 
 #include "device_or_skip.hpp"
 

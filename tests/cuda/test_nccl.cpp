@@ -1,4 +1,4 @@
-// tests for <sluice/comm/nccl.hpp>
+// tests for <sluice/nccl/communicator.hpp>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -7,9 +7,9 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/comm/local.hpp>
-#include <sluice/comm/nccl.hpp>
+#include <sluice/nccl/communicator.hpp>
 #include <sluice/cuda/error.hpp>
-#include <sluice/memory/device.hpp>
+#include <sluice/cuda/device_buffer.hpp>
 
 #include "device_or_skip.hpp"
 #include "support/redis_server.hpp"

@@ -1,4 +1,4 @@
-// tests for <sluice/comm/nccl_lane.hpp>: the device lane of a distributed load.
+// tests for <sluice/nccl/lane.hpp>: the device lane of a distributed load.
 // One GPU per machine here, and NCCL refuses two ranks on one device, so the
 // device test is a one-rank world: reads -> pinned host -> upload -> (an empty
 // NCCL exchange) -> device views -> cuda::device_sink device-to-device. The
@@ -14,10 +14,10 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/comm/local.hpp>
-#include <sluice/comm/nccl_lane.hpp>
+#include <sluice/nccl/lane.hpp>
 #include <sluice/cuda/device_sink.hpp>
 #include <sluice/distributed.hpp>
-#include <sluice/memory/pinned.hpp>
+#include <sluice/cuda/pinned.hpp>
 #include <sluice/testing/generator.hpp>
 
 #include "device_or_skip.hpp"

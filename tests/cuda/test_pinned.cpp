@@ -1,4 +1,4 @@
-// tests for <sluice/memory/pinned.hpp>, <sluice/memory/device.hpp>,
+// tests for <sluice/cuda/pinned.hpp>, <sluice/cuda/device_buffer.hpp>,
 // <sluice/cuda/staging.hpp> and the staging pool's external-memory hook.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,8 +12,8 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/cuda/staging.hpp>
-#include <sluice/memory/device.hpp>
-#include <sluice/memory/pinned.hpp>
+#include <sluice/cuda/device_buffer.hpp>
+#include <sluice/cuda/pinned.hpp>
 
 #include "device_or_skip.hpp"
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-#include <sluice/comm/gloo.hpp>
+#include <sluice/gloo/communicator.hpp>
 #include <sluice/distributed.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/generator.hpp>

@@ -1,8 +1,8 @@
 #pragma once
 // Helpers shared by the S3 tests: running child processes (python3, node,
 // scripts/s3-server.sh), botocore as a signing oracle, and the test servers.
-#include <sluice/source/s3/client.hpp>
-#include <sluice/source/s3/sigv4.hpp>
+#include <sluice/s3/client.hpp>
+#include <sluice/s3/sigv4.hpp>
 
 #include <atomic>
 #include <chrono>

@@ -1,7 +1,7 @@
-// Tests for include/sluice/source/s3/client.hpp against s3rver with SigV4
+// Tests for include/sluice/s3/client.hpp against s3rver with SigV4
 // verification (scripts/s3-server.sh; see s3_test_support.hpp for how the
 // servers are found or started) and through the fault proxy.
-#include <sluice/source/s3/client.hpp>
+#include <sluice/s3/client.hpp>
 
 #include <catch2/catch.hpp>
 

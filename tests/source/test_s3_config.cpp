@@ -1,6 +1,6 @@
-// Tests for include/sluice/source/s3/config.hpp: the AWS conventions, with a
+// Tests for include/sluice/s3/config.hpp: the AWS conventions, with a
 // private environment and a temporary HOME.
-#include <sluice/source/s3/config.hpp>
+#include <sluice/s3/config.hpp>
 
 #include <catch2/catch.hpp>
 

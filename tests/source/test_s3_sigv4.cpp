@@ -1,6 +1,6 @@
-// Tests for include/sluice/source/s3/sigv4.hpp: AWS's published examples and
+// Tests for include/sluice/s3/sigv4.hpp: AWS's published examples and
 // botocore (Debian's python3-botocore) as an independent oracle.
-#include <sluice/source/s3/sigv4.hpp>
+#include <sluice/s3/sigv4.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
-// Tests for include/sluice/source/s3_source.hpp (s3_source, s3_catalog) against
+// Tests for include/sluice/s3/source.hpp (s3_source, s3_catalog) against
 // s3rver with SigV4 verification (see s3_test_support.hpp).
-#include <sluice/source/s3_load.hpp>
-#include <sluice/source/s3_source.hpp>
+#include <sluice/s3/load.hpp>
+#include <sluice/s3/source.hpp>
 
 #include <catch2/catch.hpp>
 

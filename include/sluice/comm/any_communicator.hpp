@@ -5,7 +5,7 @@
 ///
 /// The tool-level distributed load (distributed/world.hpp) joins the world a
 /// `rank_info` describes: one rank needs nothing; more need the component
-/// that registered itself here (sluice::gloo, from <sluice/comm/gloo.hpp>).
+/// that registered itself here (sluice::gloo, from <sluice/gloo/communicator.hpp>).
 /// So what a program can do depends on what it links and includes, never on
 /// a macro inside a header template (which would differ between translation
 /// units).

@@ -45,7 +45,7 @@ namespace sluice::inline v0 {
 inline constexpr std::byte poison_byte{0xDB};
 
 /// Memory a pool is built over instead of its own mapping (e.g. pinned host
-/// memory from sluice/memory/pinned.hpp). `region` must be 4096-byte aligned;
+/// memory from sluice/cuda/pinned.hpp). `region` must be 4096-byte aligned;
 /// `keep` owns it and is released with the pool (after the last lease).
 struct staging_memory {
   std::span<std::byte> region;

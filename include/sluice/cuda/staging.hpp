@@ -8,7 +8,7 @@
 ///   load(ck, device_sink, pool, opts);
 
 #include <sluice/core/staging_pool.hpp>
-#include <sluice/memory/pinned.hpp>
+#include <sluice/cuda/pinned.hpp>
 
 namespace sluice::inline v0::cuda {
 

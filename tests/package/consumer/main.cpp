@@ -10,9 +10,9 @@
 #include <boost/asio/io_context.hpp>
 
 #include <sluice/sluice.hpp>
-#include <sluice/source/s3/client.hpp>
-#include <sluice/source/s3/config.hpp>
-#include <sluice/source/s3/sigv4.hpp>
+#include <sluice/s3/client.hpp>
+#include <sluice/s3/config.hpp>
+#include <sluice/s3/sigv4.hpp>
 
 #ifndef SLUICE_HAS_S3
 #error "sluice::s3 must define SLUICE_HAS_S3"

@@ -23,9 +23,9 @@
 #include <sluice/core/task.hpp>
 #include <sluice/location.hpp>
 #include <sluice/source/concepts.hpp>
-#include <sluice/source/s3/client.hpp>
-#include <sluice/source/s3/config.hpp>
-#include <sluice/source/s3/error.hpp>
+#include <sluice/s3/client.hpp>
+#include <sluice/s3/config.hpp>
+#include <sluice/s3/error.hpp>
 
 namespace sluice::inline v0 {
 
@@ -152,7 +152,7 @@ class s3_catalog final : public catalog {
   /// Range GETs through an s3_source pinned to the ETags this catalog saw
   /// (src/s3/load.cpp); up to twice the connections in flight.
   [[nodiscard]] load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) override;
-  /// An s3_reader (source/s3_distributed.hpp) with rank_connections() connections.
+  /// An s3_reader (s3/distributed.hpp) with rank_connections() connections.
   [[nodiscard]] std::unique_ptr<any_slice_reader> slice_reader(const checkpoint& ck, const load_options& opt,
                                                                const reader_sizing& sizing) override;
 

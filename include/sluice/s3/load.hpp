@@ -17,7 +17,7 @@
 #include <sluice/load.hpp>
 #include <sluice/load_file.hpp>
 #include <sluice/sink/any_sink.hpp>
-#include <sluice/source/s3_source.hpp>
+#include <sluice/s3/source.hpp>
 
 namespace sluice::inline v0 {
 

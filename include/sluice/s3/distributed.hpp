@@ -35,8 +35,8 @@
 #include <sluice/comm/concepts.hpp>
 #include <sluice/comm/store.hpp>
 #include <sluice/distributed.hpp>
-#include <sluice/source/s3/config.hpp>
-#include <sluice/source/s3_source.hpp>
+#include <sluice/s3/config.hpp>
+#include <sluice/s3/source.hpp>
 
 namespace sluice::inline v0 {
 

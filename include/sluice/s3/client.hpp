@@ -18,8 +18,8 @@
 
 #include <sluice/core/task.hpp>
 #include <sluice/source/concepts.hpp>
-#include <sluice/source/s3/config.hpp>
-#include <sluice/source/s3/error.hpp>
+#include <sluice/s3/config.hpp>
+#include <sluice/s3/error.hpp>
 
 namespace sluice::inline v0::s3 {
 

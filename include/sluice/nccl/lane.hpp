@@ -35,7 +35,7 @@
 #include <memory>
 #include <span>
 
-#include <sluice/comm/nccl.hpp>
+#include <sluice/nccl/communicator.hpp>
 #include <sluice/core/lease.hpp>
 #include <sluice/comm/device_lane.hpp>
 

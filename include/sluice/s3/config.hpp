@@ -15,8 +15,8 @@
 #include <string_view>
 
 #include <sluice/error.hpp>
-#include <sluice/source/s3/retry.hpp>
-#include <sluice/source/s3/sigv4.hpp>
+#include <sluice/s3/retry.hpp>
+#include <sluice/s3/sigv4.hpp>
 
 namespace sluice::inline v0::s3 {
 
