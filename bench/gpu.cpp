@@ -127,7 +127,7 @@ int main(int argc, char** argv) try {
 
   // ---- the checkpoint and its ground truth
   const auto gen = testing::options_for_size(size);
-  auto plan = testing::make_plan(gen);
+  auto plan = testing::make_layout(gen);
   const auto index = std::filesystem::path(dir) / "model.safetensors.index.json";
   bool fresh = !std::filesystem::exists(index);
   if (!fresh && checkpoint::open(dir).tensor_bytes() != plan.total_size) {

@@ -31,7 +31,7 @@ namespace gen = sluice::testing;
 namespace {
 constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 
-std::uint64_t ordinary_bytes(const gen::checkpoint_plan& p) {
+std::uint64_t ordinary_bytes(const gen::checkpoint_layout& p) {
   std::uint64_t n = 0;
   for (const auto& t : p.tensors)
     if (t.name.find(".engram.") == std::string::npos || t.name.ends_with(".weight")) n += t.size;
@@ -49,13 +49,13 @@ gen::generator_options shape_for(std::uint64_t target) {
   o.max_shard_bytes = std::uint64_t{4} << 30;
   // ordinary(mi) is affine in the expert width: two samples solve it.
   o.moe_intermediate = 2048;
-  const double a = static_cast<double>(ordinary_bytes(gen::make_plan(o)));
+  const double a = static_cast<double>(ordinary_bytes(gen::make_layout(o)));
   o.moe_intermediate = 1024;
-  const double b = static_cast<double>(ordinary_bytes(gen::make_plan(o)));
+  const double b = static_cast<double>(ordinary_bytes(gen::make_layout(o)));
   const double want = 0.6 * static_cast<double>(target);
   const double mi = 1024 + (want - b) / (a - b) * 1024;
   o.moe_intermediate = std::max<std::uint64_t>(128, static_cast<std::uint64_t>(mi) / 128 * 128);
-  const auto ord = ordinary_bytes(gen::make_plan(o));
+  const auto ord = ordinary_bytes(gen::make_layout(o));
   const double per_row = static_cast<double>(o.engram_dim) + 4.0 * static_cast<double>((o.engram_dim + 127) / 128);
   if (target > ord)
     o.engram_rows = std::max<std::uint64_t>(16, static_cast<std::uint64_t>(static_cast<double>(target - ord) / o.engram_tables / per_row));
@@ -90,7 +90,7 @@ int main(int argc, char** argv) try {
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   const auto o = shape_for(static_cast<std::uint64_t>(size_gib * gib));
-  const auto desc = gen::make_plan(o);
+  const auto desc = gen::make_layout(o);
   const double gen_s = std::chrono::duration<double>(clock::now() - t0).count();
   std::vector<policy::tensor_info> tensors;
   tensors.reserve(desc.tensors.size());
@@ -132,7 +132,7 @@ int main(int argc, char** argv) try {
                static_cast<double>(p.shared_bytes) / gib, split_rows, split_columns);
     fmt::print("  {:>4} {:>5} {:>10} {:>10} {:>12} {:>10}\n", "rank", "stage", "read GiB", "kept GiB", "received GiB", "sent GiB");
     for (std::size_t r = 0; r < p.world; ++r)
-      fmt::print("  {:>4} {:>5} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f}\n", r, p.stage_of(static_cast<policy::rank_t>(r)),
+      fmt::print("  {:>4} {:>5} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f}\n", r, p.pp_stage_of(static_cast<policy::rank_t>(r)),
                  static_cast<double>(p.read_bytes[r]) / gib, static_cast<double>(kept[r]) / gib,
                  static_cast<double>(p.received_bytes[r]) / gib, static_cast<double>(p.sent_bytes[r]) / gib);
     fmt::print("\n");

@@ -81,7 +81,7 @@ int main(int argc, char** argv) try {
   if (!shard_size.empty()) o.max_shard_bytes = parse_size(shard_size);
   if (no_draft) o.draft = false;
   if (vl_prefix) o.vl_prefix = true;
-  const auto plan = t::make_plan(o);
+  const auto plan = t::make_layout(o);
   if (!plan_only) t::write_checkpoint(dir, plan);
   if (!digests.empty()) {
     std::ofstream f(digests, std::ios::trunc);

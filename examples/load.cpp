@@ -363,7 +363,7 @@ int main(int argc, char** argv) try {
     if (o.json)
       std::printf("%s\n", j.dump(2).c_str());
     else {
-      print_plan(std::cout, report.plan);
+      print_probe_plan(std::cout, report.plan);
       if (!readers.empty()) {
         std::printf("\nreaders under %s, offload %s (rank: bytes read from storage)\n", o.topology.c_str(), o.offload.c_str());
         for (const auto& [layer, by_rank] : readers) {

@@ -88,8 +88,8 @@ struct load_stats {
   std::size_t slots = 0;
   std::size_t slots_used = 0;           ///< most slots leased at once
   double seconds = 0;                   ///< wall time of the data path
-  stage_counters fetch;                 ///< reads in flight (busy time)
-  stage_counters place;                 ///< time in the sink
+  step_counters fetch;                 ///< reads in flight (busy time)
+  step_counters place;                 ///< time in the sink
 };
 
 /// Bytes of slot needed for `max_read`-byte requests (room for O_DIRECT
@@ -111,7 +111,7 @@ template <sink Sink>
 /// Builds the jobs of a load: every tensor, with its direct destination where
 /// the sink offers one.
 template <sink Sink>
-[[nodiscard]] std::vector<byte_extent> plan_jobs(const checkpoint& ck, Sink& s) {
+[[nodiscard]] std::vector<byte_extent> whole_extents(const checkpoint& ck, Sink& s) {
   std::vector<byte_extent> jobs;
   jobs.reserve(ck.tensors().size());
   for (const auto& t : ck.tensors()) {
@@ -135,7 +135,7 @@ template <source Source, sink Sink>
   st.slot_size = pool.slot_size();
   st.slots = pool.slot_count();
   const auto read_before = src.counters().bytes_read.load();
-  auto jobs = plan_jobs(ck, s);
+  auto jobs = whole_extents(ck, s);
   if (opt.progress) {
     opt.progress->total_bytes = ck.tensor_bytes();
     opt.progress->total_tensors = ck.tensors().size();

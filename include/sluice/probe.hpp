@@ -10,7 +10,7 @@
 /// Wiring for a command-line tool (`--probe`, `--contract-out FILE`):
 /// \code
 ///   auto report = sluice::probe_contract(ck);           // or (ck, engine_loader)
-///   sluice::print_plan(std::cout, report.plan);         // --probe
+///   sluice::print_probe_plan(std::cout, report.plan);         // --probe
 ///   sluice::manifest::save(report.contract, file);      // --contract-out FILE
 /// \endcode
 
@@ -73,7 +73,7 @@ struct accept_all {
 };
 
 /// One layer of a load plan.
-struct layer_plan {
+struct probe_layer {
   std::int64_t layer = manifest::non_layer;
   std::size_t keys = 0;     ///< applications in the layer's contract
   std::size_t tensors = 0;  ///< distinct source tensors
@@ -81,8 +81,8 @@ struct layer_plan {
 };
 
 /// A load plan: per layer (non-layer tensors first), what a load would apply.
-struct load_plan {
-  std::vector<layer_plan> layers;
+struct probe_plan {
+  std::vector<probe_layer> layers;
   std::size_t keys = 0;
   std::size_t tensors = 0;              ///< tensors offered
   std::size_t accepted = 0;             ///< tensors the loader accepted
@@ -106,8 +106,8 @@ struct load_plan {
 };
 
 /// The plan of a contract and the probe that built it.
-[[nodiscard]] inline load_plan make_plan(const manifest::contract& c, const probe_result& r) {
-  load_plan p;
+[[nodiscard]] inline probe_plan make_probe_plan(const manifest::contract& c, const probe_result& r) {
+  probe_plan p;
   for (const auto& [l, lc] : c.layers()) {
     p.layers.push_back({l, lc.keys.size(), lc.sources().size(), lc.bytes});
     p.keys += lc.keys.size();
@@ -124,7 +124,7 @@ struct load_plan {
 struct probe_report {
   probe_result result;
   manifest::contract contract;
-  load_plan plan;
+  probe_plan plan;
 };
 
 /// Probes `ck` through a recorder around `loader` (default: accept_all) and
@@ -136,12 +136,12 @@ template <manifest::recordable_loader F = accept_all>
   probe_report rep;
   rep.result = probe(ck, rec);
   rep.contract = rec.freeze();
-  rep.plan = make_plan(rep.contract, rep.result);
+  rep.plan = make_probe_plan(rep.contract, rep.result);
   return rep;
 }
 
 /// Prints the plan, one line per layer, then a total line.
-inline void print_plan(std::ostream& os, const load_plan& p) {
+inline void print_probe_plan(std::ostream& os, const probe_plan& p) {
   os << fmt::format("{:<20} {:>8} {:>8} {:>16}\n", "layer", "keys", "tensors", "bytes");
   for (const auto& l : p.layers)
     os << fmt::format("{:<20} {:>8} {:>8} {:>16}\n", l.layer == manifest::non_layer ? std::string("non-layer") : std::to_string(l.layer),

@@ -26,7 +26,7 @@ using namespace sluice;
 namespace {
 struct temp_checkpoint {
   std::filesystem::path dir;
-  testing::checkpoint_plan plan;
+  testing::checkpoint_layout plan;
   explicit temp_checkpoint(testing::generator_options o = {}) {
     static int n = 0;
     dir = std::filesystem::temp_directory_path() / ("sluice-cuda-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
@@ -40,7 +40,7 @@ struct temp_checkpoint {
 };
 
 // Every tensor copied back from the device and hashed, against the plan.
-void require_digests(const cuda::device_sink& s, const testing::checkpoint_plan& plan) {
+void require_digests(const cuda::device_sink& s, const testing::checkpoint_layout& plan) {
   std::size_t checked = 0;
   for (const auto& t : testing::expected_tensors(plan)) {
     const auto d = s.get(t.name);

@@ -37,7 +37,7 @@ TEST_CASE("content is a pure function of (seed, name, offset), whatever the chun
 
 TEST_CASE("the plan has every kind of tensor a DeepSeek-like checkpoint holds", "[testing][generator]") {
   const gen::generator_options o;
-  const auto plan = gen::make_plan(o);
+  const auto plan = gen::make_layout(o);
   std::map<gen::tensor_role, std::size_t> roles;
   for (const auto& t : plan.tensors) ++roles[t.role];
   for (auto r : {gen::tensor_role::embedding, gen::tensor_role::norm, gen::tensor_role::attention, gen::tensor_role::dense_mlp,
@@ -71,7 +71,7 @@ TEST_CASE("the plan has every kind of tensor a DeepSeek-like checkpoint holds", 
 
 TEST_CASE("each Engram table sits in a shard of its own with a few small ordinary tensors", "[testing][generator]") {
   const gen::generator_options o;
-  const auto plan = gen::make_plan(o);
+  const auto plan = gen::make_layout(o);
   std::set<std::uint32_t> table_shards;
   for (const auto& t : plan.tensors)
     if (t.role == gen::tensor_role::engram_table && t.name.ends_with(".table")) {
@@ -92,7 +92,7 @@ TEST_CASE("each Engram table sits in a shard of its own with a few small ordinar
 }
 
 TEST_CASE("the draft module fills three shards that hold nothing else", "[testing][generator]") {
-  const auto plan = gen::make_plan(gen::generator_options{});
+  const auto plan = gen::make_layout(gen::generator_options{});
   std::set<std::uint32_t> draft_shards;
   for (const auto& t : plan.tensors)
     if (t.role == gen::tensor_role::draft) draft_shards.insert(t.shard);
@@ -130,7 +130,7 @@ TEST_CASE("written files are the plan byte for byte, and the index verifies agai
 
 TEST_CASE("a target size scales the checkpoint to about that many bytes", "[testing][generator]") {
   for (std::uint64_t target : {16ull << 20, 256ull << 20, 2ull << 30, 20ull << 30}) {
-    const auto plan = gen::make_plan(gen::options_for_size(target));
+    const auto plan = gen::make_layout(gen::options_for_size(target));
     CAPTURE(target, plan.total_size);
     CHECK(plan.total_size <= target * 11 / 10);
     CHECK(plan.total_size >= target * 8 / 10);
@@ -139,7 +139,7 @@ TEST_CASE("a target size scales the checkpoint to about that many bytes", "[test
       if (t.role == gen::tensor_role::engram_table) engram += t.size;
     CHECK(engram * 100 / plan.total_size >= 30);  // a large part is Engram tables, as in the design checkpoint
   }
-  CHECK(gen::make_plan(gen::options_for_size(1024)).total_size > 0);  // tiny targets get the minimal model
+  CHECK(gen::make_layout(gen::options_for_size(1024)).total_size > 0);  // tiny targets get the minimal model
 }
 
 TEST_CASE("a metadata-only plan of many thousand tensors is computed without writing anything", "[testing][generator]") {
@@ -147,7 +147,7 @@ TEST_CASE("a metadata-only plan of many thousand tensors is computed without wri
   o.layers = 8;
   o.experts = 64;
   o.max_shard_bytes = 1 << 20;
-  const auto plan = gen::make_plan(o);
+  const auto plan = gen::make_layout(o);
   CHECK(plan.tensors.size() > 8 * 64 * 6 - 64 * 6);
   CHECK(plan.shards.size() > 3);
   for (const auto& s : plan.shards) CHECK(s.header_json.front() == '{');
@@ -170,7 +170,7 @@ TEST_CASE("sha256 matches the FIPS 180-4 test vectors", "[testing][generator]") 
 }
 
 TEST_CASE("expected tensors carry each tensor's name, dtype, shape and the sha256 of its bytes", "[testing][generator]") {
-  const auto plan = gen::make_plan(gen::generator_options{});
+  const auto plan = gen::make_layout(gen::generator_options{});
   const auto expected = gen::expected_tensors(plan);
   REQUIRE(expected.size() == plan.tensors.size());
   for (std::size_t i = 0; i < expected.size(); i += 7) {
@@ -192,7 +192,7 @@ TEST_CASE("every planned header validates with the parser, without writing any d
   o.layers = 6;
   o.experts = 32;
   o.max_shard_bytes = 256 << 10;
-  const auto plan = gen::make_plan(o);
+  const auto plan = gen::make_layout(o);
   REQUIRE(plan.tensors.size() > 5 * 32 * 6);
   std::size_t seen = 0;
   for (const auto& sh : plan.shards) {

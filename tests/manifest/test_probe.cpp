@@ -111,7 +111,7 @@ TEST_CASE("the plan lists keys and bytes per layer and prints one line per layer
   for (const auto& t : ck.tensors()) CHECK(rep.contract.contains({t.name, t.name, {}}));
 
   std::ostringstream os;
-  print_plan(os, rep.plan);
+  print_probe_plan(os, rep.plan);
   const auto out = os.str();
   INFO(out);
   CHECK(std::count(out.begin(), out.end(), '\n') == n_layers + 3);  // heading, layers, total

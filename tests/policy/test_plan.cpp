@@ -12,7 +12,7 @@ using namespace sluice::policy;
 namespace {
 // A DeepSeek-like tensor list, metadata only (the generator's plan; no bytes).
 std::vector<tensor_info> deepseek_like(std::uint64_t bytes = std::uint64_t{2} << 30) {
-  const auto p = testing::make_plan(testing::options_for_size(bytes));
+  const auto p = testing::make_layout(testing::options_for_size(bytes));
   std::vector<tensor_info> v;
   for (const auto& t : p.tensors) v.push_back({t.name, t.size, t.shape});
   return v;
@@ -38,8 +38,7 @@ void require_reads_tile(const load_plan& p) {
 }
 }  // namespace
 
-TEST_CASE("a load plan models the placement policy concept", "[policy][plan]") {
-  STATIC_REQUIRE(placement_policy<load_plan>);
+TEST_CASE("offload strategies model the offload_strategy concept", "[policy][plan]") {
   STATIC_REQUIRE(offload_strategy<offload::shared_host<offload::cooperative>>);
   STATIC_REQUIRE(offload::shared_host<offload::single_reader>::kind == offload_kind::shared_single);
 }
@@ -227,7 +226,7 @@ namespace {
 // The ranks of pipeline stage k in a plan.
 rank_set stage_set(const load_plan& p, std::size_t k) {
   rank_set s(p.world);
-  for (std::size_t r = 0; r < p.stage_size(); ++r) s.insert(static_cast<rank_t>(k * p.stage_size() + r));
+  for (std::size_t r = 0; r < p.pp_stage_size(); ++r) s.insert(static_cast<rank_t>(k * p.pp_stage_size() + r));
   return s;
 }
 bool subset(const rank_set& a, const rank_set& b) {
@@ -244,7 +243,7 @@ TEST_CASE("TP4xPP2: a stage owns a contiguous range of layers, embeddings first,
   REQUIRE(p.world == 8);
   REQUIRE(p.layers == 7);
   // 7 layers over 2 stages: the extra one to the stage before the last (vLLM's split).
-  REQUIRE(p.stage_begin == std::vector<std::uint64_t>{0, 4, 7});
+  REQUIRE(p.pp_stage_begin == std::vector<std::uint64_t>{0, 4, 7});
   REQUIRE(p.entry("model.embed_tokens.weight").stage == 0);
   REQUIRE(p.entry("model.embed_tokens.weight").owners == stage_set(p, 0));
   REQUIRE(p.entry("model.norm.weight").stage == 1);
@@ -257,8 +256,8 @@ TEST_CASE("TP4xPP2: a stage owns a contiguous range of layers, embeddings first,
     INFO(e.info.name);
     if (e.info.layer >= 0) {
       const auto k = static_cast<std::size_t>(e.stage);
-      REQUIRE(static_cast<std::uint64_t>(e.info.layer) >= p.stage_begin[k]);
-      REQUIRE(static_cast<std::uint64_t>(e.info.layer) < p.stage_begin[k + 1]);
+      REQUIRE(static_cast<std::uint64_t>(e.info.layer) >= p.pp_stage_begin[k]);
+      REQUIRE(static_cast<std::uint64_t>(e.info.layer) < p.pp_stage_begin[k + 1]);
       REQUIRE(subset(e.owners, stage_set(p, k)));
     }
     if (e.shared()) continue;
@@ -270,7 +269,7 @@ TEST_CASE("TP4xPP2: a stage owns a contiguous range of layers, embeddings first,
   const auto& q = p.entry("model.layers.5.self_attn.q_proj.weight");
   REQUIRE(q.split == tp_split::rows);
   REQUIRE(q.reads.size() == 4);
-  for (const auto& r : q.reads) REQUIRE(p.stage_of(r.reader) == 1);
+  for (const auto& r : q.reads) REQUIRE(p.pp_stage_of(r.reader) == 1);
 }
 
 TEST_CASE("PP with experts: each stage holds every expert of its layers, EP within the stage", "[policy][plan][pp]") {
@@ -284,25 +283,25 @@ TEST_CASE("PP with experts: each stage holds every expert of its layers, EP with
   }
 }
 
-TEST_CASE("PP options: explicit stage split, even_stages, configurable anchors and layer pattern", "[policy][plan][pp]") {
+TEST_CASE("PP options: explicit stage split, even_pp_stages, configurable anchors and layer pattern", "[policy][plan][pp]") {
   const auto tensors = deepseek_like(64u << 20);  // 7 layer indices
   const auto topo = parse_topology("tp4,pp2");
   plan_options o;
-  o.stage_layers = {2, 5};
-  REQUIRE(make_plan(tensors, classifier::deepseek(), topo, offload_kind::none, o).stage_begin ==
+  o.pp_stage_layers = {2, 5};
+  REQUIRE(make_plan(tensors, classifier::deepseek(), topo, offload_kind::none, o).pp_stage_begin ==
           std::vector<std::uint64_t>{0, 2, 7});
-  o.stage_layers = {2, 4};
+  o.pp_stage_layers = {2, 4};
   REQUIRE_THROWS_WITH(make_plan(tensors, classifier::deepseek(), topo, offload_kind::none, o),
                       Catch::Contains("add up to 6, the checkpoint has 7 layers"));
-  o.stage_layers = {};
-  o.even_stages = true;
+  o.pp_stage_layers = {};
+  o.even_pp_stages = true;
   REQUIRE_THROWS_WITH(make_plan(tensors, classifier::deepseek(), topo, offload_kind::none, o),
                       Catch::Contains("PP=2 does not divide the 7 layers"));
   REQUIRE_THROWS_WITH(make_plan(tensors, classifier::deepseek(), parse_topology("pp8"), offload_kind::none),
                       Catch::Contains("PP=8 stages exceed the 7 layers"));
   // lm_head with the first stage, by option.
   classify_options co = classifier::deepseek().options();
-  co.first_stage_pattern = R"((^|\.)(embed_tokens|lm_head)\.)";
+  co.first_pp_stage_pattern = R"((^|\.)(embed_tokens|lm_head)\.)";
   const auto p = make_plan(tensors, classifier(co), topo, offload_kind::none);
   REQUIRE(p.entry("lm_head.weight").stage == 0);
   REQUIRE(p.entry("model.norm.weight").stage == 1);

@@ -70,7 +70,7 @@ TEST_CASE("PP stages are contiguous blocks of TP x DP ranks; topology<TP, DP, EP
   STATIC_REQUIRE(sizeof(tp4_pp2) == 1);
   constexpr tp4_pp2 t;
   STATIC_REQUIRE(t.world_size() == 8);
-  STATIC_REQUIRE(t.stage_size() == 4);
+  STATIC_REQUIRE(t.pp_stage_size() == 4);
   STATIC_REQUIRE(t.coords(3) == rank_coords{3, 3, 0, 0, 0});
   STATIC_REQUIRE(t.coords(5) == rank_coords{5, 1, 0, 0, 1});
   constexpr topology<2, 2, 4, 2> u;

@@ -41,14 +41,14 @@ struct classify_options {
   /// owns a contiguous range of layers).
   std::string layer_pattern = R"(layers\.(\d+)\.)";
   /// Layer-less tensors that go with the first pipeline stage.
-  std::string first_stage_pattern = R"((^|\.)embed_tokens\.)";
+  std::string first_pp_stage_pattern = R"((^|\.)embed_tokens\.)";
   /// Layer-less tensors that go with the last pipeline stage (final norm, lm_head).
   /// Layer-less tensors matching neither pattern are owned by every stage.
-  std::string last_stage_pattern = R"((^|\.)lm_head\.|^model\.(language_model\.)?norm\.)";
+  std::string last_pp_stage_pattern = R"((^|\.)lm_head\.|^model\.(language_model\.)?norm\.)";
 };
 
 /// Which pipeline stage a layer-less tensor goes with.
-enum class stage_anchor : std::uint8_t { every, first, last };
+enum class pp_anchor : std::uint8_t { every, first, last };
 
 /// Assigns tensor classes by name (and size). Copyable; the regexes are compiled once.
 class classifier {
@@ -62,10 +62,10 @@ class classifier {
       if (!opt_.column_sliced_pattern.empty())
         column_ = std::regex(opt_.column_sliced_pattern, std::regex::ECMAScript | std::regex::optimize);
       if (!opt_.layer_pattern.empty()) layer_ = std::regex(opt_.layer_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.first_stage_pattern.empty())
-        first_ = std::regex(opt_.first_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.last_stage_pattern.empty())
-        last_ = std::regex(opt_.last_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.first_pp_stage_pattern.empty())
+        first_ = std::regex(opt_.first_pp_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
+      if (!opt_.last_pp_stage_pattern.empty())
+        last_ = std::regex(opt_.last_pp_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
     } catch (const std::regex_error& e) {
       throw config_error(fmt::format("classifier: bad pattern: {}", e.what()));
     }
@@ -110,10 +110,10 @@ class classifier {
   }
 
   /// The stage a layer-less tensor goes with (first wins when both patterns match).
-  [[nodiscard]] stage_anchor anchor(const tensor_info& t) const {
-    if (first_ && std::regex_search(t.name, *first_)) return stage_anchor::first;
-    if (last_ && std::regex_search(t.name, *last_)) return stage_anchor::last;
-    return stage_anchor::every;
+  [[nodiscard]] pp_anchor anchor(const tensor_info& t) const {
+    if (first_ && std::regex_search(t.name, *first_)) return pp_anchor::first;
+    if (last_ && std::regex_search(t.name, *last_)) return pp_anchor::last;
+    return pp_anchor::every;
   }
 
   /// A classified copy.

@@ -127,14 +127,4 @@ struct tensor_info {
   [[nodiscard]] static tensor_info from(const tensor_ref& t) { return {t.name, t.size, t.shape}; }
 };
 
-/// A placement policy answers, for every tensor, who needs it, who reads it
-/// from storage, and where each rank keeps it. Policies are consulted once,
-/// to compute a plan (policy/plan.hpp); the run-time path reads only the plan.
-template <class P>
-concept placement_policy = requires(const P& p, const tensor_info& t, rank_t r) {
-  { p.owners(t) } -> std::same_as<rank_set>;
-  { p.reader(t) } -> std::same_as<rank_t>;
-  { p.destination(t, r) } -> std::same_as<destination>;
-};
-
 }  // namespace sluice::inline v0::policy

@@ -20,7 +20,7 @@
 ///
 /// Validation happens here, before any I/O: experts that do not spread
 /// evenly over EP, more stages than layers, layers that PP does not divide
-/// (when `even_stages` asks for it) or an explicit stage split that does not
+/// (when `even_pp_stages` asks for it) or an explicit stage split that does not
 /// add up are config_errors naming the numbers.
 #include <algorithm>
 #include <cstdint>
@@ -51,9 +51,9 @@ struct plan_options {
   std::uint64_t segment_alignment = 4096;              ///< tables start at multiples of this in the shared segment
   /// PP > 1: layers per stage, in stage order (empty: split evenly, the
   /// remainder going to the stages before the last, as vLLM's get_pp_indices).
-  std::vector<std::size_t> stage_layers;
+  std::vector<std::size_t> pp_stage_layers;
   /// PP > 1: require PP to divide the number of layers.
-  bool even_stages = false;
+  bool even_pp_stages = false;
   /// Accept routed experts that do not spread evenly over EP (neither the
   /// experts per layer nor EP a multiple of the other): some EP ranks then
   /// hold one expert more than others.
@@ -100,7 +100,9 @@ struct plan_entry {
   [[nodiscard]] bool shared() const noexcept { return owner_destination == destination::shared_host; }
 };
 
-/// A computed plan (run-time data only). Models placement_policy.
+/// A computed plan (run-time data only): for every tensor, who owns it
+/// (`owners`), who reads it (`reader`) and where each rank keeps it
+/// (`destination`). The driver reads nothing else.
 class load_plan {
  public:
   std::size_t tp = 1, dp = 1, ep = 1, pp = 1, world = 1, local_size = 1;
@@ -108,7 +110,7 @@ class load_plan {
   std::uint64_t experts = 0;          ///< routed experts per layer (max index + 1)
   std::uint64_t layers = 0;           ///< PP > 1: layer indices (max index + 1), else 0
   /// PP > 1: the first layer of each stage, and one past the last stage's (pp + 1 values).
-  std::vector<std::uint64_t> stage_begin;
+  std::vector<std::uint64_t> pp_stage_begin;
   std::vector<plan_entry> entries;    ///< in file order
   std::uint32_t windows = 0;
   std::uint64_t shared_bytes = 0;     ///< size of each node's shared segment
@@ -123,11 +125,11 @@ class load_plan {
   [[nodiscard]] std::size_t node_of(rank_t r) const noexcept { return r / local_size; }
   [[nodiscard]] std::size_t nodes() const noexcept { return world / local_size; }
   /// Ranks per pipeline stage.
-  [[nodiscard]] std::size_t stage_size() const noexcept { return tp * dp; }
+  [[nodiscard]] std::size_t pp_stage_size() const noexcept { return tp * dp; }
   /// The pipeline stage of a rank.
-  [[nodiscard]] std::size_t stage_of(rank_t r) const noexcept { return r / stage_size(); }
+  [[nodiscard]] std::size_t pp_stage_of(rank_t r) const noexcept { return r / pp_stage_size(); }
   /// The TP rank of a rank (the part of a split tensor it keeps).
-  [[nodiscard]] std::size_t tp_rank(rank_t r) const noexcept { return (r % stage_size()) % tp; }
+  [[nodiscard]] std::size_t tp_rank(rank_t r) const noexcept { return (r % pp_stage_size()) % tp; }
   /// Bytes rank `r` keeps of a tensor it owns: its TP part, or the whole tensor.
   [[nodiscard]] std::uint64_t kept_bytes(const plan_entry& e) const noexcept {
     return e.split == tp_split::none ? e.info.size : e.info.size / tp;
@@ -221,26 +223,26 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uin
 }
 
 // First layer of each stage (pp + 1 values), validated against `layers`.
-inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t pp, const plan_options& opt,
+inline std::vector<std::uint64_t> pp_stage_bounds(std::uint64_t layers, std::size_t pp, const plan_options& opt,
                                                const std::string& pattern) {
   if (layers == 0)
     throw config_error(fmt::format("plan: PP={} but no tensor name has a layer index (pattern '{}')", pp, pattern));
   if (layers < pp) throw config_error(fmt::format("plan: PP={} stages exceed the {} layers", pp, layers));
   std::vector<std::uint64_t> counts(pp, layers / pp);
-  if (!opt.stage_layers.empty()) {
-    if (opt.stage_layers.size() != pp)
-      throw config_error(fmt::format("plan: {} stage layer counts given for PP={}", opt.stage_layers.size(), pp));
+  if (!opt.pp_stage_layers.empty()) {
+    if (opt.pp_stage_layers.size() != pp)
+      throw config_error(fmt::format("plan: {} stage layer counts given for PP={}", opt.pp_stage_layers.size(), pp));
     std::uint64_t sum = 0;
-    for (auto n : opt.stage_layers) {
+    for (auto n : opt.pp_stage_layers) {
       if (n == 0) throw config_error("plan: a pipeline stage of 0 layers");
       sum += n;
     }
     if (sum != layers)
       throw config_error(fmt::format("plan: stage layer counts add up to {}, the checkpoint has {} layers", sum, layers));
-    counts.assign(opt.stage_layers.begin(), opt.stage_layers.end());
+    counts.assign(opt.pp_stage_layers.begin(), opt.pp_stage_layers.end());
   } else if (layers % pp) {
-    if (opt.even_stages)
-      throw config_error(fmt::format("plan: PP={} does not divide the {} layers (even_stages)", pp, layers));
+    if (opt.even_pp_stages)
+      throw config_error(fmt::format("plan: PP={} does not divide the {} layers (even_pp_stages)", pp, layers));
     for (std::size_t i = 2; i < layers % pp + 2; ++i) ++counts[pp - i];  // vLLM: the last stage has lm_head
   }
   std::vector<std::uint64_t> begin(pp + 1, 0);
@@ -271,25 +273,25 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
   if (p.experts && p.experts % p.ep && p.ep % p.experts && !opt.uneven_experts)
     throw config_error(fmt::format("plan: {} routed experts per layer do not spread evenly over EP={} "
                                    "(neither is a multiple of the other)", p.experts, p.ep));
-  if (p.pp > 1) p.stage_begin = detail::stage_bounds(p.layers, p.pp, opt, cls.options().layer_pattern);
+  if (p.pp > 1) p.pp_stage_begin = detail::pp_stage_bounds(p.layers, p.pp, opt, cls.options().layer_pattern);
   // The stage of tensor t (-1: every stage) and the ranks of stage k (all ranks for -1).
   const auto stage_of_tensor = [&](const tensor_info& t) -> std::int32_t {
     if (p.pp == 1) return -1;
     if (t.layer >= 0) {
-      const auto it = std::upper_bound(p.stage_begin.begin(), p.stage_begin.end(), static_cast<std::uint64_t>(t.layer));
-      return static_cast<std::int32_t>(it - p.stage_begin.begin() - 1);
+      const auto it = std::upper_bound(p.pp_stage_begin.begin(), p.pp_stage_begin.end(), static_cast<std::uint64_t>(t.layer));
+      return static_cast<std::int32_t>(it - p.pp_stage_begin.begin() - 1);
     }
     switch (cls.anchor(t)) {
-      case stage_anchor::first: return 0;
-      case stage_anchor::last: return static_cast<std::int32_t>(p.pp - 1);
-      case stage_anchor::every: break;
+      case pp_anchor::first: return 0;
+      case pp_anchor::last: return static_cast<std::int32_t>(p.pp - 1);
+      case pp_anchor::every: break;
     }
     return -1;
   };
   const auto stage_ranks = [&](std::int32_t k) {
     if (k < 0) return rank_set::all(p.world);
     rank_set s(p.world);
-    for (std::size_t r = 0; r < p.stage_size(); ++r) s.insert(static_cast<rank_t>(k * p.stage_size() + r));
+    for (std::size_t r = 0; r < p.pp_stage_size(); ++r) s.insert(static_cast<rank_t>(k * p.pp_stage_size() + r));
     return s;
   };
   reader_balancer bal(p.world);
@@ -329,8 +331,8 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
         e.owners = rank_set(p.world);
         for (std::size_t k = 0; k < p.pp; ++k)
           if (e.stage < 0 || static_cast<std::size_t>(e.stage) == k)
-            for (std::size_t r = block; r < p.stage_size(); r += p.ep)
-              e.owners.insert(static_cast<rank_t>(k * p.stage_size() + r));
+            for (std::size_t r = block; r < p.pp_stage_size(); r += p.ep)
+              e.owners.insert(static_cast<rank_t>(k * p.pp_stage_size() + r));
         e.owner_destination = destination::device;
         break;
       }
@@ -478,7 +480,7 @@ inline std::vector<std::uint64_t> stage_bounds(std::uint64_t layers, std::size_t
 template <std::size_t Layers = dynamic, std::size_t Experts = dynamic, bool EvenStages = false>
 struct model_shape {
   static constexpr std::size_t layers = Layers, experts = Experts;
-  static constexpr bool even_stages = EvenStages;
+  static constexpr bool even_pp_stages = EvenStages;
 };
 
 /// The typed front end: `plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(...)`,
@@ -492,7 +494,7 @@ struct plan {
                 "sluice: EP must divide the routed experts per layer (or the experts EP)");
   static_assert(Shape::layers == dynamic || pp_ == dynamic || Shape::layers >= pp_,
                 "sluice: PP must not exceed the number of layers");
-  static_assert(!Shape::even_stages || Shape::layers == dynamic || pp_ == dynamic || Shape::layers % pp_ == 0,
+  static_assert(!Shape::even_pp_stages || Shape::layers == dynamic || pp_ == dynamic || Shape::layers % pp_ == 0,
                 "sluice: PP must divide the number of layers");
 
   using topology_type = Topology;
@@ -502,7 +504,7 @@ struct plan {
   /// Throws config_error when the tensors disagree with a static Shape.
   [[nodiscard]] static load_plan compute(const Topology& topo, std::vector<tensor_info> tensors,
                                          const classifier& cls = classifier::deepseek(), plan_options opt = {}) {
-    if (Shape::even_stages) opt.even_stages = true;
+    if (Shape::even_pp_stages) opt.even_pp_stages = true;
     auto p = make_plan(std::move(tensors), cls, dynamic_topology(topo.tp(), topo.dp(), topo.ep(), topo.pp()),
                        Offload::kind, opt);
     if (Shape::experts != dynamic && p.experts != Shape::experts)
@@ -518,6 +520,5 @@ struct plan {
   }
 };
 
-static_assert(placement_policy<load_plan>);
 
 }  // namespace sluice::inline v0::policy

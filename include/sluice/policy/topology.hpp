@@ -88,14 +88,14 @@ class topology {
   [[nodiscard]] constexpr std::size_t ep() const noexcept { return ep_.get(); }
   [[nodiscard]] constexpr std::size_t pp() const noexcept { return pp_.get(); }
   /// Ranks per pipeline stage: TP*DP.
-  [[nodiscard]] constexpr std::size_t stage_size() const noexcept { return tp() * dp(); }
-  [[nodiscard]] constexpr std::size_t world_size() const noexcept { return stage_size() * pp(); }
+  [[nodiscard]] constexpr std::size_t pp_stage_size() const noexcept { return tp() * dp(); }
+  [[nodiscard]] constexpr std::size_t world_size() const noexcept { return pp_stage_size() * pp(); }
 
   /// Coordinates of global rank `r` (throws config_error when r is outside the world).
   [[nodiscard]] constexpr rank_coords coords(rank_t r) const {
     if (r >= world_size()) throw config_error(fmt::format("topology: rank {} outside a world of {}", r, world_size()));
-    const std::size_t s = r % stage_size();
-    return {r, s % tp(), s / tp(), s % ep(), r / stage_size()};
+    const std::size_t s = r % pp_stage_size();
+    return {r, s % tp(), s / tp(), s % ep(), r / pp_stage_size()};
   }
 
   /// "tp1,dp8,ep8" (",pp2" appended when PP > 1)

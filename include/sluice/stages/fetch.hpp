@@ -42,7 +42,7 @@ struct fetch_options {
 };
 
 /// Busy-time and volume counters of a stage (read by the loader's summary).
-struct stage_counters {
+struct step_counters {
   std::uint64_t items = 0;
   std::uint64_t bytes = 0;
   double busy_seconds = 0;         ///< time spent working (fetch: reads in flight)
@@ -58,7 +58,7 @@ class fetch : public pipeable {
     if (opt_.queue_depth == 0) opt_.queue_depth = 1;
   }
 
-  [[nodiscard]] const stage_counters& counters() const noexcept { return *counters_; }
+  [[nodiscard]] const step_counters& counters() const noexcept { return *counters_; }
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     auto ex = co_await this_executor;
@@ -154,7 +154,7 @@ class fetch : public pipeable {
   fetch_options opt_;
   unsigned in_flight_ = 0;
   clock::time_point busy_since_{};
-  std::shared_ptr<stage_counters> counters_ = std::make_shared<stage_counters>();  // survives moves into a pipeline
+  std::shared_ptr<step_counters> counters_ = std::make_shared<step_counters>();  // survives moves into a pipeline
 };
 
 }  // namespace sluice::inline v0

@@ -34,7 +34,7 @@ class place : public pipeable {
 
   explicit place(Sink& s) : sink_(&s) {}
 
-  [[nodiscard]] const stage_counters& counters() const noexcept { return *counters_; }
+  [[nodiscard]] const step_counters& counters() const noexcept { return *counters_; }
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     while (auto v = co_await in.receive()) {
@@ -51,7 +51,7 @@ class place : public pipeable {
 
  private:
   Sink* sink_;
-  std::shared_ptr<stage_counters> counters_ = std::make_shared<stage_counters>();
+  std::shared_ptr<step_counters> counters_ = std::make_shared<step_counters>();
 };
 
 }  // namespace sluice::inline v0

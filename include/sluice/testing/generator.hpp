@@ -4,7 +4,7 @@
 /// gen-checkpoint tool).
 ///
 /// A checkpoint is planned first (tensor list, shard assignment, offsets,
-/// header and index JSON: `make_plan`), then optionally written
+/// header and index JSON: `make_layout`), then optionally written
 /// (`write_checkpoint`). Every tensor's bytes are a pure function of
 /// (seed, tensor name, byte offset): word w (8 bytes, little-endian) of tensor
 /// `name` is `splitmix64_mix(key + (w + 1) * 0x9e3779b97f4a7c15)` with
@@ -102,7 +102,7 @@ struct planned_tensor {
   format::dtype type = format::dtype::U8;
   std::vector<std::uint64_t> shape;
   std::uint64_t size = 0;    ///< bytes
-  std::uint32_t shard = 0;   ///< index into checkpoint_plan::shards
+  std::uint32_t shard = 0;   ///< index into checkpoint_layout::shards
   std::uint64_t begin = 0;   ///< offset in the shard's data section
   tensor_role role = tensor_role::odd;
 };
@@ -110,7 +110,7 @@ struct planned_tensor {
 /// One planned shard file.
 struct planned_shard {
   std::string name;                  ///< e.g. model-00001-of-00009.safetensors
-  std::vector<std::size_t> tensors;  ///< indices into checkpoint_plan::tensors, in file order
+  std::vector<std::size_t> tensors;  ///< indices into checkpoint_layout::tensors, in file order
   std::string header_json;           ///< the JSON after the 8-byte length (padded)
   std::uint64_t data_size = 0;
 
@@ -120,7 +120,7 @@ struct planned_shard {
 };
 
 /// A whole planned checkpoint: what `write_checkpoint` writes, byte for byte.
-struct checkpoint_plan {
+struct checkpoint_layout {
   generator_options options;
   std::vector<planned_tensor> tensors;  ///< in file order (shard, then offset)
   std::vector<planned_shard> shards;    ///< in name order
@@ -294,7 +294,7 @@ inline std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b 
 
 struct plan_builder {
   const generator_options& o;
-  checkpoint_plan& p;
+  checkpoint_layout& p;
   std::string model;  // "model." or "model.language_model."
 
   void add(std::string name, format::dtype t, std::vector<std::uint64_t> shape, tensor_role role) {
@@ -353,9 +353,9 @@ inline std::string shard_file_name(std::size_t i, std::size_t n) {
 
 /// Plans a checkpoint: the tensors, their shards and offsets, every header's
 /// JSON and the index. Cheap (no tensor bytes): usable with ~100k tensors.
-[[nodiscard]] inline checkpoint_plan make_plan(const generator_options& o) {
+[[nodiscard]] inline checkpoint_layout make_layout(const generator_options& o) {
   if (o.hidden == 0 || o.layers == 0) throw config_error("generator: hidden and layers must be positive");
-  checkpoint_plan p;
+  checkpoint_layout p;
   p.options = o;
   detail::plan_builder b{o, p, o.vl_prefix ? "model.language_model." : "model."};
   std::vector<std::vector<std::size_t>> groups;  // shard -> tensor indices, before numbering
@@ -482,7 +482,7 @@ inline std::string shard_file_name(std::size_t i, std::size_t n) {
     x.engram_dim = h;
     return x;
   };
-  // Closed form of the ordinary bytes for width h (norms and scales left out; see make_plan).
+  // Closed form of the ordinary bytes for width h (norms and scales left out; see make_layout).
   const double L = o.layers, E = o.experts, D = o.dense_layers;
   auto bytes_of = [&](double h) {
     const double attn = 4 * h * h * 2, dense = 3 * (2 * h) * h * 2, mi = std::max(h / 2, 16.0);
@@ -504,7 +504,7 @@ inline std::string shard_file_name(std::size_t i, std::size_t n) {
 
 /// Writes `plan` into `dir` (created if needed): every shard and the index.
 /// Throws io_error on failure.
-inline void write_checkpoint(const std::filesystem::path& dir, const checkpoint_plan& plan, std::size_t chunk = 8u << 20) {
+inline void write_checkpoint(const std::filesystem::path& dir, const checkpoint_layout& plan, std::size_t chunk = 8u << 20) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw io_error(fmt::format("cannot create directory: {}", ec.message()), {dir.string()}, ec.value());
@@ -528,8 +528,8 @@ inline void write_checkpoint(const std::filesystem::path& dir, const checkpoint_
 }
 
 /// Plans and writes a checkpoint; returns the plan (the ground truth).
-inline checkpoint_plan write_checkpoint(const std::filesystem::path& dir, const generator_options& o) {
-  auto p = make_plan(o);
+inline checkpoint_layout write_checkpoint(const std::filesystem::path& dir, const generator_options& o) {
+  auto p = make_layout(o);
   write_checkpoint(dir, p);
   return p;
 }
@@ -550,7 +550,7 @@ struct expected_tensor {
 /// The expected (name, dtype, shape, sha256) of every tensor, in file order.
 /// Hashes every byte with the generator's own portable SHA-256 (slow: it keeps
 /// the core free of OpenSSL), so it is meant for test-sized checkpoints.
-[[nodiscard]] inline std::vector<expected_tensor> expected_tensors(const checkpoint_plan& plan) {
+[[nodiscard]] inline std::vector<expected_tensor> expected_tensors(const checkpoint_layout& plan) {
   std::vector<expected_tensor> out;
   out.reserve(plan.tensors.size());
   for (const auto& t : plan.tensors)
