@@ -1,7 +1,7 @@
 """The load contract from Python: Recorder, ReloadSession, probe.
 
 A weight loader is `loader(name, tensor)` or `loader(name, tensor, log)`;
-returning False declines the tensor (None or True accepts it). With `log`,
+returning False declines the tensor (any other value accepts it). With `log`,
 the loader names what it applied: `log.record(destination, shard="q",
 expert=3)`; without, an accepted tensor is one application onto the
 destination of its own name.
@@ -63,7 +63,7 @@ def _adapter(loader):
         else:
             r = loader(name, tensor)
             records = [(name, {})]
-        accepted = r is None or bool(r)
+        accepted = r is not False  # only an explicit False declines
         return accepted, (records if accepted else [])
     return call
 

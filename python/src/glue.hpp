@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <span>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -80,9 +82,19 @@ class queue_sink {
   static constexpr bool whole_tensors = true;
   explicit queue_sink(std::shared_ptr<stream_state> st) : st_(std::move(st)) {}
   bool accept(tensor_view v);
+  /// A tensor larger than a read (it would take several slots and an
+  /// assembly copy) is read straight into memory of its own, which the
+  /// tensor handed to Python then owns.
+  std::span<std::byte> direct_destination(const tensor_ref& t);
 
  private:
   std::shared_ptr<stream_state> st_;
+  std::mutex mu_;
+  struct placing {
+    lease hold;
+    std::uint64_t filled = 0;
+  };
+  std::map<const tensor_ref*, placing> direct_;
 };
 
 /// Distributed settings of a stream (world.hpp's tool-level call).

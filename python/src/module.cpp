@@ -47,9 +47,30 @@ namespace sluice_py {
 
 // ---- the sink of a stream ---------------------------------------------------
 
+std::span<std::byte> queue_sink::direct_destination(const tensor_ref& t) {
+  if (!st_->pool || t.size <= st_->pool->slot_size() - 2 * 4096) return {};
+  auto l = lease::allocate(static_cast<std::size_t>(t.size), 4096);
+  const auto bytes = l.bytes();
+  std::lock_guard g(mu_);
+  direct_[&t] = {std::move(l), 0};
+  return bytes;
+}
+
 bool queue_sink::accept(tensor_view v) {
   auto& st = *st_;
   int slot = -1;
+  if (v.kind == view_kind::placed) {  // read into its own memory (direct_destination), maybe in several reads
+    std::lock_guard g(mu_);
+    auto it = direct_.find(v.tensor);
+    if (it == direct_.end()) throw usage_error("a placed view without its destination", {"", v.name()});
+    it->second.filled += v.bytes.size();
+    if (it->second.filled < v.tensor->size) return true;  // the tensor goes to Python once all of it is there
+    v.hold = std::move(it->second.hold);
+    v.bytes = v.hold.bytes();
+    v.offset = 0;
+    v.kind = view_kind::bytes;
+    direct_.erase(it);
+  }
   std::unique_lock l(st.mu);
   if (st.pool && v.kind == view_kind::bytes) slot = st.pool->slot_index(v.bytes.data());
   if (slot >= 0 && st.pins[static_cast<std::size_t>(slot)] == 0 && st.pinned_slots + 1 > st.pin_limit) {
@@ -113,14 +134,21 @@ py::object make_exception(py::module_& m, const char* name, std::vector<py::obje
   return o;
 }
 
+// Messages and names may carry bytes of a malformed file that are not UTF-8.
+py::str lenient_str(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+  if (!o) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
 void set_python_error(const py::object& type, const error& e) {
-  py::object exc = type(py::str(e.what()));
-  exc.attr("detail") = py::str(e.detail());
-  exc.attr("file") = py::str(e.file());
-  exc.attr("tensor") = py::str(e.tensor());
+  py::object exc = type(lenient_str(e.what()));
+  exc.attr("detail") = lenient_str(e.detail());
+  exc.attr("file") = lenient_str(e.file());
+  exc.attr("tensor") = lenient_str(e.tensor());
   if (e.range()) exc.attr("range") = py::make_tuple(e.range()->begin, e.range()->end);
   else exc.attr("range") = py::none();
-  if (const auto* f = dynamic_cast<const format_error*>(&e)) exc.attr("rule") = py::str(f->rule());
+  if (const auto* f = dynamic_cast<const format_error*>(&e)) exc.attr("rule") = lenient_str(f->rule());
   if (const auto* d = dynamic_cast<const distributed_error*>(&e)) exc.attr("failed_rank") = d->failed_rank();
   if (const auto* io = dynamic_cast<const io_error*>(&e)) exc.attr("code") = io->code();
 #if defined(SLUICE_HAS_S3)
