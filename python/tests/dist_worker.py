@@ -22,7 +22,7 @@ with open(digests_path) as f:
         n, d, s, h = line.rstrip("\n").split("\t")
         digests[n] = h
 
-result = {"rank": rank, "calls": [], "kinds": {}, "wrong": [], "shared_ptrs": {}}
+result = {"rank": rank, "calls": [], "kinds": {}, "wrong": [], "shared_ptrs": {}, "parts": {}}
 try:
     ck = sluice.open(path)
     with sluice.iter_weights(ck, topology=topology, offload=offload, staging="64MiB", timeout=300) as it:
@@ -33,14 +33,19 @@ try:
             kind = t.sluice_kind
             result["kinds"][name] = [kind, t.device.type, str(t.dtype), list(t.shape), getattr(t, "sluice_part", None)]
             info = ck[name]
-            if list(t.shape) != sluice.arrival_shape(info.dtype, info.shape) or t.dtype != sluice.as_torch_dtype(info.dtype):
+            part = getattr(t, "sluice_part", None)
+            shape = sluice.arrival_shape(info.dtype, info.shape)
+            if part is not None:  # a TP part: checked by the test against the slice of the whole tensor
+                shape[part[0]] //= part[2]
+                result["parts"][name] = [list(part), sha256(t)]
+            if list(t.shape) != shape or t.dtype != sluice.as_torch_dtype(info.dtype):
                 result["wrong"].append([name, "dtype or shape"])
-            if kind in ("bytes", "shared"):
+            if part is None and kind in ("bytes", "shared"):
                 if t.device.type != "cpu" or sha256(t) != digests[name]:
                     result["wrong"].append([name, kind])
                 if kind == "shared":
                     result["shared_ptrs"][name] = t.data_ptr()
-            elif kind == "metadata":
+            if kind == "metadata":
                 if t.device.type != "meta":
                     result["wrong"].append([name, "placeholder not meta"])
     result["stats"] = it.stats

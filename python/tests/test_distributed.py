@@ -76,6 +76,30 @@ def test_8_ranks_tp1_dp8_ep8_shared_cooperative(ck, tmp_path):
     assert sum(r["stats"]["owned"] for r in res) > 0 and all(r["stats"]["world_size"] == WORLD for r in res)
 
 
+def test_8_ranks_tp2_dp4_get_their_parts_of_split_tensors(ck, tmp_path):
+    import sluice
+    from conftest import sha256
+    path, digests_path, digests = ck
+    res = run_ranks(tmp_path, path, digests_path, "tp2,dp4,ep8", "per-rank")
+    for r in res:
+        assert "error" not in r, r.get("error")
+        assert not r["wrong"], (r["rank"], r["wrong"][:5])
+    assert all(r["calls"] == res[0]["calls"] for r in res)
+    whole = {}
+    for name, t in sluice.iter_weights(path):
+        whole[name] = t
+    checked = 0
+    for r in res:
+        for name, (part, digest) in r["parts"].items():
+            dim, index, count = part
+            assert count == 2
+            assert sha256(whole[name].chunk(count, dim)[index]) == digest, (r["rank"], name, part)
+            checked += 1
+    assert checked > 0
+    # the two TP ranks of a pair hold the two different parts
+    assert any(p[0][1] == 1 for r in res for p in r["parts"].values())
+
+
 def test_a_rank_that_raises_makes_every_rank_raise_naming_it(ck, tmp_path):
     path, digests_path, _ = ck
     res = run_ranks(tmp_path, path, digests_path, "tp1,dp8,ep8", "none", fail_rank=3)
