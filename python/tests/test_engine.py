@@ -43,3 +43,16 @@ def test_a_reload_missing_a_key_fails_naming_it(pair):
     r = subprocess.run([PYTHON, ENGINE, v1, "--update", v2, "--drop", victim], capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stderr
     assert "ContractError" in r.stderr and victim in r.stderr and "layer 1" in r.stderr
+
+
+def test_the_load_example_prints_the_stats(pair):
+    import json
+    v1, d1, _, _ = pair
+    r = subprocess.run([PYTHON, os.path.join(SOURCE_DIR, "examples", "python", "load.py"), v1, "--json", "--staging", "64MiB"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["tensors"] == len(d1) and st["bytes_read"] >= st["tensor_bytes"] > 0
+    r = subprocess.run([PYTHON, os.path.join(SOURCE_DIR, "examples", "python", "load.py"), v1 + "-missing"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and r.stderr.startswith("sluice: error:")
