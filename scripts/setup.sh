@@ -7,7 +7,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 apt_pkgs=(build-essential cmake ninja-build ccache pkg-config
           liburing-dev libboost-dev libssl-dev libfmt-dev catch2 nlohmann-json3-dev
           libgloo-dev libhiredis-dev redis-server iproute2 nodejs npm openssl fio nginx-light python3-boto3 python3-botocore
-          libpugixml-dev libcli11-dev clang-14 libclang-rt-14-dev curl procps)
+          libpugixml-dev libcli11-dev clang-14 libclang-rt-14-dev curl procps
+          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-numpy python3-pytest python3-tqdm)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

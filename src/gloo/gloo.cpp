@@ -51,6 +51,28 @@ struct gloo::impl {
 };
 
 namespace {
+// Gloo's rendezvous over the program's kv_store (comm/store.hpp), every key
+// under `prefix/`. Gloo's timeout-less wait() uses the store's timeout.
+class kv_adapter final : public ::gloo::rendezvous::Store {
+ public:
+  kv_adapter(std::shared_ptr<kv_store> kv, std::string prefix, std::chrono::milliseconds timeout)
+      : kv_(std::move(kv)), prefix_(prefix.empty() ? std::string() : prefix + "/"), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { kv_->set(prefix_ + key, data); }
+  std::vector<char> get(const std::string& key) override { return kv_->get(prefix_ + key, timeout_); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    kv_->wait(full, timeout);
+  }
+
+ private:
+  std::shared_ptr<kv_store> kv_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
 #if defined(SLUICE_GLOO_REDIS)
 // Whether a TCP connection to host:port succeeds within `timeout`. Checked
 // before constructing Gloo's RedisStore: its constructor throws on a failed
@@ -177,8 +199,8 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
   if (size == 0 || rank >= size) throw config_error(fmt::format("gloo: rank {} of a world of {}", rank, size));
   ignore_sigpipe_unless_handled();
   const bool redis = opt.store.redis();
-  if (!redis && opt.store.dir.empty())
-    throw config_error("gloo: no rendezvous (set SLUICE_STORE_DIR or SLUICE_STORE=redis://HOST:PORT/PREFIX)");
+  if (opt.store.empty())
+    throw config_error("gloo: no rendezvous (set SLUICE_STORE_DIR or SLUICE_STORE=redis://HOST:PORT/PREFIX, or pass a kv_store)");
 #if !defined(SLUICE_GLOO_REDIS)
   if (redis)
     throw config_error(fmt::format("gloo: a Redis store ({}:{}) needs sluice built with hiredis's headers (libhiredis-dev)",
@@ -191,6 +213,12 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
     impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
     ctx->setTimeout(opt.timeout);
+    if (opt.store.kv) {
+      kv_adapter store(opt.store.kv, opt.store.prefix, opt.timeout);
+      ctx->connectFullMesh(store, impl_->device);
+      impl_->context = std::move(ctx);
+      return;
+    }
 #if defined(SLUICE_GLOO_REDIS)
     if (redis) {
       if (auto why = tcp_unreachable(opt.store.redis_host, opt.store.redis_port, opt.timeout); !why.empty())

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -281,6 +282,7 @@ nccl nccl::connect(const rank_info& who, nccl_options opt) {
     ~remove_on_exit() {
       if (!who) return;
       const auto a = who->rendezvous();
+      if (a.kv) return;  // the program's store: its keys are the program's to clean up (one prefix per load)
       try {
         if (a.redis()) {
           redis_client(a, who->timeout).del(redis_key(a));
@@ -296,6 +298,21 @@ nccl nccl::connect(const rank_info& who, nccl_options opt) {
 }
 
 nccl::unique_id nccl::exchange_id(const rank_info& who) {
+  if (const auto a = who.rendezvous(); a.kv) {
+    // Through the program's key-value store (e.g. a torch.distributed store): rank 0 sets, the others get.
+    const std::string key = a.prefix.empty() ? std::string("sluice-nccl-id") : a.prefix + "/sluice-nccl-id";
+    unique_id id{};
+    if (who.rank == 0) {
+      id = make_unique_id();
+      a.kv->set(key, std::vector<char>(reinterpret_cast<const char*>(id.data()), reinterpret_cast<const char*>(id.data()) + id.size()));
+      return id;
+    }
+    const auto v = a.kv->get(key, who.timeout);
+    if (v.size() != id.size())
+      throw comm_error(fmt::format("NCCL rendezvous: the id under '{}' has {} bytes, expected {}", key, v.size(), id.size()));
+    std::memcpy(id.data(), v.data(), id.size());
+    return id;
+  }
   if (const auto a = who.rendezvous(); a.redis()) {
     // Through the Redis store: rank 0 SETs the id under the run's prefix, the others poll GET.
     redis_client r(a, who.timeout);

@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -33,6 +36,46 @@ comm::gloo connect(std::size_t rank, std::size_t n, const std::filesystem::path&
 }
 
 using sluice_test::redis_server;
+
+// An in-memory kv_store shared by ranks that are threads of one process (as a
+// program's own store, e.g. torch.distributed's, would be shared by processes).
+class memory_store final : public comm::kv_store {
+ public:
+  void set(const std::string& key, const std::vector<char>& value) override {
+    {
+      std::lock_guard g(mu_);
+      map_[key] = value;
+      ++sets_;
+    }
+    cv_.notify_all();
+  }
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    wait({key}, timeout);
+    std::lock_guard g(mu_);
+    return map_.at(key);
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    std::unique_lock l(mu_);
+    const bool ok = cv_.wait_for(l, timeout, [&] {
+      for (const auto& k : keys)
+        if (!map_.contains(k)) return false;
+      return true;
+    });
+    if (!ok) throw comm::comm_error(fmt::format("memory store: key '{}' not set in time", keys.front()));
+  }
+  std::size_t keys_with_prefix(const std::string& p) {
+    std::lock_guard g(mu_);
+    std::size_t n = 0;
+    for (const auto& [k, v] : map_) n += k.rfind(p, 0) == 0 ? 1 : 0;
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::vector<char>> map_;
+  std::size_t sets_ = 0;
+};
 }  // namespace
 
 TEST_CASE("communicators model the concept", "[comm][concepts]") {
@@ -151,6 +194,47 @@ TEST_CASE("8 gloo ranks meet through one file store", "[comm][gloo]") {
   });
   for (std::size_t r = 0; r < 8; ++r) REQUIRE(res[r].code == 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("2 gloo ranks meet through a program's kv_store, under the load's prefix", "[comm][gloo][kv]") {
+  auto store = std::make_shared<memory_store>();
+  std::vector<std::vector<std::byte>> all(2, std::vector<std::byte>(16));
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (std::size_t rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      try {
+        comm::rank_info who;
+        who.rank = rank;
+        who.world_size = 2;
+        who.timeout = 20s;
+        who.kv = store;
+        who.kv_prefix = "load-7";
+        comm::gloo c(who);
+        std::vector<std::byte> mine(8, static_cast<std::byte>(rank + 1));
+        c.all_gather(mine, all[rank]);
+        c.barrier();
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    for (std::size_t i = 0; i < 16; ++i) REQUIRE(all[r][i] == static_cast<std::byte>(i / 8 + 1));
+  }
+  REQUIRE(store->keys_with_prefix("load-7/") >= 2);  // every key went under the load's prefix
+  REQUIRE(store->keys_with_prefix("load-7/") == store->keys_with_prefix(""));
+}
+
+TEST_CASE("a peer missing from a kv_store rendezvous is a comm_error, not a hang", "[comm][gloo][kv]") {
+  comm::rank_info who;
+  who.rank = 0;
+  who.world_size = 2;
+  who.timeout = 1s;
+  who.kv = std::make_shared<memory_store>();
+  REQUIRE_THROWS_AS(comm::gloo(who), comm::comm_error);
 }
 
 TEST_CASE("a dead peer makes the others' collective throw, not hang; later ones throw at once", "[comm][gloo]") {

@@ -11,14 +11,18 @@
 ///   without a shared filesystem (Debian's redis-server; metadata only — the
 ///   data goes over Gloo's TCP pairs). PREFIX names the run: keys of an
 ///   earlier run under another prefix are ignored;
+/// - a `kv_store` the program supplies (rank_info::kv; not from the
+///   environment), e.g. a torch.distributed store;
 /// - SLUICE_GLOO_HOST: the address this rank's Gloo device listens on (peers
 ///   on other nodes connect to it; default 127.0.0.1, one node).
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -26,15 +30,33 @@
 
 namespace sluice::inline v0::comm {
 
-/// Where ranks rendezvous: a file-store directory or a Redis server.
+/// A key-value store the ranks meet through, supplied by the embedding
+/// program (e.g. the Python package's adapter over a torch.distributed store,
+/// which `torchrun` processes already share). Gloo's rendezvous (and anything
+/// else that exchanges small blobs at start-up) uses it instead of a file
+/// store or Redis. Calls come from the thread that joins the world; an
+/// implementation must be safe to call from any thread.
+struct kv_store {
+  virtual ~kv_store() = default;
+  /// Stores `value` under `key` (replacing it).
+  virtual void set(const std::string& key, const std::vector<char>& value) = 0;
+  /// The value of `key`, blocking until some rank has set it or `timeout`
+  /// passed (then throws comm_error naming the key).
+  virtual std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  /// Blocks until every key is set, or throws comm_error after `timeout`.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+};
+
+/// Where ranks rendezvous: a key-value store, a file-store directory or a Redis server.
 struct store_address {
   std::string dir;          ///< file store (when redis_host is empty)
   std::string redis_host;   ///< Redis store host
   int redis_port = 6379;
-  std::string prefix;       ///< per-run key prefix (Redis)
+  std::string prefix;       ///< per-run key prefix (Redis, key-value store; a subdirectory of a file store)
+  std::shared_ptr<kv_store> kv;  ///< a store the program supplies (takes precedence over the others)
 
-  [[nodiscard]] bool redis() const noexcept { return !redis_host.empty(); }
-  [[nodiscard]] bool empty() const noexcept { return dir.empty() && redis_host.empty(); }
+  [[nodiscard]] bool redis() const noexcept { return !kv && !redis_host.empty(); }
+  [[nodiscard]] bool empty() const noexcept { return !kv && dir.empty() && redis_host.empty(); }
 
   /// "redis://host[:port][/prefix]" or a directory. Throws config_error for a malformed URL.
   [[nodiscard]] static store_address parse(const std::string& s) {
@@ -74,6 +96,8 @@ struct rank_info {
   std::string store;             ///< redis://HOST:PORT/PREFIX (takes precedence over store_dir)
   std::string hostname = "127.0.0.1";  ///< address this rank's Gloo device listens on
   std::chrono::milliseconds timeout{60000};  ///< per collective and for rendezvous
+  std::shared_ptr<kv_store> kv;  ///< a store the program supplies (takes precedence over store and store_dir)
+  std::string kv_prefix;         ///< key prefix within `kv` (one per load)
 
   /// Reads the variables above (missing: a one-rank world). Throws config_error for malformed values.
   [[nodiscard]] static rank_info from_env() {
@@ -103,6 +127,7 @@ struct rank_info {
 
   /// The rendezvous: `store` when set, else the file store in `store_dir`.
   [[nodiscard]] store_address rendezvous() const {
+    if (kv) return store_address{{}, {}, 6379, kv_prefix, kv};
     return store.empty() ? store_address{store_dir, {}, 6379, {}} : store_address::parse(store);
   }
 };

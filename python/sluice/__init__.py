@@ -1,0 +1,267 @@
+"""sluice: stream safetensors checkpoints (local files, S3) into torch tensors.
+
+    ck = sluice.open("/models/deepseek", select=r"^model\\.", rename={"model.language_model.": "model."})
+    for name, tensor in sluice.iter_weights(ck, staging="4GiB"):
+        model.load_weight(name, tensor)       # zero-copy views; keep them as long as you like
+
+See the README's Python section and docs/design.md ("The Python package").
+"""
+import os as _os
+import re as _re
+import sys as _sys
+from typing import NamedTuple as _NamedTuple
+
+from . import _sluice
+from ._sluice import (  # noqa: F401  (the exception hierarchy, mirroring sluice::error)
+    Error, FormatError, IndexError, IOError, TruncatedError, CancelledError, ConfigError, ContractError,
+    ResourceError, UsageError, DistributedError, CommError, S3Error, S3NotFoundError, S3AccessError,
+    S3ObjectChangedError, CudaError, Contract,
+)
+from ._torch import as_torch_dtype, arrival_shape  # noqa: F401
+from ._contract import Recorder, ReloadSession, probe  # noqa: F401
+
+__all__ = ["open", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
+           "TensorInfo", "Checkpoint", "WeightIterator", "parse_size", "as_torch_dtype", "Error"]
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(size) -> int:
+    """Bytes from an int or a string such as "4GiB", "256MiB", "1.5GB"."""
+    if isinstance(size, int):
+        if size <= 0:
+            raise ConfigError(f"size {size}: must be positive")
+        return size
+    m = _re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(size))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"size '{size}': expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ConfigError(f"size '{size}': must be positive")
+    return n
+
+
+class TensorInfo(_NamedTuple):
+    """A tensor's metadata (no data read)."""
+    name: str          # after renaming: what engines see
+    source_name: str   # in the file
+    dtype: str         # sluice/safetensors dtype name, e.g. "BF16", "F8_E4M3"
+    shape: tuple
+    nbytes: int
+    file: str
+    offset: int        # absolute offset in the file
+
+
+class Checkpoint:
+    """An opened checkpoint: validated headers and tensor metadata, no data."""
+
+    def __init__(self, core, where):
+        self._core = core
+        self.where = where
+        self.tensors = [TensorInfo(n, s, d, tuple(sh), nb, f, off)
+                        for (n, s, d, sh, nb, f, off) in core.tensors()]
+        self._by_name = {t.name: t for t in self.tensors}
+
+    location = property(lambda self: self._core.location)
+    tensor_bytes = property(lambda self: self._core.tensor_bytes)
+    header_bytes_read = property(lambda self: self._core.header_bytes_read)
+    shards = property(lambda self: [n for n, _ in self._core.shards()])
+
+    def __len__(self):
+        return len(self.tensors)
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __contains__(self, name):
+        return name in self._by_name
+
+    def __getitem__(self, name) -> TensorInfo:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ConfigError(f"the checkpoint at '{self.location}' has no tensor '{name}'") from None
+
+    def inspect(self) -> dict:
+        return self._core.inspect()
+
+    def __repr__(self):
+        return f"<sluice.Checkpoint {self.location!r}: {len(self.tensors)} tensors, {self.tensor_bytes} bytes>"
+
+
+def open(path, select=None, rename=None) -> Checkpoint:  # noqa: A001  (sluice.open, as the issue names it)
+    """Opens a checkpoint directory, a .safetensors file or s3://bucket/prefix/ (headers only).
+
+    select: a regular expression (searched in the file's tensor names) or a callable name -> bool.
+    rename: {prefix: replacement}, applied in order, first match wins.
+    """
+    regex = fn = None
+    if isinstance(select, (str, _re.Pattern)):
+        regex = select.pattern if isinstance(select, _re.Pattern) else select
+    elif select is not None:
+        if not callable(select):
+            raise ConfigError("select: expected a regular expression or a callable")
+        fn = select
+    rules = list((rename or {}).items())
+    where = _os.fspath(path)
+    return Checkpoint(_sluice.open_checkpoint(where, regex, fn, rules), where)
+
+
+def inspect(ck) -> dict:
+    """Per-class (replicated, routed_expert, shared_table) and per-dtype totals, headers only."""
+    if not isinstance(ck, Checkpoint):
+        ck = open(ck)
+    return ck.inspect()
+
+
+def _options(staging, max_read, queue_depth, threads, io, on_exhausted=None, queue=None):
+    o = _sluice.StreamOptions()
+    o.staging = parse_size(staging)
+    o.max_read = parse_size(max_read)
+    o.queue_depth = int(queue_depth)
+    o.threads = int(threads)
+    o.io = io
+    if on_exhausted is not None:
+        o.on_exhausted = on_exhausted
+    if queue is not None:
+        o.queue = int(queue)
+    return o
+
+
+class WeightIterator:
+    """Iterates (name, torch.Tensor) over a load running on a C++ thread.
+
+    Each tensor is a zero-copy view of staging memory (or, distributed, of
+    the rank's window buffer or the node's shared segment) that owns its
+    bytes: its DLPack deleter returns them. `stats` holds the load's summary
+    once the loop has ended. Use it as a context manager in distributed
+    loads: an exception in the loop body then fails the load on every rank.
+    """
+
+    def __init__(self, ck, options, progress):
+        from ._torch import tensor_from
+        self._tensor_from = tensor_from
+        self.checkpoint = ck
+        self._stream = _sluice.Stream(ck._core, options)
+        self._progress = progress
+        self._bar = None
+        self._started = False
+        self.stats = None
+
+    def __iter__(self):
+        if not self._started:
+            self._started = True
+            self._stream.start()
+            if self._progress is True or (self._progress is None and _sys.stderr.isatty()):
+                try:
+                    import tqdm
+                    self._bar = tqdm.tqdm(total=self.checkpoint.tensor_bytes, unit="B", unit_scale=True,
+                                          unit_divisor=1024, desc="sluice", leave=False)
+                except ImportError:
+                    self._bar = None
+        return self
+
+    def __next__(self):
+        if not self._started:
+            iter(self)
+        try:
+            item = self._stream.next()
+        except BaseException:
+            self._close_bar()
+            raise
+        self._report()
+        if item is None:
+            self.stats = self._stream.stats()
+            self._close_bar()
+            raise StopIteration
+        return item[0], self._tensor_from(item)
+
+    def _report(self):
+        done, total, tensors, total_tensors = self._stream.progress()
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+        elif callable(self._progress):
+            self._progress(done, total)
+
+    def _close_bar(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def close(self):
+        """Stops the load (if running) and waits for it."""
+        self._stream.stop()
+        self._close_bar()
+
+    def __enter__(self):
+        return iter(self)
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None:
+            self._stream.fail(f"{exc_type.__name__}: {exc}")
+        else:
+            self.close()
+        self._close_bar()
+        return False
+
+    def staging_region(self):
+        """(address, bytes, slot size) of the staging pool (local loads)."""
+        return self._stream.staging_region()
+
+    def slots(self):
+        """(slots, free slots, slots pinned by tensors handed out)."""
+        return self._stream.slots()
+
+
+def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto", on_exhausted="copy",
+                 queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0) -> WeightIterator:
+    """Streams the checkpoint's tensors as (name, torch.Tensor).
+
+    staging: the staging budget (bytes or "4GiB"); memory stays within it.
+    on_exhausted: what happens when the tensors the caller still holds pin so
+      many staging slots that the load would have none left to read into:
+      "copy" (default) hands out the next tensors as copies in memory of their
+      own, so the load never waits on the caller; "raise" raises
+      sluice.ResourceError naming the budget.
+    progress: True (a tqdm bar), False, None (a bar when stderr is a
+      terminal), or a callable(bytes_done, total_bytes) called per tensor.
+    topology/offload/store: a distributed load (see sluice.distributed); with
+      torchrun's environment (RANK, WORLD_SIZE, ...) and no topology, every
+      rank loads the whole checkpoint itself.
+    """
+    if not isinstance(ck, Checkpoint):
+        ck = open(ck)
+    o = _options(staging, max_read, queue_depth, threads, io, on_exhausted, queue)
+    if topology is not None or store is not None:
+        from ._distributed import configure
+        configure(o, topology, offload, store, timeout)
+    return WeightIterator(ck, o, progress)
+
+
+def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto") -> dict:
+    """Reads the named tensors into preallocated CPU tensors (dtype, shape and size
+    checked first); large ones are read straight into place. Returns the load's stats."""
+    import torch
+    if not isinstance(ck, Checkpoint):
+        ck = open(ck)
+    dst = []
+    for name, t in tensors.items():
+        info = ck[name]
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(f"load_into: the destination of '{name}' is a {type(t).__name__}, not a torch.Tensor")
+        if t.device.type != "cpu":
+            raise ConfigError(f"load_into: the destination of '{name}' is on {t.device}; this build loads into CPU tensors")
+        want = as_torch_dtype(info.dtype)
+        if t.dtype != want:
+            raise ConfigError(f"load_into: tensor '{name}' is {info.dtype} (torch {want}), the destination is {t.dtype}")
+        shape = arrival_shape(info.dtype, info.shape)
+        if list(t.shape) != shape:
+            raise ConfigError(f"load_into: tensor '{name}' has shape {list(info.shape)}, the destination {list(t.shape)}")
+        if not t.is_contiguous():
+            raise ConfigError(f"load_into: the destination of '{name}' is not contiguous")
+        nbytes = t.numel() * t.element_size()
+        if nbytes != info.nbytes:
+            raise ConfigError(f"load_into: tensor '{name}' has {info.nbytes} bytes, the destination {nbytes}")
+        dst.append((name, t.data_ptr(), nbytes))
+    return _sluice.load_into(ck._core, dst, _options(staging, max_read, queue_depth, threads, io))

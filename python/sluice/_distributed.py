@@ -1,0 +1,53 @@
+"""Rendezvous for distributed loads through a torch.distributed store.
+
+The store is, in order: the `store` argument; the default process group's
+store when torch.distributed is initialised; else a TCPStore built from
+torchrun's MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE (rank 0 is the
+server), made once per process and kept. Every load gets a key prefix of its
+own ("sluice/load-N", N counting the loads of this process: the same on every
+rank because every rank makes the same calls).
+"""
+import datetime
+import os
+
+_store = None
+_loads = 0
+
+
+def _env(name, default=None):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        if default is None:
+            from . import ConfigError
+            raise ConfigError(f"a distributed load needs the environment variable {name} (as torchrun sets it)")
+        return default
+    return v
+
+
+def default_store(timeout=60.0):
+    """The store a distributed load meets through when none is given."""
+    global _store
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.distributed_c10d._get_default_store()
+    if _store is None:
+        rank, world = int(_env("RANK")), int(_env("WORLD_SIZE"))
+        _store = dist.TCPStore(_env("MASTER_ADDR"), int(_env("MASTER_PORT")), world, rank == 0,
+                               datetime.timedelta(seconds=timeout))
+    return _store
+
+
+def configure(o, topology, offload, store, timeout):
+    """Fills a StreamOptions' distributed fields from torchrun's environment."""
+    global _loads
+    import torch.distributed as dist
+    o.rank = int(_env("RANK", "0"))
+    o.world_size = int(_env("WORLD_SIZE", "1"))
+    o.local_rank = int(_env("LOCAL_RANK", str(o.rank)))
+    o.local_size = int(_env("LOCAL_WORLD_SIZE", str(o.world_size)))
+    o.topology = topology or f"tp1,dp{o.world_size}"
+    o.offload = offload
+    o.timeout_ms = int(timeout * 1000)
+    if o.world_size > 1:
+        _loads += 1
+        o.set_store(dist.PrefixStore(f"sluice/load-{_loads}", store or default_store(timeout)))

@@ -1,0 +1,1007 @@
+// sluice._sluice: the Python bindings. Python-facing behaviour (argument
+// parsing, torch dtypes, progress bars, the rendezvous store) lives in the
+// package's .py files; this file owns the threads, the GIL and the leases.
+//
+// Threads and the GIL: every load runs on a C++ thread of its own, with the
+// GIL released by the Python thread that waits for it; that thread wakes up
+// every 50 ms to run Python's signal handlers (Ctrl-C requests the load's
+// stop token and the load ends with every slot returned). Python code called
+// from a load thread (weight loaders of a reload session) takes the GIL.
+//
+// Leases: a tensor handed to Python is a DLPack capsule whose deleter drops
+// the view's lease (returning its staging slot when it was the last one).
+// Deleters never touch Python, so torch may run them on any thread.
+#include "glue.hpp"
+
+#include <sys/resource.h>
+
+#include <cstring>
+#include <functional>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <dlpack/dlpack.h>
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <sluice/load_file.hpp>
+#include <sluice/manifest/contract.hpp>
+#include <sluice/manifest/reload.hpp>
+#include <sluice/policy/classify.hpp>
+#include <sluice/policy/plan.hpp>
+#include <sluice/probe.hpp>
+#include <sluice/sink/host_sink.hpp>
+#if defined(SLUICE_HAS_S3)
+#include <sluice/s3/load.hpp>  // registers the s3:// scheme
+#endif
+#if defined(SLUICE_HAS_CUDA)
+#include <sluice/cuda/error.hpp>
+#endif
+
+namespace py = pybind11;
+using namespace std::chrono_literals;
+
+namespace sluice_py {
+
+// ---- the sink of a stream ---------------------------------------------------
+
+std::span<std::byte> queue_sink::direct_destination(const tensor_ref& t) {
+  if (!st_->pool || t.size <= st_->pool->slot_size() - 2 * 4096) return {};
+  auto l = lease::allocate(static_cast<std::size_t>(t.size), 4096);
+  const auto bytes = l.bytes();
+  std::lock_guard g(mu_);
+  direct_[&t] = {std::move(l), 0};
+  return bytes;
+}
+
+bool queue_sink::accept(tensor_view v) {
+  auto& st = *st_;
+  int slot = -1;
+  if (v.kind == view_kind::placed) {  // read into its own memory (direct_destination), maybe in several reads
+    std::lock_guard g(mu_);
+    auto it = direct_.find(v.tensor);
+    if (it == direct_.end()) throw usage_error("a placed view without its destination", {"", v.name()});
+    it->second.filled += v.bytes.size();
+    if (it->second.filled < v.tensor->size) return true;  // the tensor goes to Python once all of it is there
+    v.hold = std::move(it->second.hold);
+    v.bytes = v.hold.bytes();
+    v.offset = 0;
+    v.kind = view_kind::bytes;
+    direct_.erase(it);
+  }
+  std::unique_lock l(st.mu);
+  if (st.pool && v.kind == view_kind::bytes) slot = st.pool->slot_index(v.bytes.data());
+  if (slot >= 0 && st.pins[static_cast<std::size_t>(slot)] == 0 && st.pinned_slots + 1 > st.pin_limit) {
+    // The caller holds tensors in so many slots that the pipeline would run
+    // out of slots to read into and wait forever: copy this one out, or say so.
+    if (st.exhausted == on_exhausted::raise)
+      throw resource_error(fmt::format(
+          "staging budget of {} bytes ({} slots of {} bytes) exhausted: the tensors still held pin {} slots and the "
+          "load needs {} free to go on; drop tensors sooner, raise staging=, or pass on_exhausted='copy'",
+          st.pool->slot_count() * st.pool->slot_size(), st.pool->slot_count(), st.pool->slot_size(), st.pinned_slots,
+          st.pool->slot_count() - st.pin_limit),
+          {"", v.name()});
+    l.unlock();
+    auto owned = lease::allocate(v.bytes.size(), 64);
+    if (!v.bytes.empty()) std::memcpy(owned.bytes().data(), v.bytes.data(), v.bytes.size());
+    v.bytes = owned.bytes();
+    v.hold = std::move(owned);
+    slot = -1;
+    l.lock();
+    st.copied += 1;
+    st.copied_bytes += v.bytes.size();
+  }
+  if (slot >= 0 && st.pins[static_cast<std::size_t>(slot)]++ == 0) ++st.pinned_slots;
+  const auto unpin_here = [&] {
+    if (slot >= 0 && --st.pins[static_cast<std::size_t>(slot)] == 0) --st.pinned_slots;
+  };
+  st.changed.wait(l, [&] {
+    return st.queue.size() < st.capacity || st.stop.stop_requested() || st.consumer_error;
+  });
+  if (st.consumer_error) {
+    unpin_here();
+    std::rethrow_exception(st.consumer_error);
+  }
+  if (st.stop.stop_requested()) {
+    unpin_here();
+    throw cancelled_error();
+  }
+  st.queue.push_back(std::move(v));
+  st.queue_slots.push_back(slot);
+  st.changed.notify_all();
+  return true;
+}
+
+namespace {
+
+// ---- errors -------------------------------------------------------------------
+
+struct exception_types {
+  py::object error, format, index, io, truncated, cancelled, config, contract, resource, usage, distributed, comm, s3,
+      s3_not_found, s3_access, s3_changed, cuda;
+};
+exception_types* types = nullptr;  // created once at import, kept for the process (never freed)
+
+py::object make_exception(py::module_& m, const char* name, std::vector<py::object> bases, const char* doc) {
+  py::tuple b(bases.size());
+  for (std::size_t i = 0; i < bases.size(); ++i) b[i] = bases[i];
+  PyObject* e = PyErr_NewExceptionWithDoc((std::string("sluice.") + name).c_str(), doc, b.ptr(), nullptr);
+  if (!e) throw py::error_already_set();
+  auto o = py::reinterpret_steal<py::object>(e);
+  m.attr(name) = o;
+  return o;
+}
+
+// Messages and names may carry bytes of a malformed file that are not UTF-8.
+py::str lenient_str(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+  if (!o) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+void set_python_error(const py::object& type, const error& e) {
+  py::object exc = type(lenient_str(e.what()));
+  exc.attr("detail") = lenient_str(e.detail());
+  exc.attr("file") = lenient_str(e.file());
+  exc.attr("tensor") = lenient_str(e.tensor());
+  if (e.range()) exc.attr("range") = py::make_tuple(e.range()->begin, e.range()->end);
+  else exc.attr("range") = py::none();
+  if (const auto* f = dynamic_cast<const format_error*>(&e)) exc.attr("rule") = lenient_str(f->rule());
+  if (const auto* d = dynamic_cast<const distributed_error*>(&e)) exc.attr("failed_rank") = d->failed_rank();
+  if (const auto* io = dynamic_cast<const io_error*>(&e)) exc.attr("code") = io->code();
+#if defined(SLUICE_HAS_S3)
+  if (const auto* s = dynamic_cast<const s3_error*>(&e)) {
+    exc.attr("http_status") = s->http_status();
+    exc.attr("s3_code") = py::str(s->s3_code());
+  }
+#endif
+  PyErr_SetObject(type.ptr(), exc.ptr());
+}
+
+void translate(std::exception_ptr p) {
+  try {
+    std::rethrow_exception(p);
+#if defined(SLUICE_HAS_S3)
+  } catch (const s3_not_found_error& e) {
+    set_python_error(types->s3_not_found, e);
+  } catch (const s3_access_error& e) {
+    set_python_error(types->s3_access, e);
+  } catch (const s3_object_changed_error& e) {
+    set_python_error(types->s3_changed, e);
+  } catch (const s3_error& e) {
+    set_python_error(types->s3, e);
+#endif
+#if defined(SLUICE_HAS_CUDA)
+  } catch (const cuda::cuda_error& e) {
+    set_python_error(types->cuda, e);
+#endif
+  } catch (const index_error& e) {
+    set_python_error(types->index, e);
+  } catch (const format_error& e) {
+    set_python_error(types->format, e);
+  } catch (const truncated_error& e) {
+    set_python_error(types->truncated, e);
+  } catch (const io_error& e) {
+    set_python_error(types->io, e);
+  } catch (const cancelled_error& e) {
+    set_python_error(types->cancelled, e);
+  } catch (const config_error& e) {
+    set_python_error(types->config, e);
+  } catch (const contract_error& e) {
+    set_python_error(types->contract, e);
+  } catch (const resource_error& e) {
+    set_python_error(types->resource, e);
+  } catch (const usage_error& e) {
+    set_python_error(types->usage, e);
+  } catch (const distributed_error& e) {
+    set_python_error(types->distributed, e);
+  } catch (const comm::comm_error& e) {
+    set_python_error(types->comm, e);
+  } catch (const error& e) {
+    set_python_error(types->error, e);
+  }
+}
+
+// ---- running a blocking call interruptibly --------------------------------------
+
+// Runs f() on a thread of its own while this (Python) thread waits with the
+// GIL released, waking every 50 ms to run Python's signal handlers: a
+// KeyboardInterrupt requests `stop`, waits for f to end (it ends promptly
+// with cancelled_error, every slot returned) and is re-raised.
+template <class F>
+auto run_interruptible(std::stop_source& stop, F f) -> decltype(f()) {
+  using R = decltype(f());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr failure;
+  std::optional<R> result;
+  std::thread t([&] {
+    try {
+      result.emplace(f());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::lock_guard g(mu);
+    done = true;
+    cv.notify_all();
+  });
+  for (;;) {
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock l(mu);
+      if (cv.wait_for(l, 50ms, [&] { return done; })) break;
+    }
+    if (PyErr_CheckSignals() != 0) {
+      py::error_already_set interrupted;  // fetched now; restored when it propagates
+      stop.request_stop();
+      {
+        py::gil_scoped_release nogil;
+        t.join();
+      }
+      throw interrupted;
+    }
+  }
+  {
+    py::gil_scoped_release nogil;
+    t.join();
+  }
+  if (failure) std::rethrow_exception(failure);
+  return std::move(*result);
+}
+
+// ---- sizes, rusage ------------------------------------------------------------------
+
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+std::uint64_t peak_rss() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;
+}
+
+// ---- checkpoints --------------------------------------------------------------------------
+
+struct py_checkpoint {
+  std::shared_ptr<const checkpoint> ck;  // keeps the catalog it was opened through (an S3 one pins ETags)
+  bool s3 = false;
+  bool is_s3() const { return s3; }
+};
+
+py_checkpoint open_checkpoint(const std::string& where, py::object select_regex, py::object select_fn,
+                              const std::vector<std::pair<std::string, std::string>>& rename) {
+  open_options opt;
+  for (const auto& [from, to] : rename) opt.rename.push_back({from, to});
+  if (!select_regex.is_none()) {
+    const auto pattern = select_regex.cast<std::string>();
+    std::shared_ptr<std::regex> re;
+    try {
+      re = std::make_shared<std::regex>(pattern, std::regex::ECMAScript | std::regex::optimize);
+    } catch (const std::regex_error& e) {
+      throw config_error(fmt::format("select: '{}' is not a valid regular expression: {}", pattern, e.what()));
+    }
+    opt.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
+  } else if (!select_fn.is_none()) {
+    // Called on this thread, with the GIL held (opening reads headers only).
+    opt.select = [select_fn](std::string_view n) { return py::cast<bool>(select_fn(py::str(n.data(), n.size()))); };
+  }
+  // A path, or an s3:// URI (its catalog reads the environment's S3 config).
+  const location at(where);
+  py_checkpoint r;
+  r.s3 = !at.local();
+  r.ck = std::make_shared<checkpoint>(checkpoint::open(at, opt));
+  return r;
+}
+
+std::string file_of(const checkpoint& ck, const tensor_ref& t) {
+  return t.shard < ck.shards().size() ? ck.shards()[t.shard].uri : std::string();
+}
+
+py::list tensor_list(const py_checkpoint& p) {
+  py::list out;
+  const auto& ck = *p.ck;
+  for (const auto& t : ck.tensors())
+    out.append(py::make_tuple(t.name, t.source_name, std::string(format::name(t.type)), t.shape, t.size, file_of(ck, t),
+                              t.offset));
+  return out;
+}
+
+py::dict inspect_checkpoint(const py_checkpoint& p) {
+  const auto& ck = *p.ck;
+  const auto cls = policy::classifier::deepseek();
+  std::map<std::string, std::array<std::uint64_t, 2>> per_dtype, per_class;
+  for (const auto& t : ck.tensors()) {
+    const auto info = cls(policy::tensor_info::from(t));
+    for (auto* m : {&per_dtype[std::string(format::name(t.type))], &per_class[std::string(policy::class_name(info.cls))]}) {
+      (*m)[0] += 1;
+      (*m)[1] += t.size;
+    }
+  }
+  auto table = [](const auto& m) {
+    py::dict d;
+    for (const auto& [k, v] : m) {
+      py::dict e;
+      e["tensors"] = v[0];
+      e["bytes"] = v[1];
+      d[py::str(k)] = e;
+    }
+    return d;
+  };
+  py::dict j;
+  j["location"] = ck.location();
+  j["shards"] = ck.shards().size();
+  j["tensor_count"] = ck.tensors().size();
+  j["tensor_bytes"] = ck.tensor_bytes();
+  j["header_bytes_read"] = ck.header_bytes_read();
+  j["dtypes"] = table(per_dtype);
+  j["classes"] = table(per_class);
+  return j;
+}
+
+// ---- DLPack ---------------------------------------------------------------------------------
+
+// How a sluice dtype travels through DLPack to torch. Types torch 1.13 lacks
+// travel as the integer type of their width (BOOL as uint8, U16-U64 as
+// int16-int64, F8 as uint8 of the same shape, F4/F6 as a flat uint8 of the
+// bytes); the Python side views or labels them.
+DLDataType dl_type(format::dtype t) {
+  using format::dtype;
+  switch (t) {
+    case dtype::BF16: return {kDLBfloat, 16, 1};
+    case dtype::F16: return {kDLFloat, 16, 1};
+    case dtype::F32: return {kDLFloat, 32, 1};
+    case dtype::F64: return {kDLFloat, 64, 1};
+    case dtype::C64: return {kDLComplex, 64, 1};
+    case dtype::I8: return {kDLInt, 8, 1};
+    case dtype::I16: case dtype::U16: return {kDLInt, 16, 1};
+    case dtype::I32: case dtype::U32: return {kDLInt, 32, 1};
+    case dtype::I64: case dtype::U64: return {kDLInt, 64, 1};
+    default: return {kDLUInt, 8, 1};  // U8, BOOL, F8_*, F6_*, F4
+  }
+}
+
+struct dl_holder {
+  DLManagedTensor managed{};
+  lease hold;
+  std::vector<std::int64_t> shape;
+  std::shared_ptr<stream_state> state;  // to unpin `slot` when torch frees the tensor
+  int slot = -1;
+  ~dl_holder() {
+    hold.reset();  // the slot returns to the pool (if this was its last lease)
+    if (state) state->unpin(slot);
+  }
+};
+
+void dl_delete(DLManagedTensor* m) { delete static_cast<dl_holder*>(m->manager_ctx); }
+
+void capsule_delete(PyObject* cap) {
+  // Consumed capsules are renamed "used_dltensor" by torch, which then owns the tensor.
+  if (PyCapsule_IsValid(cap, "dltensor"))
+    if (auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"))) m->deleter(m);
+}
+
+alignas(64) std::byte empty_bytes[64];
+
+// A capsule over `bytes` (kept alive by `hold`) with `shape` (the part's shape).
+py::capsule make_capsule(std::span<const std::byte> bytes, lease hold, format::dtype type,
+                         const std::vector<std::uint64_t>& shape, std::shared_ptr<stream_state> state = {}, int slot = -1) {
+  auto h = std::make_unique<dl_holder>();
+  h->hold = std::move(hold);
+  h->state = std::move(state);
+  h->slot = slot;
+  const auto bits = format::bits(type);
+  if (bits % 8 != 0) {
+    h->shape = {static_cast<std::int64_t>(bytes.size())};  // packed sub-byte elements: the bytes
+  } else {
+    for (auto d : shape) h->shape.push_back(static_cast<std::int64_t>(d));
+  }
+  auto& t = h->managed.dl_tensor;
+  t.data = bytes.empty() ? static_cast<void*>(empty_bytes) : const_cast<std::byte*>(bytes.data());
+  t.device = {kDLCPU, 0};
+  t.ndim = static_cast<int>(h->shape.size());
+  t.dtype = dl_type(type);
+  t.shape = h->shape.data();
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  h->managed.manager_ctx = h.get();
+  h->managed.deleter = dl_delete;
+  DLManagedTensor* m = &h->managed;
+  PyObject* cap = PyCapsule_New(m, "dltensor", capsule_delete);
+  if (!cap) throw py::error_already_set();
+  h.release();  // owned by the capsule now (then by torch)
+  return py::reinterpret_steal<py::capsule>(cap);
+}
+
+const char* kind_name(view_kind k) {
+  switch (k) {
+    case view_kind::bytes: return "bytes";
+    case view_kind::placed: return "placed";
+    case view_kind::metadata: return "metadata";
+    case view_kind::shared: return "shared";
+    case view_kind::device: return "device";
+  }
+  return "?";
+}
+
+// (name, capsule or None, dtype, part shape, kind, (dim, index, count) or None, source name)
+py::tuple view_tuple(tensor_view v, std::shared_ptr<stream_state> state = {}, int slot = -1) {
+  if (v.kind == view_kind::device) throw config_error("a device view reached the host package", {"", v.name()});
+  py::object part = v.is_part() ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count)) : py::none();
+  const auto shape = v.part_shape();
+  py::object cap = py::none();
+  if (v.kind != view_kind::metadata) cap = make_capsule(v.bytes, std::move(v.hold), v.dtype(), shape, std::move(state), slot);
+  return py::make_tuple(v.name(), cap, std::string(format::name(v.dtype())), shape, kind_name(v.kind), part,
+                        v.tensor->source_name);
+}
+
+// ---- streams: iter_weights ----------------------------------------------------------------------
+
+struct stream_options {
+  std::size_t staging = std::size_t{4} << 30;
+  std::uint64_t max_read = std::uint64_t{32} << 20;
+  unsigned queue_depth = 4;
+  unsigned threads = 1;
+  std::string io = "auto";
+  std::string exhausted = "copy";
+  std::size_t queue = 8;
+  // distributed (world_size > 1 or a topology)
+  std::string topology, offload = "none";
+  std::size_t rank = 0, world_size = 1, local_rank = 0, local_size = 1;
+  std::shared_ptr<comm::kv_store> kv;
+  std::string kv_prefix;
+  std::uint64_t timeout_ms = 60000;
+};
+
+load_options make_load_options(const stream_options& o) {
+  load_options l;
+  l.staging_budget = o.staging;
+  l.max_read = o.max_read;
+  l.queue_depth = o.queue_depth;
+  l.threads = o.threads;
+  if (o.io == "direct") l.io = io_mode::direct;
+  else if (o.io == "buffered") l.io = io_mode::buffered;
+  else if (o.io != "auto") throw config_error(fmt::format("io='{}': expected 'auto', 'direct' or 'buffered'", o.io));
+  return l;
+}
+
+nlohmann::json local_stats(const checkpoint& ck, const load_stats& st, const load_options& opt, double cpu) {
+  const double gib = static_cast<double>(st.tensor_bytes) / double(1ull << 30);
+  return {{"source", ck.location()},
+          {"shards", ck.shards().size()},
+          {"tensors", st.tensors},
+          {"tensor_bytes", st.tensor_bytes},
+          {"bytes_read", st.bytes_read},
+          {"storage_bytes", st.storage_bytes},
+          {"header_bytes_read", st.header_bytes_read},
+          {"files_opened", st.files_opened},
+          {"requests", st.requests},
+          {"seconds", st.seconds},
+          {"gib_per_s", st.seconds > 0 ? gib / st.seconds : 0},
+          {"cpu_seconds", cpu},
+          {"cpu_seconds_per_gib", gib > 0 ? cpu / gib : 0},
+          {"peak_rss_bytes", peak_rss()},
+          {"staging", {{"budget", opt.staging_budget}, {"slot_size", st.slot_size}, {"slots", st.slots}, {"slots_used", st.slots_used}}},
+          {"stages", {{"fetch", {{"requests", st.fetch.items}, {"bytes", st.fetch.bytes}, {"busy_seconds", st.fetch.busy_seconds}}},
+                      {"place", {{"views", st.place.items}, {"bytes", st.place.bytes}, {"busy_seconds", st.place.busy_seconds}}}}}};
+}
+
+load_stats run_local(const py_checkpoint& p, any_sink s, staging_pool& pool, load_options opt) {
+  return load(*p.ck, s, pool, std::move(opt));  // through the catalog the checkpoint came from
+}
+
+py::object to_py(const nlohmann::json& j) {
+  // Leaked on purpose: a static py::object would be released after the interpreter is gone.
+  static auto* loads = new py::object(py::module_::import("json").attr("loads"));
+  return (*loads)(j.dump());
+}
+
+class stream {
+ public:
+  stream(py_checkpoint ck, stream_options o) : ck_(std::move(ck)), opt_(std::move(o)), st_(std::make_shared<stream_state>()) {
+    st_->capacity = std::max<std::size_t>(1, opt_.queue);
+    if (opt_.exhausted == "raise") st_->exhausted = on_exhausted::raise;
+    else if (opt_.exhausted != "copy")
+      throw config_error(fmt::format("on_exhausted='{}': expected 'copy' or 'raise'", opt_.exhausted));
+    lopt_ = make_load_options(opt_);
+    distributed_ = opt_.world_size > 1 || !opt_.topology.empty();
+    if (!distributed_) {
+      pool_ = std::make_unique<staging_pool>(staging_options{.budget = lopt_.staging_budget, .slot_size = slot_size_for(lopt_.max_read)});
+      st_->pool = pool_.get();
+      st_->pins.assign(pool_->slot_count(), 0);
+      const std::size_t reserve = std::clamp<std::size_t>(lopt_.queue_depth, 1, pool_->slot_count());
+      st_->pin_limit = pool_->slot_count() - reserve;
+    }
+  }
+  ~stream() {
+    st_->stop.request_stop();
+    {
+      std::lock_guard g(st_->mu);
+      st_->changed.notify_all();
+    }
+    if (thread_.joinable()) {
+      py::gil_scoped_release nogil;
+      thread_.join();
+    }
+    st_->queue.clear();  // their slots are unpinned with the state
+  }
+
+  void start() {
+    if (thread_.joinable() || finished_) throw usage_error("this stream was already started");
+    lopt_.stop = st_->stop.get_token();
+    lopt_.progress = &progress_;
+    cpu0_ = cpu_seconds();
+    thread_ = std::thread([this] { body(); });
+  }
+
+  // The next tensor tuple, or None at the end. Raises the load's error, or
+  // KeyboardInterrupt (after stopping the load).
+  py::object next() {
+    for (;;) {
+      std::optional<tensor_view> v;
+      int slot = -1;
+      bool ended = false;
+      {
+        py::gil_scoped_release nogil;
+        std::unique_lock l(st_->mu);
+        st_->changed.wait_for(l, 50ms, [&] { return !st_->queue.empty() || st_->done; });
+        if (!st_->queue.empty()) {
+          v.emplace(std::move(st_->queue.front()));
+          slot = st_->queue_slots.front();
+          st_->queue.pop_front();
+          st_->queue_slots.pop_front();
+          st_->changed.notify_all();
+        } else if (st_->done) {
+          ended = true;
+          l.unlock();
+          if (thread_.joinable()) thread_.join();
+        }
+      }
+      if (v) return view_tuple(std::move(*v), st_, slot);  // the capsule's deleter unpins `slot`
+      if (ended) {
+        finished_ = true;
+        if (st_->error) std::rethrow_exception(st_->error);
+        return py::none();
+      }
+      if (PyErr_CheckSignals() != 0) {
+        py::error_already_set interrupted;
+        stop();
+        throw interrupted;
+      }
+    }
+  }
+
+  // Stops the load and waits for it (every slot returned except those the
+  // caller's tensors still hold).
+  void stop() {
+    st_->stop.request_stop();
+    {
+      std::lock_guard g(st_->mu);
+      st_->changed.notify_all();
+    }
+    if (thread_.joinable()) {
+      py::gil_scoped_release nogil;
+      thread_.join();
+    }
+    std::lock_guard g(st_->mu);
+    while (!st_->queue.empty()) {
+      const int slot = st_->queue_slots.front();
+      st_->queue.pop_front();
+      st_->queue_slots.pop_front();
+      if (slot >= 0 && --st_->pins[static_cast<std::size_t>(slot)] == 0) --st_->pinned_slots;
+    }
+    finished_ = true;
+  }
+
+  // The consumer failed: the load thread's next sink call throws `message`
+  // (a distributed load then makes every rank raise, naming this one).
+  void fail(const std::string& message) {
+    {
+      std::lock_guard g(st_->mu);
+      if (!st_->consumer_error)
+        st_->consumer_error = std::make_exception_ptr(usage_error(fmt::format("the caller failed: {}", message)));
+      st_->changed.notify_all();
+    }
+    if (thread_.joinable()) {
+      py::gil_scoped_release nogil;
+      thread_.join();
+    }
+    finished_ = true;
+  }
+
+  py::object stats() const {
+    std::lock_guard g(st_->mu);
+    if (!st_->done) return py::none();
+    auto j = stats_;
+    j["copied_out"] = st_->copied;
+    j["copied_out_bytes"] = st_->copied_bytes;
+    return to_py(j);
+  }
+  py::tuple progress() const {
+    return py::make_tuple(progress_.bytes_done.load(), progress_.total_bytes.load(), progress_.tensors_done.load(),
+                          progress_.total_tensors.load());
+  }
+  py::tuple staging_region() const {
+    if (!pool_) return py::make_tuple(0, 0, 0);
+    const auto r = pool_->region();
+    return py::make_tuple(reinterpret_cast<std::uintptr_t>(r.data()), r.size(), pool_->slot_size());
+  }
+  py::tuple slots() const {
+    std::lock_guard g(st_->mu);
+    return py::make_tuple(pool_ ? pool_->slot_count() : 0, pool_ ? pool_->free_count() : 0, st_->pinned_slots);
+  }
+
+ private:
+  void body() {
+    nlohmann::json j;
+    std::exception_ptr failure;
+    try {
+      queue_sink qs(st_);
+      if (distributed_) {
+        distributed_request req;
+        req.topology = opt_.topology.empty() ? fmt::format("tp1,dp{}", opt_.world_size) : opt_.topology;
+        req.offload = opt_.offload;
+        req.who.rank = opt_.rank;
+        req.who.world_size = opt_.world_size;
+        req.who.local_rank = opt_.local_rank;
+        req.who.local_size = opt_.local_size;
+        req.who.timeout = std::chrono::milliseconds(opt_.timeout_ms);
+        req.who.kv = opt_.kv;
+        req.who.kv_prefix = opt_.kv_prefix;
+        if (const char* h = std::getenv("SLUICE_GLOO_HOST"); h && *h) req.who.hostname = h;
+        distributed_options d;
+        d.load = lopt_;
+        j = run_distributed(*ck_.ck, req, qs, d);
+      } else {
+        const auto st = run_local(ck_, qs, *pool_, lopt_);
+        j = local_stats(*ck_.ck, st, lopt_, cpu_seconds() - cpu0_);
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::lock_guard g(st_->mu);
+    stats_ = std::move(j);
+    st_->error = failure;
+    st_->done = true;
+    st_->changed.notify_all();
+  }
+
+  py_checkpoint ck_;
+  stream_options opt_;
+  load_options lopt_;
+  bool distributed_ = false;
+  bool finished_ = false;
+  std::shared_ptr<stream_state> st_;
+  std::unique_ptr<staging_pool> pool_;
+  load_progress progress_;
+  nlohmann::json stats_;
+  double cpu0_ = 0;
+  std::thread thread_;
+};
+
+// ---- load_into --------------------------------------------------------------------------------
+
+py::object load_into(const py_checkpoint& p, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& dst,
+                     const stream_options& o) {
+  std::set<std::string> names;
+  for (const auto& [name, ptr, size] : dst) names.insert(name);
+  auto sub = std::make_shared<py_checkpoint>(p);
+  sub->ck = std::make_shared<checkpoint>(p.ck->select(names));  // config_error names a missing tensor
+  host_sink sink({.allocate = false});
+  for (const auto& [name, ptr, size] : dst) {
+    const auto* t = sub->ck->find(name);
+    if (t && t->size != size)
+      throw config_error(fmt::format("the destination holds {} bytes, the tensor {}", size, t->size), {file_of(*sub->ck, *t), name});
+    sink.set_destination(name, {reinterpret_cast<std::byte*>(ptr), static_cast<std::size_t>(size)});
+  }
+  auto lopt = make_load_options(o);
+  std::stop_source stop;
+  lopt.stop = stop.get_token();
+  const double cpu0 = cpu_seconds();
+  auto st = run_interruptible(stop, [&] {
+    staging_pool pool(staging_options{.budget = lopt.staging_budget, .slot_size = slot_size_for(lopt.max_read)});
+    return run_local(*sub, sink, pool, lopt);
+  });
+  return to_py(local_stats(*sub->ck, st, lopt, cpu_seconds() - cpu0));
+}
+
+// ---- the load contract ------------------------------------------------------------------------
+
+// A Python weight loader as a C++ one. `adapter(name, tensor_tuple_or_tensor,
+// source)` (the package's Python side) calls the engine's loader and returns
+// (accepted, [(destination, {selector: value})]). Called with the GIL taken,
+// from whichever thread the load calls its sink on.
+struct py_loader {
+  py::object adapter;
+  std::shared_ptr<py::object> current;  // a tensor the caller already has (Recorder.__call__), else None
+
+  bool operator()(tensor_view v, manifest::application_log& log) {
+    py::gil_scoped_acquire gil;
+    py::object arg;
+    if (current && !current->is_none()) arg = *current;
+    else arg = view_tuple(std::move(v));
+    py::tuple r = adapter(py::str(std::string(log.source())), arg);
+    const bool accepted = r[0].cast<bool>();
+    for (auto rec : r[1].cast<py::list>()) {
+      auto t = rec.cast<py::tuple>();
+      manifest::selectors sel;
+      for (auto [k, val] : t[1].cast<py::dict>()) {
+        if (py::isinstance<py::bool_>(val) || !(py::isinstance<py::int_>(val) || py::isinstance<py::str>(val)))
+          throw config_error(fmt::format("selector '{}' of '{}' must be an int or a str", py::str(k).cast<std::string>(),
+                                         std::string(log.source())));
+        if (py::isinstance<py::int_>(val)) sel.emplace(k.cast<std::string>(), val.cast<std::int64_t>());
+        else sel.emplace(k.cast<std::string>(), val.cast<std::string>());
+      }
+      log.record(t[0].cast<std::string>(), std::move(sel));
+    }
+    return accepted;
+  }
+};
+
+py::list keys_list(const std::set<manifest::application_key>& keys) {
+  py::list out;
+  for (const auto& k : keys) {
+    py::dict sel;
+    for (const auto& [name, v] : k.select) {
+      if (const auto* i = std::get_if<std::int64_t>(&v)) sel[py::str(name)] = *i;
+      else sel[py::str(name)] = std::get<std::string>(v);
+    }
+    out.append(py::make_tuple(k.source, k.destination, sel));
+  }
+  return out;
+}
+
+struct py_publish {
+  py::object fn;
+  void operator()(const manifest::layer_contract& lc) {
+    py::gil_scoped_acquire gil;
+    if (fn.is_none()) return;
+    fn(lc.layer == manifest::non_layer ? py::object(py::none()) : py::object(py::int_(lc.layer)), keys_list(lc.keys));
+  }
+};
+
+using recorder_t = manifest::recorder<py_loader>;
+using session_t = manifest::reload_session<py_loader, py_publish>;
+
+struct py_recorder {
+  std::shared_ptr<py::object> current = std::make_shared<py::object>(py::none());
+  recorder_t rec;
+  py_recorder(py::object adapter, std::string pattern)
+      : rec(py_loader{std::move(adapter), nullptr}, manifest::recorder_options{std::move(pattern)}) {
+    rec.loader().current = current;
+  }
+  // Offers a tensor the caller already has (name, sluice dtype, shape, bytes, the tensor).
+  bool offer(const std::string& name, const std::string& dtype, std::vector<std::uint64_t> shape, std::uint64_t size,
+             py::object tensor) {
+    tensor_ref ref;
+    ref.name = ref.source_name = name;
+    const auto t = format::parse_dtype(dtype);
+    if (!t) throw config_error(fmt::format("unknown dtype '{}'", dtype), {"", name});
+    ref.type = *t;
+    ref.shape = std::move(shape);
+    ref.size = size;
+    tensor_view v;
+    v.tensor = &ref;
+    v.kind = view_kind::metadata;
+    *current = std::move(tensor);
+    struct reset {
+      std::shared_ptr<py::object> c;
+      ~reset() { *c = py::none(); }
+    } r{current};
+    return rec.accept(std::move(v));
+  }
+};
+
+struct py_session {
+  std::unique_ptr<session_t> s;
+  py_session(const manifest::contract& c, py::object adapter, py::object on_publish, bool require_all, py::object warn) {
+    manifest::reload_options ro;
+    ro.require_all_layers = require_all;
+    if (!warn.is_none())
+      ro.warn = [warn](const std::string& w) {
+        py::gil_scoped_acquire gil;
+        warn(w);
+      };
+    s = std::make_unique<session_t>(c, py_loader{std::move(adapter), nullptr}, py_publish{std::move(on_publish)}, std::move(ro));
+  }
+};
+
+}  // namespace
+}  // namespace sluice_py
+
+using namespace sluice_py;
+
+PYBIND11_MODULE(_sluice, m) {
+  m.doc() = "sluice: safetensors checkpoints into torch tensors (the compiled part; use the `sluice` package)";
+
+  // Exceptions: one hierarchy under sluice.Error, mirroring sluice::error's classes.
+  static exception_types t;
+  types = &t;
+  py::object base = py::module_::import("builtins").attr("Exception");
+  py::object os_error = py::module_::import("builtins").attr("OSError");
+  py::object value_error = py::module_::import("builtins").attr("ValueError");
+  t.error = make_exception(m, "Error", {base}, "Base of every sluice error; .detail, .file, .tensor, .range.");
+  t.format = make_exception(m, "FormatError", {t.error, value_error}, "A malformed safetensors file (.rule names the rule).");
+  t.index = make_exception(m, "IndexError", {t.format}, "A malformed or stale model.safetensors.index.json.");
+  t.io = make_exception(m, "IOError", {t.error, os_error}, "Reading failed (.code: errno or 0).");
+  t.truncated = make_exception(m, "TruncatedError", {t.io}, "A file is shorter than its header says.");
+  t.cancelled = make_exception(m, "CancelledError", {t.error}, "The load was stopped.");
+  t.config = make_exception(m, "ConfigError", {t.error, value_error}, "Invalid arguments or options.");
+  t.contract = make_exception(m, "ContractError", {t.error}, "A load contract is not met (names the keys).");
+  t.resource = make_exception(m, "ResourceError", {t.error}, "Memory or another resource ran out (e.g. the staging budget).");
+  t.usage = make_exception(m, "UsageError", {t.error}, "The API was used out of order, or the caller failed.");
+  t.distributed = make_exception(m, "DistributedError", {t.error}, "A rank failed (.failed_rank); raised on every rank.");
+  t.comm = make_exception(m, "CommError", {t.error}, "A communicator or rendezvous failed or timed out.");
+  t.s3 = make_exception(m, "S3Error", {t.io}, "An S3 request failed (.http_status, .s3_code).");
+  t.s3_not_found = make_exception(m, "S3NotFoundError", {t.s3}, "An S3 bucket or object does not exist.");
+  t.s3_access = make_exception(m, "S3AccessError", {t.s3}, "S3 refused the credentials.");
+  t.s3_changed = make_exception(m, "S3ObjectChangedError", {t.s3}, "An S3 object changed during the load (ETag).");
+  t.cuda = make_exception(m, "CudaError", {t.error}, "A CUDA call failed.");
+  py::register_exception_translator(&translate);
+
+  m.attr("has_s3") =
+#if defined(SLUICE_HAS_S3)
+      true;
+#else
+      false;
+#endif
+  m.attr("has_gloo") =
+#if defined(SLUICE_HAS_GLOO)
+      true;
+#else
+      false;
+#endif
+
+  py::class_<py_checkpoint>(m, "Checkpoint")
+      .def_property_readonly("location", [](const py_checkpoint& p) { return p.ck->location(); })
+      .def_property_readonly("tensor_bytes", [](const py_checkpoint& p) { return p.ck->tensor_bytes(); })
+      .def_property_readonly("header_bytes_read", [](const py_checkpoint& p) { return p.ck->header_bytes_read(); })
+      .def_property_readonly("is_s3", &py_checkpoint::is_s3)
+      .def("shards", [](const py_checkpoint& p) {
+        py::list l;
+        for (const auto& s : p.ck->shards()) l.append(py::make_tuple(s.name, s.uri));
+        return l;
+      })
+      .def("tensors", &tensor_list)
+      .def("inspect", &inspect_checkpoint);
+  m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"));
+
+  py::class_<stream_options>(m, "StreamOptions")
+      .def(py::init<>())
+      .def_readwrite("staging", &stream_options::staging)
+      .def_readwrite("max_read", &stream_options::max_read)
+      .def_readwrite("queue_depth", &stream_options::queue_depth)
+      .def_readwrite("threads", &stream_options::threads)
+      .def_readwrite("io", &stream_options::io)
+      .def_readwrite("on_exhausted", &stream_options::exhausted)
+      .def_readwrite("queue", &stream_options::queue)
+      .def_readwrite("topology", &stream_options::topology)
+      .def_readwrite("offload", &stream_options::offload)
+      .def_readwrite("rank", &stream_options::rank)
+      .def_readwrite("world_size", &stream_options::world_size)
+      .def_readwrite("local_rank", &stream_options::local_rank)
+      .def_readwrite("local_size", &stream_options::local_size)
+      .def_readwrite("kv_prefix", &stream_options::kv_prefix)
+      .def_readwrite("timeout_ms", &stream_options::timeout_ms)
+      .def("set_store", [](stream_options& o, py::object store) {
+        // A torch.distributed store (anything with set(key, bytes), get(key) -> bytes, wait(keys)).
+        struct torch_kv final : comm::kv_store {
+          py::object store;
+          explicit torch_kv(py::object s) : store(std::move(s)) {}
+          ~torch_kv() override {
+            py::gil_scoped_acquire gil;
+            store = py::object();
+          }
+          void set(const std::string& key, const std::vector<char>& value) override {
+            py::gil_scoped_acquire gil;
+            store.attr("set")(key, py::bytes(value.data(), value.size()));
+          }
+          std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override {
+            wait({key}, timeout);
+            py::gil_scoped_acquire gil;
+            const std::string v = store.attr("get")(key).cast<py::bytes>();
+            return {v.begin(), v.end()};
+          }
+          void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+            py::gil_scoped_acquire gil;
+            try {
+              static auto* timedelta = new py::object(py::module_::import("datetime").attr("timedelta"));  // leaked: see to_py
+              store.attr("wait")(keys, (*timedelta)(py::arg("milliseconds") = timeout.count()));
+            } catch (py::error_already_set& e) {
+              throw comm::comm_error(fmt::format("store: waiting for '{}' failed: {}", keys.empty() ? "" : keys.front(), e.what()));
+            }
+          }
+        };
+        o.kv = store.is_none() ? nullptr : std::make_shared<torch_kv>(std::move(store));
+      });
+
+  py::class_<stream>(m, "Stream")
+      .def(py::init<py_checkpoint, stream_options>())
+      .def("start", &stream::start)
+      .def("next", &stream::next)
+      .def("stop", &stream::stop)
+      .def("fail", &stream::fail)
+      .def("stats", &stream::stats)
+      .def("progress", &stream::progress)
+      .def("staging_region", &stream::staging_region)
+      .def("slots", &stream::slots);
+
+  m.def("load_into", &load_into);
+
+  py::class_<manifest::contract>(m, "Contract")
+      .def(py::init<std::string>(), py::arg("layer_pattern") = std::string(manifest::default_layer_pattern))
+      .def_static("from_json", [](const std::string& s) {
+        try {
+          return manifest::contract::from_json(nlohmann::json::parse(s));
+        } catch (const nlohmann::json::exception& e) {
+          throw contract_error(fmt::format("contract JSON: {}", e.what()));
+        }
+      })
+      .def("to_json", [](const manifest::contract& c, int indent) { return c.to_json().dump(indent); }, py::arg("indent") = -1)
+      .def_property_readonly("layer_pattern", &manifest::contract::layer_pattern)
+      .def_property_readonly("bytes", &manifest::contract::bytes)
+      .def("__len__", &manifest::contract::size)
+      .def("layers", [](const manifest::contract& c) {
+        py::dict d;
+        for (const auto& [l, lc] : c.layers())
+          d[l == manifest::non_layer ? py::object(py::none()) : py::object(py::int_(l))] = keys_list(lc.keys);
+        return d;
+      })
+      .def("__eq__", [](const manifest::contract& a, const manifest::contract& b) { return a == b; });
+
+  py::class_<py_recorder>(m, "RecorderCore")
+      .def(py::init<py::object, std::string>())
+      .def("offer", &py_recorder::offer)
+      .def("freeze", [](const py_recorder& r) { return r.rec.freeze(); })
+      .def("applications", [](const py_recorder& r) {
+        std::set<manifest::application_key> ks(r.rec.applications().begin(), r.rec.applications().end());
+        return keys_list(ks);
+      })
+      .def("probe", [](py_recorder& r, const py_checkpoint& p) {
+        const auto res = probe(*p.ck, r.rec);
+        py::dict d;
+        d["tensors"] = res.seen.size();
+        d["accepted"] = res.accepted_count();
+        d["tensor_bytes"] = res.tensor_bytes;
+        d["header_bytes_read"] = res.header_bytes_read;
+        d["bytes_read"] = res.bytes_read;
+        return d;
+      });
+
+  py::class_<py_session>(m, "ReloadCore")
+      .def(py::init<const manifest::contract&, py::object, py::object, bool, py::object>())
+      .def("reload", [](py_session& s, const py_checkpoint& p, const stream_options& o) {
+        auto lopt = make_load_options(o);
+        std::stop_source stop;
+        lopt.stop = stop.get_token();
+        const double cpu0 = cpu_seconds();
+        auto st = run_interruptible(stop, [&] {
+          s.s->check_update(*p.ck);
+          return load(*p.ck, *s.s, lopt);  // ends the update with finish()
+        });
+        return to_py(local_stats(*p.ck, st, lopt, cpu_seconds() - cpu0));
+      })
+      .def("push", [](py_session& s, const std::string& name, const std::string& dtype, std::vector<std::uint64_t> shape,
+                      std::uintptr_t ptr, std::uint64_t size) {
+        const auto t = format::parse_dtype(dtype);
+        if (!t) throw config_error(fmt::format("unknown dtype '{}'", dtype), {"", name});
+        return s.s->push(name, *t, std::move(shape), {reinterpret_cast<const std::byte*>(ptr), static_cast<std::size_t>(size)});
+      })
+      .def("finish", [](py_session& s) { return s.s->finish(); })
+      .def("stats", [](py_session& s) {
+        const auto& st = s.s->stats();
+        py::dict d;
+        d["updates"] = st.updates;
+        d["tensors"] = st.tensors;
+        d["layers_published"] = st.layers_published;
+        d["extras"] = st.extras;
+        d["declined"] = st.declined;
+        d["buffered_bytes"] = st.buffered_bytes;
+        d["peak_buffered_bytes"] = st.peak_buffered_bytes;
+        return d;
+      });
+}

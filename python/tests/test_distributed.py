@@ -1,0 +1,113 @@
+"""8 ranks started with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) meet through a torch TCPStore.
+
+Debian's torch 1.13 `torch.distributed.run` fails on Python 3.11 before it
+starts a worker, so the test starts the processes itself with that environment.
+"""
+import json
+import os
+import re
+import socket
+import subprocess
+
+import pytest
+
+from conftest import HERE, PYTHON, generate
+
+WORLD = 8
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(out_dir, path, digests_path, topology, offload, fail_rank=None):
+    port = free_port()
+    procs = []
+    for r in range(WORLD):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLUICE_COMM_TIMEOUT_MS="300000")
+        args = [PYTHON, os.path.join(HERE, "dist_worker.py"), path, digests_path, str(out_dir), topology, offload]
+        if fail_rank is not None:
+            args.append(str(fail_rank))
+        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    results = []
+    for r in range(WORLD):
+        f = out_dir / f"rank-{r}.json"
+        assert f.exists(), f"rank {r} wrote no result (exit {procs[r].returncode}):\n{outs[r]}"
+        results.append(json.loads(f.read_text()))
+    return results
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist") / "ck"
+    digests = generate(d, "--size", "16MiB", "--experts", "16")
+    return str(d), str(d) + ".digests", digests
+
+
+def test_8_ranks_tp1_dp8_ep8_shared_cooperative(ck, tmp_path):
+    path, digests_path, digests = ck
+    res = run_ranks(tmp_path, path, digests_path, "tp1,dp8,ep8", "shared-cooperative")
+    for r in res:
+        assert "error" not in r, r.get("error")
+        assert not r["wrong"], (r["rank"], r["wrong"][:5])
+    # Every rank's loader sees the same call sequence: every tensor, once, in the same order.
+    assert all(r["calls"] == res[0]["calls"] for r in res)
+    assert sorted(res[0]["calls"]) == sorted(digests)
+    expert = re.compile(r"\.mlp\.experts\.(\d+)\.")
+    for name in digests:
+        kinds = [r["kinds"][name][0] for r in res]
+        if expert.search(name):  # a routed expert: one owner (EP 8), placeholders elsewhere
+            assert kinds.count("bytes") == 1 and kinds.count("metadata") == WORLD - 1, (name, kinds)
+            assert all(r["kinds"][name][1] == ("cpu" if k == "bytes" else "meta") for r, k in zip(res, kinds))
+        elif ".engram." in name and (name.endswith(".table") or name.endswith(".scale")):
+            assert kinds == ["shared"] * WORLD, (name, kinds)  # CPU views of the node's one copy
+        else:
+            assert kinds == ["bytes"] * WORLD, (name, kinds)  # replicated: every DP rank owns it
+    shared = [n for n in digests if res[0]["kinds"][n][0] == "shared"]
+    assert shared
+    # Each byte is read from storage once, by one rank.
+    total = sum(r["stats"]["bytes_read"] for r in res)
+    assert total == res[0]["stats"]["tensor_bytes"]
+    assert sum(r["stats"]["owned"] for r in res) > 0 and all(r["stats"]["world_size"] == WORLD for r in res)
+
+
+def test_8_ranks_tp2_dp4_get_their_parts_of_split_tensors(ck, tmp_path):
+    import sluice
+    from conftest import sha256
+    path, digests_path, digests = ck
+    res = run_ranks(tmp_path, path, digests_path, "tp2,dp4,ep8", "per-rank")
+    for r in res:
+        assert "error" not in r, r.get("error")
+        assert not r["wrong"], (r["rank"], r["wrong"][:5])
+    assert all(r["calls"] == res[0]["calls"] for r in res)
+    whole = {}
+    for name, t in sluice.iter_weights(path):
+        whole[name] = t
+    checked = 0
+    for r in res:
+        for name, (part, digest) in r["parts"].items():
+            dim, index, count = part
+            assert count == 2
+            assert sha256(whole[name].chunk(count, dim)[index]) == digest, (r["rank"], name, part)
+            checked += 1
+    assert checked > 0
+    # the two TP ranks of a pair hold the two different parts
+    assert any(p[0][1] == 1 for r in res for p in r["parts"].values())
+
+
+def test_a_rank_that_raises_makes_every_rank_raise_naming_it(ck, tmp_path):
+    path, digests_path, _ = ck
+    res = run_ranks(tmp_path, path, digests_path, "tp1,dp8,ep8", "none", fail_rank=3)
+    for r in res:
+        assert "error" in r, f"rank {r['rank']} did not raise"
+        kind, message, failed = r["error"]
+        if r["rank"] == 3:
+            assert kind == "ValueError" and "boom on rank 3" in message
+        else:
+            assert kind == "DistributedError", (r["rank"], kind, message)
+            assert failed == 3 and "rank 3" in message and "boom on rank 3" in message

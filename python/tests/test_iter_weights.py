@@ -1,0 +1,161 @@
+"""iter_weights: exact bytes through torch, zero-copy leases, bounded memory, errors, Ctrl-C."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import sluice
+
+from conftest import PYTHON, sha256, tool
+
+MiB = 1 << 20
+
+
+def test_every_tensor_through_torch_equals_the_generators_digest_with_its_dtype_and_shape(small):
+    path, digests = small
+    seen = []
+    it = sluice.iter_weights(path, staging="16MiB", max_read="1MiB")
+    for name, t in it:
+        dtype, shape, digest = digests[name]
+        assert t.device.type == "cpu"
+        assert t.dtype == sluice.as_torch_dtype(dtype), name
+        assert list(t.shape) == sluice.arrival_shape(dtype, shape), name
+        assert sha256(t) == digest, name
+        if dtype.startswith("F8"):
+            assert t.dtype == torch.uint8 and t.sluice_dtype == dtype
+        seen.append(name)
+    assert sorted(seen) == sorted(digests)
+    dtypes = {digests[n][0] for n in seen}
+    assert {"BF16", "F32", "F8_E4M3", "BOOL", "I64"} <= dtypes
+    assert it.stats["tensors"] == len(digests)
+
+
+def test_tensors_are_views_of_staging_memory_not_copies(medium):
+    path, digests = medium
+    it = sluice.iter_weights(path, staging="32MiB", max_read="2MiB")
+    lo, size, slot = it.staging_region()
+    assert size > 0
+    inside = whole = 0
+    for name, t in it:
+        if t.numel() == 0 or t.numel() * t.element_size() > 2 * MiB:
+            continue  # empty, or assembled from several reads into memory of its own
+        whole += 1
+        assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= lo + size, name
+        inside += 1
+    assert whole > 100 and inside == whole
+    assert it.stats["copied_out"] == 0
+
+
+def test_tensors_kept_while_the_load_reuses_slots_keep_their_bytes(medium):
+    path, digests = medium
+    kept = {}
+    it = sluice.iter_weights(path, staging="8MiB", max_read="1MiB", queue_depth=2)
+    slots = it.staging_region()[1] // it.staging_region()[2]
+    for i, (name, t) in enumerate(it):
+        if i % 3 == 0:
+            kept[name] = t  # the rest are dropped at once: their slots are read into again
+    assert it.stats["staging"]["slots_used"] <= slots
+    del it  # the stream (and its pool object) go; the kept tensors' leases keep their slots
+    assert len(kept) > 10
+    for name, t in kept.items():
+        assert sha256(t) == digests[name][2], name
+
+
+def test_holding_every_tensor_copies_out_instead_of_deadlocking(medium):
+    path, digests = medium
+    held = []
+    it = sluice.iter_weights(path, staging="6MiB", max_read="1MiB", queue_depth=2)
+    total, _, _ = it.slots()
+    for name, t in it:
+        held.append((name, t))
+        assert it.slots()[2] <= total - 2  # pinned slots never reach the pipeline's reserve
+    assert len(held) == len(digests)
+    assert 0 < it.stats["copied_out"] < len(held)
+    for name, t in held:
+        assert sha256(t) == digests[name][2], name
+    held.clear()
+    assert it.slots()[2] == 0 and it.slots()[1] == total  # every slot back in the pool
+
+
+def test_holding_every_tensor_with_on_exhausted_raise_names_the_budget(medium):
+    path, _ = medium
+    held = []
+    with pytest.raises(sluice.ResourceError, match=r"staging budget of \d+ bytes .* exhausted") as e:
+        for name, t in sluice.iter_weights(path, staging="6MiB", max_read="1MiB", queue_depth=2, on_exhausted="raise"):
+            held.append(t)
+    assert e.value.tensor  # the tensor it could not place
+
+
+def test_stats_carry_sluice_loads_json_names_and_figures(small):
+    path, digests = small
+    it = sluice.iter_weights(path)
+    for _ in it:
+        pass
+    out = subprocess.run([tool("sluice-load"), path, "--json"], check=True, capture_output=True, text=True).stdout
+    ref = json.loads(out)
+    missing = set(ref) - set(it.stats)
+    assert not missing
+    for k in ("tensors", "tensor_bytes", "bytes_read", "header_bytes_read", "files_opened", "shards"):
+        assert it.stats[k] == ref[k], k
+    assert set(ref["staging"]) <= set(it.stats["staging"]) and set(ref["stages"]) <= set(it.stats["stages"])
+
+
+def test_a_truncated_shard_raises_a_typed_exception_naming_the_file(tmp_path):
+    from conftest import generate
+    d = tmp_path / "trunc"
+    generate(d, "--size", "4MiB")
+    ck = sluice.open(d)  # headers are intact: opening succeeds
+    victim = max(ck.tensors, key=lambda t: t.nbytes)
+    os.truncate(victim.file, victim.offset + victim.nbytes // 2)
+    with pytest.raises(sluice.IOError) as e:
+        for _ in sluice.iter_weights(ck):
+            pass
+    assert e.value.file == victim.file
+
+
+def test_progress_callback_sees_the_bytes(small):
+    path, _ = small
+    seen = []
+    it = sluice.iter_weights(path, progress=lambda done, total: seen.append((done, total)))
+    for _ in it:
+        pass
+    assert seen and seen[-1][0] == seen[-1][1] == it.stats["tensor_bytes"]
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+
+
+CTRL_C = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import sluice
+    it = sluice.iter_weights(sys.argv[1], staging="4MiB", max_read="64KiB", queue=1, queue_depth=1)
+    total = it.slots()[0]
+    got = threading.Event()
+    def interrupt():
+        got.wait()
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    n = 0
+    try:
+        for name, t in it:
+            n += 1
+            if n == 3:
+                got.set()
+            time.sleep(0.001)
+        print("completed", n)
+    except KeyboardInterrupt:
+        it.close()
+        t = None
+        print("interrupted", n, it.stats, it.slots() == (total, total, 0))
+""")
+
+
+def test_ctrl_c_mid_load_raises_keyboardinterrupt_and_returns_every_slot(medium, tmp_path):
+    path, digests = medium
+    r = subprocess.run([PYTHON, "-c", CTRL_C, path], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    word, n, stats, slots_back = r.stdout.split()
+    assert word == "interrupted" and 3 <= int(n) < len(digests)
+    assert stats == "None" and slots_back == "True"

@@ -1,0 +1,97 @@
+"""sluice.open / inspect: metadata without data; bad inputs are typed Python exceptions."""
+import os
+import re
+
+import pytest
+
+import sluice
+
+from conftest import SOURCE_DIR, generate
+
+
+def test_metadata_matches_the_generator_without_reading_data(small):
+    path, digests = small
+    ck = sluice.open(path)
+    assert len(ck) == len(digests)
+    for t in ck.tensors:
+        dtype, shape, _ = digests[t.name]
+        assert t.dtype == dtype and list(t.shape) == shape
+        assert os.path.dirname(t.file) == path and t.nbytes >= 0
+    assert ck.tensor_bytes == sum(t.nbytes for t in ck.tensors)
+    assert ck.header_bytes_read > 0
+
+
+def test_select_by_regex_or_callable_and_rename(small):
+    path, digests = small
+    experts = sluice.open(path, select=r"\.mlp\.experts\.")
+    assert experts.tensors and all(".mlp.experts." in t.name for t in experts.tensors)
+    assert len(experts) == sum(1 for n in digests if ".mlp.experts." in n)
+    same = sluice.open(path, select=lambda n: ".mlp.experts." in n)
+    assert [t.name for t in same] == [t.name for t in experts]
+    renamed = sluice.open(path, select=re.compile(r"^model\.layers\.0\."), rename={"model.layers.0.": "L0."})
+    assert renamed.tensors and all(t.name.startswith("L0.") and t.source_name.startswith("model.layers.0.")
+                                   for t in renamed.tensors)
+    with pytest.raises(sluice.ConfigError, match="not a valid regular expression"):
+        sluice.open(path, select="(")
+
+
+def test_inspect_totals_per_class_and_dtype(small):
+    path, digests = small
+    ck = sluice.open(path)
+    info = sluice.inspect(ck)
+    assert info["tensor_count"] == len(digests)
+    for table in ("dtypes", "classes"):
+        assert sum(v["bytes"] for v in info[table].values()) == ck.tensor_bytes
+        assert sum(v["tensors"] for v in info[table].values()) == len(ck)
+    assert info["dtypes"]["F8_E4M3"]["tensors"] == sum(1 for d, _, _ in digests.values() if d == "F8_E4M3")
+    assert set(info["classes"]) == {"replicated", "routed_expert", "shared_table"}
+    assert info["classes"]["routed_expert"]["tensors"] == sum(
+        1 for n in digests if re.search(r"\.mlp\.experts\.\d+\.", n))
+
+
+def _cases():
+    bad = os.path.join(SOURCE_DIR, "tests", "data", "bad")
+    with open(os.path.join(bad, "cases.tsv")) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if not line.startswith("#")]
+    return bad, rows
+
+
+INDEX_RULES = {"index-json", "shard-name", "missing-shard", "missing-tensor", "unindexed-tensor", "total-size"}
+
+
+def test_every_malformed_file_of_the_corpus_is_a_typed_exception_naming_file_tensor_and_rule():
+    bad, rows = _cases()
+    assert len(rows) >= 40
+    for name, kind, path, rule, file, tensor in rows:
+        tensor = "" if tensor == "-" else tensor
+        with pytest.raises(sluice.FormatError) as e:
+            sluice.open(os.path.join(bad, path))
+        err = e.value
+        assert err.rule == rule, name
+        assert err.file == os.path.join(bad, file), name
+        assert err.tensor == tensor, name
+        index_problem = rule in INDEX_RULES or (kind == "index" and rule == "duplicate-name")
+        assert isinstance(err, sluice.IndexError) == index_problem, name
+        assert isinstance(err, sluice.Error) and isinstance(err, ValueError)
+        assert str(err).startswith(rule + ": ") and err.file in str(err)
+
+
+def test_a_stale_index_is_an_index_error_naming_the_shard(tmp_path):
+    d = tmp_path / "stale"
+    generate(d)
+    # Regenerating one shard with another layout leaves the index stale: drop a tensor from the shard.
+    import json
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    name, shard = next(iter(index["weight_map"].items()))
+    index["weight_map"]["model.not.in.the.shard"] = shard
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(sluice.IndexError) as e:
+        sluice.open(d)
+    assert e.value.tensor == "model.not.in.the.shard" and e.value.file.endswith(shard)
+    assert e.value.rule == "missing-tensor"
+
+
+def test_a_missing_checkpoint_is_an_error_not_a_crash(tmp_path):
+    with pytest.raises(sluice.Error) as e:
+        sluice.open(tmp_path / "nothing-here")
+    assert "nothing-here" in str(e.value)

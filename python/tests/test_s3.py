@@ -1,0 +1,44 @@
+"""sluice.open / iter_weights from S3 (s3rver, started by scripts/test.sh: SLUICE_S3_ENDPOINT)."""
+import os
+import uuid
+
+import pytest
+
+import sluice
+
+from conftest import sha256
+
+ENDPOINT = os.environ.get("SLUICE_S3_ENDPOINT")
+pytestmark = pytest.mark.skipif(not ENDPOINT or not sluice._sluice.has_s3,
+                                reason="no S3 test server (SLUICE_S3_ENDPOINT) or no s3 component")
+
+
+@pytest.fixture
+def bucket(small, monkeypatch):
+    import boto3
+    for k, v in {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER", "AWS_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": ENDPOINT}.items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3", endpoint_url=ENDPOINT, region_name="us-east-1")
+    name = f"py-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    path, _ = small
+    for f in os.listdir(path):
+        s3.upload_file(os.path.join(path, f), name, f"ck/{f}")
+    return name
+
+
+def test_an_s3_checkpoint_streams_the_same_bytes(bucket, small):
+    _, digests = small
+    ck = sluice.open(f"s3://{bucket}/ck/")
+    assert ck.location.startswith("s3://") and len(ck) == len(digests)
+    it = sluice.iter_weights(ck, staging="16MiB", max_read="1MiB")
+    for name, t in it:
+        assert sha256(t) == digests[name][2], name
+    assert it.stats["tensors"] == len(digests) and it.stats["bytes_read"] >= ck.tensor_bytes
+
+
+def test_a_missing_s3_prefix_is_a_typed_exception(bucket):
+    with pytest.raises(sluice.Error) as e:
+        sluice.open(f"s3://{bucket}/nothing-here/")
+    assert "nothing-here" in str(e.value)
