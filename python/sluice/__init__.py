@@ -16,12 +16,14 @@ from ._sluice import (  # noqa: F401  (the exception hierarchy, mirroring sluice
     Error, FormatError, IndexError, IOError, TruncatedError, CancelledError, ConfigError, ContractError,
     ResourceError, UsageError, DistributedError, CommError, S3Error, S3NotFoundError, S3AccessError,
     S3ObjectChangedError, CudaError, Contract,
+    release_memory, memory_stats,
 )
 from ._torch import as_torch_dtype, arrival_shape  # noqa: F401
 from ._contract import Recorder, ReloadSession, probe  # noqa: F401
 
 __all__ = ["open", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
-           "TensorInfo", "Checkpoint", "WeightIterator", "parse_size", "as_torch_dtype", "Error"]
+           "TensorInfo", "Checkpoint", "WeightIterator", "parse_size", "as_torch_dtype", "Error", "release_memory",
+           "memory_stats"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
           "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}

@@ -40,16 +40,103 @@
 #include <sluice/cuda/error.hpp>
 #endif
 
+#include <sys/mman.h>
+
 namespace py = pybind11;
 using namespace std::chrono_literals;
 
 namespace sluice_py {
 
+// ---- memory kept between loads ---------------------------------------------
+//
+// Fresh pages cost a first touch on every load (0.4-1.4 GB/s on the machines
+// measured; bench/README.md), while sluice-load reuses its staging slots. An
+// engine that reloads weights calls iter_weights again and again, so the
+// package keeps, between loads, the last idle staging pool and the buffers of
+// large tensors the caller has dropped (exact sizes: a reload asks for the
+// same ones), up to the staging budget in all. sluice.release_memory() gives
+// them back.
+
+struct memory_cache {
+  std::mutex mu;
+  std::shared_ptr<staging_pool> idle_pool;            // every slot free when put here
+  std::multimap<std::size_t, void*> idle_buffers;     // by size
+  std::size_t idle_bytes = 0, cap = 0;
+  std::uint64_t reused_pools = 0, reused_buffers = 0;
+
+  std::shared_ptr<staging_pool> pool(const staging_options& o) {
+    {
+      std::lock_guard g(mu);
+      if (idle_pool && idle_pool->slot_size() == (std::max<std::size_t>(o.slot_size, 4096) + 4095) / 4096 * 4096 &&
+          idle_pool->slot_count() == o.budget / idle_pool->slot_size() && idle_pool->free_count() == idle_pool->slot_count()) {
+        ++reused_pools;
+        return std::exchange(idle_pool, nullptr);
+      }
+    }
+    return std::make_shared<staging_pool>(o);
+  }
+  void put_pool(std::shared_ptr<staging_pool> p) {
+    std::lock_guard g(mu);
+    idle_pool = std::move(p);  // the previous idle one (if any) goes
+  }
+  lease buffer(std::size_t n, std::size_t budget) {
+    void* p = nullptr;
+    {
+      std::lock_guard g(mu);
+      cap = std::max(cap, budget);
+      if (auto it = idle_buffers.find(n); it != idle_buffers.end()) {
+        p = it->second;
+        idle_buffers.erase(it);
+        idle_bytes -= n;
+        ++reused_buffers;
+      }
+    }
+    if (!p) {
+      // 2 MiB-aligned and advised for transparent huge pages, as the staging
+      // pool is: first touch then faults 2 MiB at a time, not 4 KiB.
+      constexpr std::size_t huge = std::size_t{2} << 20;
+      const std::size_t align = n >= huge ? huge : 4096;
+      const std::size_t bytes = (n + align - 1) / align * align;
+      p = std::aligned_alloc(align, bytes);
+      if (!p) throw resource_error(fmt::format("cannot allocate {} bytes for a tensor", n));
+      if (align == huge) ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint
+    }
+    return lease(std::shared_ptr<void>(p, [this, n](void* q) noexcept { give_back(q, n); }), {static_cast<std::byte*>(p), n});
+  }
+  void give_back(void* p, std::size_t n) noexcept {
+    {
+      std::lock_guard g(mu);
+      if (idle_bytes + n <= cap) {
+        idle_buffers.emplace(n, p);
+        idle_bytes += n;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  void release() {
+    std::multimap<std::size_t, void*> buffers;
+    std::shared_ptr<staging_pool> pool;
+    {
+      std::lock_guard g(mu);
+      buffers.swap(idle_buffers);
+      pool.swap(idle_pool);
+      idle_bytes = 0;
+    }
+    for (auto& [n, p] : buffers) std::free(p);
+  }
+};
+// Never destroyed: tensors may release their buffers during interpreter exit.
+memory_cache& cache() {
+  static auto* c = new memory_cache;
+  return *c;
+}
+
 // ---- the sink of a stream ---------------------------------------------------
 
 std::span<std::byte> queue_sink::direct_destination(const tensor_ref& t) {
   if (!st_->pool || t.size <= st_->pool->slot_size() - 2 * 4096) return {};
-  auto l = lease::allocate(static_cast<std::size_t>(t.size), 4096);
+  auto l = cache().buffer(static_cast<std::size_t>(t.size), st_->pool->slot_count() * st_->pool->slot_size());
   const auto bytes = l.bytes();
   std::lock_guard g(mu_);
   direct_[&t] = {std::move(l), 0};
@@ -510,7 +597,7 @@ class stream {
     lopt_ = make_load_options(opt_);
     distributed_ = opt_.world_size > 1 || !opt_.topology.empty();
     if (!distributed_) {
-      pool_ = std::make_unique<staging_pool>(staging_options{.budget = lopt_.staging_budget, .slot_size = slot_size_for(lopt_.max_read)});
+      pool_ = cache().pool(staging_options{.budget = lopt_.staging_budget, .slot_size = slot_size_for(lopt_.max_read)});
       st_->pool = pool_.get();
       st_->pins.assign(pool_->slot_count(), 0);
       const std::size_t reserve = std::clamp<std::size_t>(lopt_.queue_depth, 1, pool_->slot_count());
@@ -528,6 +615,7 @@ class stream {
       thread_.join();
     }
     st_->queue.clear();  // their slots are unpinned with the state
+    if (pool_) cache().put_pool(std::move(pool_));  // the next load reuses it once every slot is free
   }
 
   void start() {
@@ -676,7 +764,7 @@ class stream {
   bool distributed_ = false;
   bool finished_ = false;
   std::shared_ptr<stream_state> st_;
-  std::unique_ptr<staging_pool> pool_;
+  std::shared_ptr<staging_pool> pool_;
   load_progress progress_;
   nlohmann::json stats_;
   double cpu0_ = 0;
@@ -843,6 +931,18 @@ PYBIND11_MODULE(_sluice, m) {
   t.cuda = make_exception(m, "CudaError", {t.error}, "A CUDA call failed.");
   py::register_exception_translator(&translate);
 
+  m.def("release_memory", [] { cache().release(); },
+        "Frees the staging pool and tensor buffers kept between loads for the next one to reuse.");
+  m.def("memory_stats", [] {
+    auto& c = cache();
+    std::lock_guard g(c.mu);
+    py::dict d;
+    d["idle_pool_bytes"] = c.idle_pool ? c.idle_pool->slot_count() * c.idle_pool->slot_size() : 0;
+    d["idle_buffer_bytes"] = c.idle_bytes;
+    d["reused_pools"] = c.reused_pools;
+    d["reused_buffers"] = c.reused_buffers;
+    return d;
+  }, "What is kept between loads, and how often it was reused.");
   m.attr("has_s3") =
 #if defined(SLUICE_HAS_S3)
       true;
