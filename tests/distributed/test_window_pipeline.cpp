@@ -56,6 +56,7 @@ struct event_log {
   std::vector<std::pair<std::string, std::uint32_t>> events;  // (what, window)
   std::thread::id driver = std::this_thread::get_id();
   std::set<std::thread::id> exchange_threads;
+  std::set<std::thread::id> read_threads, deliver_threads;
   void add(std::string what, std::uint32_t w) {
     std::lock_guard lock(m);
     events.emplace_back(std::move(what), w);
@@ -106,6 +107,8 @@ struct logging_reader {
       const auto index = static_cast<std::size_t>(reads.front().tensor - ck->tensors().data());
       for (const auto& e : plan->entries)
         if (e.index == index) log->add(e.shared() ? "tables" : "read", e.window);
+      std::lock_guard lock(log->m);
+      log->read_threads.insert(std::this_thread::get_id());
     }
     inner.read(reads);
   }
@@ -119,6 +122,10 @@ struct logging_sink {
   std::map<std::string, std::uint32_t> window_of;
   bool accept(tensor_view v) {
     log->add("deliver", window_of.at(v.name()));
+    {
+      std::lock_guard lock(log->m);
+      log->deliver_threads.insert(std::this_thread::get_id());
+    }
     if (v.kind != view_kind::bytes) return true;
     return digests.accept(std::move(v));
   }
@@ -167,6 +174,9 @@ TEST_CASE("overlapped: every exchange runs on one long-lived thread, not the rea
   REQUIRE(r.digests == reference_digests());
   REQUIRE(log.exchange_threads.size() == 1);  // one thread for every window, not one per window
   REQUIRE_FALSE(log.exchange_threads.contains(log.driver));
+  // Reads and deliveries stay on the caller's thread: the exchange stage resumes there.
+  REQUIRE(log.read_threads == std::set{log.driver});
+  REQUIRE(log.deliver_threads == std::set{log.driver});
 }
 
 TEST_CASE("overlapped: reads run at most one window ahead of deliveries", "[distributed][pipeline]") {

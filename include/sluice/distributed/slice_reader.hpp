@@ -109,7 +109,7 @@ struct destination_sink {
     if (v.kind != view_kind::bytes || v.bytes.empty()) return true;
     auto it = dest.upper_bound({v.tensor, v.offset});
     if (it == dest.begin() || std::prev(it)->first.first != v.tensor)
-      throw error(fmt::format("sluice: no destination for bytes at {} of tensor '{}'", v.offset, v.tensor->name));
+      throw usage_error(fmt::format("a slice reader got bytes at {} of tensor {} outside every planned extent", v.offset, v.tensor->name), {"", v.tensor->name});
     --it;
     const auto at = v.offset - it->first.second;
     std::memcpy(it->second.data() + at, v.bytes.data(), v.bytes.size());
