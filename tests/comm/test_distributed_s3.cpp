@@ -270,6 +270,44 @@ TEST_CASE("connections per rank can be set explicitly", "[comm][distributed][s3]
   check_load(2, "tp1,dp2,ep2", "shared-cooperative", ro, 3);
 }
 
+TEST_CASE("a rank among fewer table readers than local ranks reads the tables with their share of the node's connections",
+          "[comm][distributed][s3][sizing]") {
+  REQUIRE_S3_SERVERS();
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 0, 1}) == 16);  // a lone reader: the node's connections
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 0, 3}) == 5);
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 0, 0}) == 2);   // every rank reading: its share
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 2, 1}) == 16);  // 2 per rank: the node has 16
+  constexpr std::size_t n = 4;
+  for (const std::string offload : {"shared-single", "shared-cooperative"}) {
+    INFO(offload);
+    auto ck = checkpoint::open(checkpoint_dir());
+    auto popt = small_options();
+    popt.plan.local_size = n;
+    std::set<std::size_t> readers;
+    for (const auto& e : plan_for(ck, "tp1,dp4,ep4", offload, popt).entries)
+      if (e.shared())
+        for (const auto& r : e.reads)
+          if (r.size) readers.insert(r.reader);
+    if (offload == "shared-single") REQUIRE(readers.size() < n);
+    else REQUIRE(readers.size() == n);
+    const auto results = run_load(n, "tp1,dp4,ep4", offload);
+    std::uint64_t storage = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto& st = results[r]["stats"];
+      INFO("rank " << r << ": " << results[r].dump().substr(0, 1500));
+      REQUIRE(results[r]["exit"] == 0);
+      REQUIRE(st["connections"].get<std::size_t>() == node_connections / n);  // the windows: its share
+      REQUIRE(st["table_readers"].get<std::size_t>() == readers.size());
+      const std::size_t want = readers.contains(r) ? node_connections / readers.size() : 0;
+      REQUIRE(st["table_connections"].get<std::size_t>() == want);
+      if (readers.contains(r))  // GETs in flight: 2 per connection, or the load's queue depth if larger
+        REQUIRE(st["table_queue_depth"].get<std::size_t>() == std::max<std::size_t>(popt.load.queue_depth, 2 * want));
+      storage += st["storage_bytes"].get<std::uint64_t>();
+    }
+    REQUIRE(storage == ck.tensor_bytes());  // the tables' reader's GETs counted, each byte once
+  }
+}
+
 TEST_CASE("an S3 object missing on one rank's path makes every rank fail naming the rank and the key",
           "[comm][distributed][s3]") {
   REQUIRE_S3_SERVERS();
