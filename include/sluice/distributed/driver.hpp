@@ -76,9 +76,6 @@ inline std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan
   }
   return readers;
 }
-}  // namespace detail
-
-namespace detail {
 
 template <class Pipeline, device_lane Lane>
 task<void> run_windows(Pipeline& pipeline, load_context<Lane>& ctx, unsigned credits) {
@@ -266,7 +263,9 @@ extern template distributed_stats drive<comm::local, no_device_lane>(const check
 /// distributed_error naming that rank ("... while setting up I/O: ...").
 /// Every rank must call it with the same checkpoint and plan. Throws
 /// distributed_error (a rank failed), comm::comm_error (a peer is gone) or
-/// config_error (the plan does not fit the world) — on every rank.
+/// config_error (the plan does not fit the world) — on every rank. The
+/// reader it returns reads the shared tables too (no table-phase sizing:
+/// see load_distributed).
 ///
 /// With a `device_lane`, tensors destined for the device travel in its memory
 /// (uploaded from the rank's reads, exchanged by the lane: NCCL) and reach the
@@ -295,7 +294,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
 /// Loads this rank's part of `ck` into `s` per `plan`, reading through the
 /// data path of the catalog `ck` was opened by (local files: io_uring; S3:
 /// range GETs, the node's connections shared among its `plan.local_size`
-/// ranks unless `opt.connections_per_rank` says otherwise), and exchanging
+/// ranks unless `opt.connections_per_rank` says otherwise; while the shared
+/// tables are read, among the node's table readers: reader_sizing), and exchanging
 /// the rest over `c`. Every rank must call it with the same checkpoint and
 /// plan. Throws distributed_error (a rank failed), comm::comm_error (a peer is
 /// gone) or config_error (the plan does not fit the world) — on every rank.
