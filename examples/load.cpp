@@ -48,7 +48,7 @@ using sluice_cli::human_bytes;
 struct options {
   std::string source;
   load_options load;
-  std::string select, json_out, contract_out, topology, offload = "none", overlap = "auto", uneven = "error";
+  std::string select, index_file, json_out, contract_out, topology, offload = "none", overlap = "auto", uneven = "error";
   std::optional<std::size_t> rank, world, local_rank, local_world;
   std::size_t connections_per_rank = 0;
   std::size_t connections = 0;  // 0: the S3 config's default
@@ -78,6 +78,10 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                         "copy page-cache hits in the submitting thread, not in io_uring's\n"
                         "io-wq workers (default: workers, so cached reads copy on several cores)");
   app.add_option("--select", o.select, "load only tensors whose name matches")->type_name("REGEX");
+  app.add_option("--index", o.index_file,
+                 "open SOURCE through this local index instead of its own; the shards it names are\n"
+                 "verified against what SOURCE lists (presence, size, ETag) before any tensor is read")
+      ->type_name("FILE");
   app.add_flag("--digest", o.digest, "print name, dtype, shape, sha256 per tensor (sorted by name)");
   app.add_flag("--json", o.json, "print the summary as JSON on stdout");
   app.add_option("--json-out", o.json_out, "write the JSON summary to FILE")->type_name("FILE");
@@ -242,6 +246,7 @@ int run_distributed(const options& o) {
     auto re = std::make_shared<std::regex>(o.select);
     oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
   }
+  oo.index = o.index_file;
   const std::string topo = o.topology.empty() ? fmt::format("tp1,dp{},ep{}", who.world_size, who.world_size) : o.topology;
   owned_digests digests;
   discard_sink discard;
@@ -320,6 +325,7 @@ int main(int argc, char** argv) try {
     auto re = std::make_shared<std::regex>(o.select);
     oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
   }
+  oo.index = o.index_file;
   const double cpu0 = sluice_cli::cpu_seconds();
   if (o.probe) {
     // Metadata only: the plan and the contract from the headers; no tensor byte is read.

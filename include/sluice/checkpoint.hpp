@@ -65,13 +65,24 @@ struct open_options {
   std::vector<rename_rule> rename;
   /// Index verification strictness.
   format::verify_options verify;
+  /// A local index file (model.safetensors.index.json format) to open the
+  /// location through instead of the location's own index (e.g. an engine's
+  /// index of a draft model whose shards live in S3). The shards it names
+  /// (those holding selected tensors) are resolved in the location and
+  /// verified against what the location lists, before any tensor byte is
+  /// read: each must be listed (rule "missing-shard"), with the size and, on
+  /// a location with ETags (S3), the ETag that the index's
+  /// `metadata.shards.<name>` records, if it does ("stale-shard"); then the
+  /// headers are read and `format::verify` checks the index against them
+  /// ("missing-tensor", "unindexed-tensor", ...). Empty: none.
+  std::filesystem::path index;
 };
 
 class checkpoint {
  public:
-  /// Opens the checkpoint at a catalog's location: the index
-  /// (model.safetensors.index.json) if present, else model.safetensors, else
-  /// every *.safetensors file. Reads headers only. Throws format_error,
+  /// Opens the checkpoint at a catalog's location: through `opt.index` if
+  /// set, else the index (model.safetensors.index.json) if present, else
+  /// model.safetensors, else every *.safetensors file. Reads headers only. Throws format_error,
   /// index_error or io_error naming the file.
   /// The checkpoint keeps a reference to `cat`, which must outlive every load
   /// of it (the overload below shares ownership instead).
@@ -123,6 +134,8 @@ class checkpoint {
 
  private:
   static std::string apply_rename(const std::string& name, const std::vector<rename_rule>& rules);
+  static void check_listed(catalog& cat, const format::index& ix, const std::vector<std::string>& shards,
+                           const open_options& opt);
   void check_unique_names();
 
   std::string location_;

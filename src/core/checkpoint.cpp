@@ -3,7 +3,10 @@
 
 #include <sluice/checkpoint.hpp>
 
+#include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -15,6 +18,31 @@
 #include <sluice/source/directory_catalog.hpp>
 
 namespace sluice::inline v0 {
+
+namespace {
+
+// A local index file, parsed (io_error if it cannot be read).
+format::index read_local_index(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error("cannot open the index file", {path.string()}, errno);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw io_error("cannot read the index file", {path.string()}, errno);
+  return format::parse_index(text, path.string());
+}
+
+std::string_view unquoted(std::string_view etag) {
+  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') return etag.substr(1, etag.size() - 2);
+  return etag;
+}
+
+// The first tensor the index places in `shard` that `opt` selects (for messages).
+std::string named_tensor(const format::index& ix, const std::string& shard, const open_options& opt) {
+  for (const auto& [tensor, s] : ix.weight_map)
+    if (s == shard && (!opt.select || opt.select(tensor))) return tensor;
+  return format::first_tensor_in(ix, shard);
+}
+
+}  // namespace
 
 checkpoint checkpoint::open(catalog& cat, const open_options& opt) {
   return open(std::shared_ptr<catalog>(std::shared_ptr<void>(), &cat), opt);  // not owned
@@ -35,7 +63,14 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
   std::vector<std::string> shard_names;
   std::optional<format::index> ix;
   const std::string index_name{format::index_file_name};
-  if (cat.exists(index_name)) {
+  if (!opt.index.empty()) {
+    ix = read_local_index(opt.index);
+    std::set<std::string> needed;
+    for (const auto& [tensor, shard] : ix->weight_map)
+      if (!opt.select || opt.select(tensor)) needed.insert(shard);
+    shard_names.assign(needed.begin(), needed.end());
+    check_listed(cat, *ix, shard_names, opt);
+  } else if (cat.exists(index_name)) {
     const auto sz = cat.size(index_name);
     auto bytes = cat.read(index_name, 0, sz);
     ix = format::parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), cat.uri(index_name));
@@ -85,11 +120,44 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
   return c;
 }
 
+
+// A local index's shards against what the location lists (one listing: on
+// S3 it also brings every size and ETag, so no HEAD is needed): each listed,
+// with the size and ETag the index records for it, if any.
+void checkpoint::check_listed(catalog& cat, const format::index& ix, const std::vector<std::string>& shards,
+                              const open_options& opt) {
+  std::set<std::string> listed;
+  for (auto& n : cat.list()) listed.insert(std::move(n));
+  for (const auto& name : shards) {
+    const auto tensor = named_tensor(ix, name, opt);
+    if (!listed.contains(name))
+      throw index_error("missing-shard", fmt::format("index names shard '{}', which {} does not list", name, cat.location()),
+                        {ix.file, tensor});
+    const auto rec = ix.shard_records.find(name);
+    if (rec == ix.shard_records.end()) continue;
+    if (rec->second.size) {
+      const auto size = cat.size(name);
+      if (size != *rec->second.size)
+        throw index_error("stale-shard",
+                          fmt::format("shard '{}' is {} bytes, the index '{}' records {}", name, size, ix.file, *rec->second.size),
+                          {cat.uri(name), tensor});
+    }
+    if (rec->second.etag) {
+      const auto etag = cat.etag(name);  // none in a directory: nothing to compare
+      if (etag && unquoted(*etag) != unquoted(*rec->second.etag))
+        throw index_error("stale-shard",
+                          fmt::format("shard '{}' has ETag {}, the index '{}' records {}", name, *etag, ix.file, *rec->second.etag),
+                          {cat.uri(name), tensor});
+    }
+  }
+}
+
 checkpoint checkpoint::open(const sluice::location& where, const open_options& opt) {
   if (!where.local()) return open(where.make_catalog(), opt);
   const auto path = where.path();
   std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec) && path.filename() == format::index_file_name)
+  // With a local index, a path to a file stands for its directory.
+  if (std::filesystem::is_regular_file(path, ec) && (path.filename() == format::index_file_name || !opt.index.empty()))
     return open(std::make_shared<directory_catalog>(path.has_parent_path() ? path.parent_path() : std::filesystem::path(".")), opt);
   if (std::filesystem::is_regular_file(path, ec)) {
     auto shared = std::make_shared<directory_catalog>(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));

@@ -31,8 +31,13 @@ load_stats directory_catalog::load(const checkpoint& ck, any_sink s, staging_poo
 }
 
 std::unique_ptr<any_slice_reader> directory_catalog::slice_reader(const checkpoint& ck, const load_options& opt,
-                                                                  const reader_sizing&) {
-  return any_slice_reader::wrap(std::make_unique<file_reader>(ck, opt));
+                                                                  const reader_sizing& sizing) {
+  // A reader with more than its rank's share of the node (fewer readers than
+  // ranks) keeps more reads in flight; its ring must hold them.
+  auto o = opt;
+  o.queue_depth = sizing.queue_depth(opt.queue_depth);
+  o.ring_entries = std::max(o.ring_entries, o.queue_depth);
+  return any_slice_reader::wrap(std::make_unique<file_reader>(ck, o));
 }
 
 }  // namespace sluice::inline v0

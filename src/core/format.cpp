@@ -201,6 +201,23 @@ index parse_index(std::string_view text, const std::string& file) {
         throw index_error("index-json", fmt::format("metadata.total_size {} is not a non-negative integer", ts->dump()), {file});
       }
     }
+    if (auto sh = md->find("shards"); sh != md->end() && !sh->is_null()) {
+      if (!sh->is_object()) throw index_error("index-json", "metadata.shards is not an object", {file});
+      for (auto& [name, rec] : sh->items()) {
+        if (!rec.is_object()) throw index_error("index-json", fmt::format("metadata.shards['{}'] is not an object", name), {file});
+        shard_record r;
+        if (auto sz = rec.find("size"); sz != rec.end()) {
+          if (!sz->is_number_unsigned())
+            throw index_error("index-json", fmt::format("metadata.shards['{}'].size {} is not a non-negative integer", name, sz->dump()), {file});
+          r.size = sz->get<std::uint64_t>();
+        }
+        if (auto et = rec.find("etag"); et != rec.end()) {
+          if (!et->is_string()) throw index_error("index-json", fmt::format("metadata.shards['{}'].etag is not a string", name), {file});
+          r.etag = et->get<std::string>();
+        }
+        ix.shard_records.emplace(name, std::move(r));
+      }
+    }
   }
   for (auto& [tensor, shard] : wm->items()) {
     if (!shard.is_string()) throw index_error("index-json", "weight_map value is not a string", {file, tensor});

@@ -36,7 +36,7 @@ load_stats s3_catalog::load(const checkpoint& ck, any_sink s, staging_pool& pool
 
 std::unique_ptr<any_slice_reader> s3_catalog::slice_reader(const checkpoint& ck, const load_options& opt,
                                                            const reader_sizing& sizing) {
-  const auto n = rank_connections(cfg().max_connections, sizing.local_ranks, sizing.connections_per_rank);
+  const auto n = rank_connections(cfg().max_connections, sizing);
   return any_slice_reader::wrap(std::make_unique<s3_reader>(ck, *this, n, opt));
 }
 

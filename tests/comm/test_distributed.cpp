@@ -276,6 +276,59 @@ TEST_CASE("4 ranks, single-reader shared tables", "[comm][distributed]") {
   check_load(4, "tp1,dp4,ep4", "shared-single");
 }
 
+// The ranks of node 0 (one node: all of them) that read shared-table bytes under `plan`.
+std::set<std::size_t> table_readers(const policy::load_plan& plan) {
+  std::set<std::size_t> readers;
+  for (const auto& e : plan.entries)
+    if (e.shared())
+      for (const auto& r : e.reads)
+        if (r.size) readers.insert(r.reader);
+  return readers;
+}
+
+TEST_CASE("a rank among fewer table readers than local ranks reads the tables with their share of the queue depth",
+          "[comm][distributed][sizing]") {
+  constexpr std::size_t n = 4;
+  auto dopt = small_options();  // queue depth: load_options' default
+  // One shared table (the rest ordinary weights): under shared-single one rank reads it alone.
+  dopt.classify.table_pattern = R"(engram\.0\.table$)";
+  dopt.classify.table_min_bytes = 0;
+  const unsigned qd = dopt.load.queue_depth;
+  for (const std::string offload : {"shared-single", "shared-cooperative"}) {
+    INFO(offload);
+    auto ck = checkpoint::open(checkpoint_dir());
+    auto popt = dopt;
+    popt.plan.local_size = n;
+    const auto readers = table_readers(plan_for(ck, "tp1,dp4,ep4", offload, popt));
+    if (offload == "shared-single") REQUIRE(readers.size() == 1);  // the lone reader
+    else REQUIRE(readers.size() == n);
+    const auto results = run_load(n, "tp1,dp4,ep4", offload, dopt);
+    std::uint64_t read = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto& st = results[r]["stats"];
+      INFO("rank " << r << ": " << results[r].dump().substr(0, 1500));
+      REQUIRE(results[r]["exit"] == 0);
+      REQUIRE(st["table_readers"].get<std::size_t>() == readers.size());
+      // A table reader gets the node's depth split among the table readers:
+      // alone, all of it (qd x 4); cooperative readers (all ranks) keep their own.
+      const unsigned want = readers.contains(r) ? static_cast<unsigned>(qd * n / readers.size()) : 0u;
+      REQUIRE(st["table_queue_depth"].get<unsigned>() == want);
+      REQUIRE(st["table_connections"].get<std::size_t>() == 0);  // local files
+      read += st["bytes_read"].get<std::uint64_t>();
+    }
+    REQUIRE(read == ck.tensor_bytes());  // each byte read once, the tables' reader included
+  }
+}
+
+TEST_CASE("reader sizing: the node's I/O split among the ranks reading at once", "[comm][distributed][sizing]") {
+  STATIC_REQUIRE(reader_sizing{8, 0, 0}.sharers() == 8);
+  STATIC_REQUIRE(reader_sizing{8, 0, 1}.sharers() == 1);
+  STATIC_REQUIRE(reader_sizing{8, 0, 3}.queue_depth(4) == 10);
+  STATIC_REQUIRE(reader_sizing{8, 0, 1}.queue_depth(4) == 32);
+  STATIC_REQUIRE(reader_sizing{8, 0, 0}.queue_depth(4) == 4);
+  STATIC_REQUIRE(reader_sizing{2, 0, 9}.queue_depth(4) == 4);  // never less than a rank's own
+}
+
 TEST_CASE("4 ranks, tables broadcast to every rank's host memory", "[comm][distributed]") {
   check_load(4, "tp1,dp4,ep4", "per-rank");
 }

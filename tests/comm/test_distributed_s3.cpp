@@ -127,7 +127,15 @@ struct run_options {
   bool open_after_joining = false;  // the s3_location overload (as sluice-load calls it)
   std::function<std::string(std::size_t)> prefix = [](std::size_t) { return std::string("ck/"); };
   std::function<void(std::size_t, const checkpoint&, const std::string&)> after_open;
+  open_options open;      // e.g. a local index
+  std::string endpoint;   // e.g. a logging proxy's; empty: the test server
 };
+
+s3::config config_for(const run_options& ro) {
+  auto c = s3_config();
+  if (!ro.endpoint.empty()) c.endpoint = s3::http_endpoint::parse(ro.endpoint);
+  return c;
+}
 
 // Runs `n` ranks loading s3://bucket/<prefix(rank)>; each writes its result
 // (or error) to out/rank<r>.json.
@@ -150,10 +158,10 @@ std::vector<nlohmann::json> run_load(std::size_t n, const std::string& topology,
           recording_sink s;
           distributed_stats st;
           if (ro.open_after_joining) {
-            st = load_distributed(s3_location(uri, s3_config()), topology, offload, who, s, ro.dopt);
+            st = load_distributed(s3_location(uri, config_for(ro)), topology, offload, who, s, ro.dopt, ro.open);
           } else {
-            s3_catalog cat(uri, s3_config());
-            auto ck = checkpoint::open(cat);
+            s3_catalog cat(uri, config_for(ro));
+            auto ck = checkpoint::open(cat, ro.open);
             if (ro.after_open) ro.after_open(rank, ck, ro.prefix(rank));
             st = load_distributed(ck, topology, offload, who, s, ro.dopt);  // reads through ck.storage(): cat
           }
@@ -270,6 +278,48 @@ TEST_CASE("connections per rank can be set explicitly", "[comm][distributed][s3]
   check_load(2, "tp1,dp2,ep2", "shared-cooperative", ro, 3);
 }
 
+TEST_CASE("a rank among fewer table readers than local ranks reads the tables with their share of the node's connections",
+          "[comm][distributed][s3][sizing]") {
+  REQUIRE_S3_SERVERS();
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 0, 1}) == 16);  // a lone reader: the node's connections
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 0, 3}) == 5);
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 0, 0}) == 2);   // every rank reading: its share
+  STATIC_REQUIRE(rank_connections(16, reader_sizing{8, 2, 1}) == 16);  // 2 per rank: the node has 16
+  constexpr std::size_t n = 4;
+  run_options ro;
+  // One shared table (the rest ordinary weights): under shared-single one rank reads it alone.
+  ro.dopt.classify.table_pattern = R"(engram\.0\.table$)";
+  ro.dopt.classify.table_min_bytes = 0;
+  for (const std::string offload : {"shared-single", "shared-cooperative"}) {
+    INFO(offload);
+    auto ck = checkpoint::open(checkpoint_dir());
+    auto popt = ro.dopt;
+    popt.plan.local_size = n;
+    std::set<std::size_t> readers;
+    for (const auto& e : plan_for(ck, "tp1,dp4,ep4", offload, popt).entries)
+      if (e.shared())
+        for (const auto& r : e.reads)
+          if (r.size) readers.insert(r.reader);
+    if (offload == "shared-single") REQUIRE(readers.size() == 1);  // the lone reader: all 4 connections
+    else REQUIRE(readers.size() == n);
+    const auto results = run_load(n, "tp1,dp4,ep4", offload, ro);
+    std::uint64_t storage = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto& st = results[r]["stats"];
+      INFO("rank " << r << ": " << results[r].dump().substr(0, 1500));
+      REQUIRE(results[r]["exit"] == 0);
+      REQUIRE(st["connections"].get<std::size_t>() == node_connections / n);  // the windows: its share
+      REQUIRE(st["table_readers"].get<std::size_t>() == readers.size());
+      const std::size_t want = readers.contains(r) ? node_connections / readers.size() : 0;
+      REQUIRE(st["table_connections"].get<std::size_t>() == want);
+      if (readers.contains(r))  // GETs in flight: 2 per connection, or the load's queue depth if larger
+        REQUIRE(st["table_queue_depth"].get<std::size_t>() == std::max<std::size_t>(popt.load.queue_depth, 2 * want));
+      storage += st["storage_bytes"].get<std::uint64_t>();
+    }
+    REQUIRE(storage == ck.tensor_bytes());  // the tables' reader's GETs counted, each byte once
+  }
+}
+
 TEST_CASE("an S3 object missing on one rank's path makes every rank fail naming the rank and the key",
           "[comm][distributed][s3]") {
   REQUIRE_S3_SERVERS();
@@ -303,4 +353,77 @@ TEST_CASE("an S3 object missing on one rank's path makes every rank fail naming 
     REQUIRE_THAT(msg, Catch::Contains("rank 1 failed while reading"));
     REQUIRE_THAT(msg, Catch::Contains("ck-r1/" + victim));
   }
+}
+
+TEST_CASE("the draft module from S3 under tp1,dp8,ep8 through a local index: each selected byte read once, no other object touched",
+          "[comm][distributed][s3][draft]") {
+  REQUIRE_S3_SERVERS();
+  const auto& b = bucket();
+  // The engine's local index of the draft module (layer `layers`, three shards).
+  const auto prefix = fmt::format("model.layers.{}.", 3);
+  nlohmann::json full, draft;
+  std::ifstream(checkpoint_dir() / "model.safetensors.index.json") >> full;
+  std::set<std::string> draft_shards;
+  for (auto& [t, sh] : full["weight_map"].items())
+    if (t.starts_with(prefix)) {
+      draft["weight_map"][t] = sh;
+      draft_shards.insert(sh.get<std::string>());
+    }
+  REQUIRE(draft_shards.size() == 3);
+  const auto dir = sluice_test::fresh_dir("dist-s3-draft");
+  const auto index = dir / "draft.index.json";
+  std::ofstream(index) << draft.dump();
+  const auto log = dir / "requests.jsonl";
+  sluice_test::fault_proxy proxy = sluice_test::fault_proxy::logging(servers().http, log.string());
+
+  open_options local;
+  local.index = index;
+  const auto ck = checkpoint::open(checkpoint_dir(), local);  // the same selection, locally: the reference
+  REQUIRE(ck.shards().size() == 3);
+  constexpr std::size_t n = 8;
+  auto popt = small_options();
+  popt.plan.local_size = n;
+  const auto plan = plan_for(ck, "tp1,dp8,ep8", "none", popt);
+  std::map<std::string, std::string> ref;
+  {
+    digest_sink d;
+    load_options lo;
+    lo.register_buffers = false;
+    (void)load(ck, d, lo);
+    for (auto& [name, t] : d.digests()) ref[name] = t.sha256;
+  }
+
+  run_options ro;
+  ro.open.index = index;
+  ro.endpoint = proxy.endpoint;
+  const auto results = run_load(n, "tp1,dp8,ep8", "none", ro);
+  std::uint64_t read = 0, storage = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto& j = results[r];
+    INFO("rank " << r << ": " << j.dump().substr(0, 2000));
+    REQUIRE(j["exit"] == 0);
+    std::set<std::string> owned, got;
+    for (const auto& e : plan.entries)
+      if (e.owners.contains(static_cast<policy::rank_t>(r))) owned.insert(e.info.name);
+    for (auto& [name, sha] : j["digests"].items()) {
+      got.insert(name);
+      REQUIRE(sha.get<std::string>() == ref.at(name));
+    }
+    REQUIRE(got == owned);
+    REQUIRE(j["calls"].size() == ck.tensors().size());
+    read += j["stats"]["bytes_read"].get<std::uint64_t>();
+    storage += j["stats"]["storage_bytes"].get<std::uint64_t>();
+  }
+  REQUIRE(read == ck.tensor_bytes());     // each selected byte read once, by one rank
+  REQUIRE(storage == ck.tensor_bytes());  // and fetched from S3 once
+  // Requests per object: the prefix listing and the three draft shards, nothing else.
+  const auto per_object = sluice_test::requests_per_object(log.string(), b);
+  std::string seen;
+  for (const auto& [k, c] : per_object) seen += fmt::format("{} x{}\n", k.empty() ? "(listing)" : k, c);
+  INFO(seen);
+  std::set<std::string> touched, want{""};
+  for (const auto& [k, c] : per_object) touched.insert(k);
+  for (const auto& sh : draft_shards) want.insert("ck/" + sh);
+  REQUIRE(touched == want);
+  fs::remove_all(dir);
 }

@@ -75,4 +75,22 @@ else
     || { echo "FAIL: --device error output:"; cat "$work/err.txt"; exit 1; }
   echo "ok: no GPU: $(cat "$work/err.txt")"
 fi
+# --index FILE: a local index opens the checkpoint through it (here: the tensors
+# of the index's last shard only); a shard the location lacks is one error line.
+/usr/bin/python3 - "$ck" "$work" <<'PY'
+import json, os, sys
+ck, work = sys.argv[1:3]
+ix = json.load(open(os.path.join(ck, "model.safetensors.index.json")))
+last = sorted(set(ix["weight_map"].values()))[-1]
+sub = {t: s for t, s in ix["weight_map"].items() if s == last}
+json.dump({"weight_map": sub}, open(os.path.join(work, "sub.index.json"), "w"))
+json.dump({"weight_map": {next(iter(sub)): "model-99999-of-99999.safetensors"}}, open(os.path.join(work, "gone.index.json"), "w"))
+open(os.path.join(work, "sub.count"), "w").write(str(len(sub)))
+PY
+"$load" "$ck" --index "$work/sub.index.json" --digest --no-progress > "$work/sub.txt" || { echo "FAIL: --index load"; exit 1; }
+[[ $(wc -l < "$work/sub.txt") -eq $(cat "$work/sub.count") ]] || { echo "FAIL: --index loaded $(wc -l < "$work/sub.txt") tensors, want $(cat "$work/sub.count")"; exit 1; }
+if "$load" "$ck" --index "$work/gone.index.json" --no-progress 2> "$work/err.txt"; then echo "FAIL: --index with a missing shard loaded"; exit 1; fi
+[[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: missing-shard: .*model-99999-of-99999.safetensors" "$work/err.txt" \
+  || { echo "FAIL: --index error output:"; cat "$work/err.txt"; exit 1; }
+echo "ok: --index: $(cat "$work/sub.count") tensors of one shard; $(cut -c1-90 "$work/err.txt")..."
 echo "sluice-load checks: passed"

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -12,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/core/run.hpp>
@@ -315,4 +317,176 @@ TEST_CASE("a directory with no checkpoint in it is an io_error naming it", "[che
   temp_dir dir("empty");
   CHECK_THROWS_AS(checkpoint::open(dir.path()), io_error);
   CHECK_THROWS_AS(checkpoint::open(dir.path() / "missing"), io_error);
+}
+
+namespace {
+
+// A draft engine's setup: the generated checkpoint's shards in `shards/`
+// (no index there), and a local index in `local/` naming only the draft
+// module's tensors, recording each draft shard's size.
+struct draft_index_setup {
+  temp_dir dir{"ckpt-index"};
+  gen::generator_options o;
+  gen::checkpoint_layout plan = gen::write_checkpoint(dir.path() / "shards", o);
+  std::filesystem::path index = dir.path() / "local" / "draft.index.json";
+  std::set<std::string> draft_shards, draft_tensors;
+
+  draft_index_setup() {
+    std::filesystem::remove(shards() / "model.safetensors.index.json");
+    std::filesystem::create_directories(index.parent_path());
+    for (const auto& t : plan.tensors)
+      if (t.name.starts_with(draft_prefix(o))) {
+        draft_tensors.insert(t.name);
+        draft_shards.insert(plan.shards[t.shard].name);
+      }
+    REQUIRE(draft_shards.size() == 3);
+  }
+  [[nodiscard]] std::filesystem::path shards() const { return dir.path() / "shards"; }
+  // Writes the index: `where(tensor)` is the shard it names (default: the real one).
+  void write(const std::function<std::string(const std::string&, const std::string&)>& where = {},
+             bool record_sizes = true) const {
+    nlohmann::json j;
+    for (const auto& t : plan.tensors) {
+      if (!draft_tensors.contains(t.name)) continue;
+      const auto& real = plan.shards[t.shard].name;
+      j["weight_map"][t.name] = where ? where(t.name, real) : real;
+    }
+    if (record_sizes)
+      for (const auto& sh : draft_shards) j["metadata"]["shards"][sh]["size"] = size_of(shards() / sh);
+    std::ofstream(index) << j.dump(1);
+  }
+  // Bytes of the draft shards' headers (8-byte length + JSON).
+  [[nodiscard]] std::uint64_t draft_header_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& sh : plan.shards)
+      if (draft_shards.contains(sh.name)) n += sh.header_bytes();
+    return n;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a local index opens the draft module's shards from another directory and reads only them",
+          "[checkpoint][index]") {
+  draft_index_setup d;
+  d.write();
+  directory_catalog cat(d.shards());
+  open_options opt;
+  opt.index = d.index;
+  const auto ck = checkpoint::open(cat, opt);
+  std::set<std::string> shards, tensors;
+  for (const auto& s : ck.shards()) shards.insert(s.name);
+  for (const auto& t : ck.tensors()) tensors.insert(t.name);
+  CHECK(shards == d.draft_shards);
+  CHECK(tensors == d.draft_tensors);
+  CHECK(cat.bytes_read() == d.draft_header_bytes());  // the draft shards' headers, nothing else
+  load_and_check(ck, d.o);
+
+  // The same through a location, and with the full index plus a selection.
+  const auto by_path = checkpoint::open(location(d.shards()), opt);
+  CHECK(by_path.tensors().size() == ck.tensors().size());
+  temp_dir full("ckpt-full");
+  gen::write_checkpoint(full.path(), d.o);
+  open_options sel;
+  sel.index = full.path() / "model.safetensors.index.json";
+  sel.select = [&](std::string_view n) { return d.draft_tensors.contains(std::string(n)); };
+  directory_catalog cat2(d.shards());
+  const auto selected = checkpoint::open(cat2, sel);
+  CHECK(selected.shards().size() == 3);
+  CHECK(selected.tensors().size() == d.draft_tensors.size());
+  CHECK(cat2.bytes_read() == d.draft_header_bytes());
+}
+
+TEST_CASE("a local index placing a tensor in the wrong shard is an index_error naming it, before any tensor byte",
+          "[checkpoint][index]") {
+  draft_index_setup d;
+  const std::string moved = *d.draft_tensors.begin();
+  std::string wrong;
+  d.write([&](const std::string& t, const std::string& real) {
+    if (t != moved) return real;
+    for (const auto& s : d.draft_shards)
+      if (s != real) wrong = s;
+    return wrong;
+  });
+  directory_catalog cat(d.shards());
+  open_options opt;
+  opt.index = d.index;
+  try {
+    (void)checkpoint::open(cat, opt);
+    FAIL("no error");
+  } catch (const index_error& e) {
+    CHECK(e.rule() == "missing-tensor");
+    CHECK(e.tensor() == moved);
+    CHECK_THAT(e.what(), Catch::Contains(wrong));
+  }
+  CHECK(cat.bytes_read() <= d.draft_header_bytes());  // headers only
+}
+
+TEST_CASE("a local index naming a shard the location lacks is an index_error naming it, before any read",
+          "[checkpoint][index]") {
+  draft_index_setup d;
+  d.write();
+  const auto gone = *d.draft_shards.rbegin();
+  std::filesystem::remove(d.shards() / gone);
+  directory_catalog cat(d.shards());
+  open_options opt;
+  opt.index = d.index;
+  try {
+    (void)checkpoint::open(cat, opt);
+    FAIL("no error");
+  } catch (const index_error& e) {
+    CHECK(e.rule() == "missing-shard");
+    CHECK_THAT(e.what(), Catch::Contains(gone));
+    CHECK(e.file() == d.index.string());
+  }
+  CHECK(cat.bytes_read() == 0);  // checked against the listing, before any header
+}
+
+TEST_CASE("a local index naming a shard whose header disagrees is an index_error naming the shard",
+          "[checkpoint][index]") {
+  draft_index_setup d;
+  // Another (non-draft) shard's bytes under a draft shard's name: a different
+  // header, and a different size from the one the index records.
+  const auto victim = *d.draft_shards.begin();
+  std::string other;
+  for (const auto& s : d.plan.shards)
+    if (!d.draft_shards.contains(s.name) && size_of(d.shards() / s.name) != size_of(d.shards() / victim)) other = s.name;
+  REQUIRE_FALSE(other.empty());
+  d.write();  // records the sizes of the real draft shards
+  std::filesystem::copy_file(d.shards() / other, d.shards() / victim, std::filesystem::copy_options::overwrite_existing);
+  open_options opt;
+  opt.index = d.index;
+  {
+    directory_catalog cat(d.shards());
+    try {
+      (void)checkpoint::open(cat, opt);
+      FAIL("no error");
+    } catch (const index_error& e) {
+      CHECK(e.rule() == "stale-shard");
+      CHECK_THAT(e.file(), Catch::Contains(victim));
+    }
+    CHECK(cat.bytes_read() == 0);  // the size alone gave it away
+  }
+  // Without recorded sizes, the header itself disagrees with the index.
+  d.write({}, false);
+  directory_catalog cat(d.shards());
+  try {
+    (void)checkpoint::open(cat, opt);
+    FAIL("no error");
+  } catch (const index_error& e) {
+    CHECK(e.rule() == "missing-tensor");
+    CHECK_THAT(e.file(), Catch::Contains(victim));
+  }
+}
+
+TEST_CASE("an index file that cannot be read is an io_error naming it", "[checkpoint][index]") {
+  draft_index_setup d;
+  open_options opt;
+  opt.index = d.dir.path() / "nowhere.json";
+  try {
+    (void)checkpoint::open(location(d.shards()), opt);
+    FAIL("no error");
+  } catch (const io_error& e) {
+    CHECK(e.file() == opt.index.string());
+  }
 }

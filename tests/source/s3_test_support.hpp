@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -267,6 +268,10 @@ struct fault_proxy {
     return fault_proxy({"--upstream", "http://127.0.0.1:9", "--fault", "body", "--match", "all", "--status",
                         std::to_string(status), "--body", body});
   }
+  /// Forwards everything and logs every request to `log` (one JSON line each).
+  static fault_proxy logging(const std::string& upstream, const std::string& log) {
+    return fault_proxy({"--upstream", upstream, "--fault", "none", "--log", log});
+  }
   explicit fault_proxy(std::vector<std::string> args) : proc(with_script(std::move(args))) {
     auto line = proc.read_line();
     if (line.rfind("PORT ", 0) != 0) throw std::runtime_error("fault proxy said: " + line);
@@ -281,5 +286,29 @@ struct fault_proxy {
     return args;
   }
 };
+
+/// Requests a logging fault_proxy saw, per object key of `bucket` (path-style
+/// "/bucket/key?query"; the query is dropped, so a listing counts under the
+/// key "" and a prefix listing's key is empty too): key -> count. Methods
+/// other than GET and HEAD count under "<METHOD> key".
+inline std::map<std::string, std::size_t> requests_per_object(const std::string& log, const std::string& bucket) {
+  std::map<std::string, std::size_t> n;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    auto path = j["path"].get<std::string>();
+    path = path.substr(0, path.find('?'));
+    const std::string head = "/" + bucket;
+    if (!path.starts_with(head)) {
+      ++n["(other bucket) " + path];
+      continue;
+    }
+    auto key = path.size() > head.size() ? path.substr(head.size() + 1) : std::string();
+    const auto method = j["method"].get<std::string>();
+    ++n[method == "GET" || method == "HEAD" ? key : method + " " + key];
+  }
+  return n;
+}
 
 }  // namespace sluice_test

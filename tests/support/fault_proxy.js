@@ -19,7 +19,11 @@
 //   stall-header  send nothing at all for --stall-ms, then close
 //   body          answer --status (default 200) with --body (application/xml):
 //                 a canned response, e.g. malformed XML for the client's parser
+// With --log FILE, every request (matching or not) is appended to FILE as one
+// JSON line {"method", "path", "range"} before it is answered, so a client
+// that got its response finds its request in the log.
 const http = require('http');
+const fs = require('fs');
 
 const args = { every: '1', match: 'range', 'stall-ms': '60000', fault: 'none' };
 for (let i = 2; i < process.argv.length; i += 2) args[process.argv[i].replace(/^--/, '')] = process.argv[i + 1];
@@ -57,6 +61,10 @@ function forward(req, res, cut) {
 }
 
 const server = http.createServer((req, res) => {
+  if (args.log) {
+    const line = JSON.stringify({ method: req.method, path: req.url, range: req.headers.range || '' });
+    fs.appendFileSync(args.log, line + '\n');
+  }
   const eligible = args.match === 'all' || (req.method === 'GET' && req.headers.range);
   const fault = eligible && args.fault !== 'none' && (matched++ % every === 0) ? args.fault : 'none';
   switch (fault) {

@@ -23,6 +23,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -57,8 +58,24 @@ namespace sluice::inline v0 {
 
 /// Makes the reader of a distributed load (called once, inside the failure protocol).
 using reader_factory = std::function<std::unique_ptr<any_slice_reader>()>;
+/// Makes a reader sized for a phase in which fewer of the node's ranks read
+/// (reader_sizing::readers): the shared tables' reader of a rank that is one
+/// of fewer table readers than local ranks. Empty: that rank reads the tables
+/// through the windows' reader.
+using sized_reader_factory = std::function<std::unique_ptr<any_slice_reader>(const reader_sizing&)>;
 
 namespace detail {
+// The ranks of `me`'s node (me / local_size) that read shared-table bytes.
+inline std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, policy::rank_t me) {
+  std::set<policy::rank_t> readers;
+  const auto local = std::max<std::size_t>(1, plan.local_size);
+  for (const auto& e : plan.entries) {
+    if (!e.shared()) continue;
+    for (const auto& r : e.reads)
+      if (r.size && r.reader / local == me / local) readers.insert(r.reader);
+  }
+  return readers;
+}
 
 template <class Pipeline, device_lane Lane>
 task<void> run_windows(Pipeline& pipeline, load_context<Lane>& ctx, unsigned credits) {
@@ -72,7 +89,8 @@ task<void> run_windows(Pipeline& pipeline, load_context<Lane>& ctx, unsigned cre
 /// the reader are type-erased: one indirect call per tensor and per batch).
 template <comm::communicator Comm, device_lane Lane>
 distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& plan, any_sink s,
-                        const distributed_options& opt, const reader_factory& make_reader, Lane& lane) {
+                        const distributed_options& opt, const reader_factory& make_reader,
+                        const sized_reader_factory& make_table_reader, Lane& lane) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
@@ -111,23 +129,38 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   }
   check_peers(c, failure, "reserving the sink's memory");
 
-  // I/O set-up: one reader (io_context, staging pool, source) for every window.
-  std::unique_ptr<any_slice_reader> reader;
+  // I/O set-up: one reader (io_context, staging pool, source) for every
+  // window. A rank that is one of fewer table readers than its node has ranks
+  // (shared-single) reads the tables while the others wait: it gets a reader
+  // of its own with their share of the node's I/O (S3 connections, queue
+  // depth), gone once the tables are read.
+  const bool shared = policy::is_shared(plan.offload) && plan.shared_bytes > 0;
+  const auto table_readers = shared ? detail::node_table_readers(plan, me) : std::set<policy::rank_t>{};
+  const bool reads_tables = table_readers.contains(me);
+  st.table_readers = table_readers.size();
+  std::unique_ptr<any_slice_reader> reader, table_reader;
   try {
     reader = make_reader();
     if (!reader) throw config_error("load_distributed_with: the reader factory returned no reader");
     st.connections = reader->connections();
+    if (reads_tables && table_readers.size() < plan.local_size && make_table_reader)
+      table_reader = make_table_reader({plan.local_size, opt.connections_per_rank, table_readers.size()});
+    if (reads_tables) {
+      const auto& tr = table_reader ? *table_reader : *reader;
+      st.table_connections = tr.connections();
+      st.table_queue_depth = tr.queue_depth();
+    }
   } catch (...) {
     failure = std::current_exception();
   }
   check_peers(c, failure, "setting up I/O");
 
+  std::uint64_t table_storage_bytes = 0, table_requests = 0;
   memory::shared_host segment;
   const auto buffers = opt.buffers ? opt.buffers : std::make_shared<window_buffers>();
   load_context<Lane> ctx{ck, plan, opt, lane, s, *reader, segment, *buffers, me, st};
 
   // Shared segment: created by local rank 0 of each node, attached by the others.
-  const bool shared = policy::is_shared(plan.offload) && plan.shared_bytes > 0;
   st.shared_bytes = shared ? plan.shared_bytes : 0;
   if (shared) {
     const auto setup0 = clock::now();
@@ -168,9 +201,19 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
             st.shared_bytes_written += r.size;
           }
       }
-      ctx.read(reads);
+      if (table_reader) {
+        for (const auto& r : reads) ctx.fetched += r.size;
+        table_reader->read(reads);
+      } else {
+        ctx.read(reads);
+      }
     } catch (...) {
       failure = std::current_exception();
+    }
+    if (table_reader) {
+      table_storage_bytes = table_reader->counters().bytes_read.load();
+      table_requests = table_reader->counters().requests.load();
+      table_reader.reset();  // its connections and slots are not needed for the windows
     }
     check_peers(c, failure, "reading shared tables");
     st.table_seconds = since(r0);
@@ -199,15 +242,16 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   }
   check_peers(c, failure, "finishing the sink");
   st.bytes_read = ctx.fetched;
-  st.storage_bytes = reader->counters().bytes_read.load();
-  st.requests = reader->counters().requests.load();
+  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes;
+  st.requests = reader->counters().requests.load() + table_requests;
   st.seconds = since(t0);
   return st;
 }
 
 extern template distributed_stats drive<comm::local, no_device_lane>(const checkpoint&, comm::local&, const policy::load_plan&,
                                                                      any_sink, const distributed_options&,
-                                                                     const reader_factory&, no_device_lane&);
+                                                                     const reader_factory&, const sized_reader_factory&,
+                                                                     no_device_lane&);
 
 }  // namespace detail
 
@@ -219,7 +263,9 @@ extern template distributed_stats drive<comm::local, no_device_lane>(const check
 /// distributed_error naming that rank ("... while setting up I/O: ...").
 /// Every rank must call it with the same checkpoint and plan. Throws
 /// distributed_error (a rank failed), comm::comm_error (a peer is gone) or
-/// config_error (the plan does not fit the world) — on every rank.
+/// config_error (the plan does not fit the world) — on every rank. The
+/// reader it returns reads the shared tables too (no table-phase sizing:
+/// see load_distributed).
 ///
 /// With a `device_lane`, tensors destined for the device travel in its memory
 /// (uploaded from the rank's reads, exchanged by the lane: NCCL) and reach the
@@ -233,7 +279,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
-  return detail::drive(ck, c, plan, any_sink(s), opt, [&make_reader] { return any_slice_reader::wrap(make_reader()); }, lane);
+  return detail::drive(ck, c, plan, any_sink(s), opt, [&make_reader] { return any_slice_reader::wrap(make_reader()); }, {},
+                       lane);
 }
 
 template <comm::communicator Comm, sink Sink, class MakeReader>
@@ -247,7 +294,8 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
 /// Loads this rank's part of `ck` into `s` per `plan`, reading through the
 /// data path of the catalog `ck` was opened by (local files: io_uring; S3:
 /// range GETs, the node's connections shared among its `plan.local_size`
-/// ranks unless `opt.connections_per_rank` says otherwise), and exchanging
+/// ranks unless `opt.connections_per_rank` says otherwise; while the shared
+/// tables are read, among the node's table readers: reader_sizing), and exchanging
 /// the rest over `c`. Every rank must call it with the same checkpoint and
 /// plan. Throws distributed_error (a rank failed), comm::comm_error (a peer is
 /// gone) or config_error (the plan does not fit the world) — on every rank.
@@ -267,6 +315,7 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
                        [&] {
                          return ck.storage().slice_reader(ck, opt.load, {plan.local_size, opt.connections_per_rank});
                        },
+                       [&](const reader_sizing& sizing) { return ck.storage().slice_reader(ck, opt.load, sizing); },
                        lane);
 }
 

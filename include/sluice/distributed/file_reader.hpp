@@ -52,6 +52,8 @@ class file_reader {
   /// Reads the batch (see slice_reader).
   void read(planned_reads& reads) { detail::read_slices(*ioc_, *src_, *pool_, opt_, reads); }
   [[nodiscard]] const io_counters& counters() const noexcept { return src_->counters(); }
+  /// Reads in flight at most (load_options::queue_depth).
+  [[nodiscard]] unsigned queue_depth() const noexcept { return opt_.queue_depth; }
 
  private:
   load_options opt_;

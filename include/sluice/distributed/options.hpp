@@ -82,6 +82,12 @@ struct distributed_stats {
   std::uint64_t shared_bytes_written = 0; ///< bytes this rank wrote into it
   std::uint32_t windows = 0;
   std::uint64_t connections = 0;          ///< S3: connections of this rank's client (0: local files)
+  std::uint64_t table_readers = 0;        ///< ranks of this node that read shared-table bytes
+  /// The shared tables' reader of this rank (0: it read no table bytes): S3
+  /// connections (0: local files) and reads in flight. A rank among fewer
+  /// table readers than local ranks gets the node's share of the others
+  /// (reader_sizing); cooperative readers keep their own shares.
+  std::uint64_t table_connections = 0, table_queue_depth = 0;
   bool overlapped = false;                ///< window reads overlapped the collectives (distributed_options::overlap)
   double seconds = 0, setup_seconds = 0, read_seconds = 0, exchange_seconds = 0, deliver_seconds = 0;
   double table_seconds = 0;  ///< reading shared tables into the segment (included in read_seconds), barrier included
@@ -92,7 +98,9 @@ struct distributed_stats {
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
-            {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections}, {"overlapped", overlapped},
+            {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
+            {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
+            {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
                          {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds}}}};
   }

@@ -67,6 +67,8 @@ class any_slice_reader {
   [[nodiscard]] virtual const io_counters& counters() const noexcept = 0;
   /// Connections of an S3 reader's client; 0 for readers without any.
   [[nodiscard]] virtual std::size_t connections() const noexcept { return 0; }
+  /// Reads (or GETs) in flight at most; 0 for readers that do not say.
+  [[nodiscard]] virtual unsigned queue_depth() const noexcept { return 0; }
 
   /// Owns `r` behind this interface.
   template <slice_reader R>
@@ -83,6 +85,12 @@ class slice_reader_holder final : public any_slice_reader {
   [[nodiscard]] std::size_t connections() const noexcept override {
     if constexpr (requires(const R& x) { x.connections(); })
       return r_->connections();
+    else
+      return 0;
+  }
+  [[nodiscard]] unsigned queue_depth() const noexcept override {
+    if constexpr (requires(const R& x) { x.queue_depth(); })
+      return r_->queue_depth();
     else
       return 0;
   }

@@ -25,11 +25,20 @@ namespace sluice::inline v0::format {
 /// The conventional index file name.
 inline constexpr std::string_view index_file_name = "model.safetensors.index.json";
 
+/// What an index records about one shard (`metadata.shards.<name>`, a
+/// sluice extension other readers ignore): its size in bytes and its ETag
+/// (S3, quotes included), each optional.
+struct shard_record {
+  std::optional<std::uint64_t> size;
+  std::optional<std::string> etag;
+};
+
 /// A parsed index: which shard holds each tensor.
 struct index {
   std::string file;                                   ///< path or URI, for messages
   std::map<std::string, std::string> weight_map;      ///< tensor name -> shard file name
   std::optional<std::uint64_t> total_size;            ///< metadata.total_size, if present
+  std::map<std::string, shard_record> shard_records;  ///< metadata.shards, if present
 
   /// The distinct shard names, sorted.
   [[nodiscard]] std::vector<std::string> shards() const {

@@ -48,6 +48,16 @@ namespace sluice::inline v0 {
   return std::max<std::size_t>(1, node_connections / std::max<std::size_t>(1, local_ranks));
 }
 
+/// Connections of one rank's S3 client under `s`: the node's connections
+/// (`node_connections`, or `s.connections_per_rank` x local ranks when that is
+/// set) split among the ranks of the node that read at once (`s.sharers()`:
+/// all local ranks for the windows; the table readers while the shared tables
+/// are read), at least 1.
+[[nodiscard]] constexpr std::size_t rank_connections(std::size_t node_connections, const reader_sizing& s) noexcept {
+  const auto node = s.connections_per_rank ? s.connections_per_rank * std::max<std::size_t>(1, s.local_ranks) : node_connections;
+  return std::max<std::size_t>(1, node / s.sharers());
+}
+
 /// The S3 data path of a distributed load (a slice_reader): an `s3_source`
 /// over the checkpoint's shards with its own client (`connections`
 /// connections, the rest of the catalog's config), every object pinned to the
@@ -80,6 +90,8 @@ class s3_reader {
   [[nodiscard]] const io_counters& counters() const noexcept { return src_.counters(); }
   /// Connections of this reader's client (its pool size).
   [[nodiscard]] std::size_t connections() const noexcept { return connections_; }
+  /// GETs in flight at most (2 x connections, or load_options::queue_depth if larger).
+  [[nodiscard]] unsigned queue_depth() const noexcept { return opt_.queue_depth; }
 
  private:
   static s3::config with_connections(s3::config cfg, std::size_t n) {

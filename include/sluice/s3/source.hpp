@@ -195,6 +195,8 @@ class s3_catalog final : public catalog {
   }
 
   [[nodiscard]] std::uint64_t size(const std::string& name) override { return object_info(name).size; }
+  /// The ETag the catalog pinned (from the listing, a HEAD or a GET).
+  [[nodiscard]] std::optional<std::string> etag(const std::string& name) override { return object_info(name).etag; }
 
   [[nodiscard]] std::vector<std::byte> read(const std::string& name, std::uint64_t offset,
                                             std::uint64_t length) override {

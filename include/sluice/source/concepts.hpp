@@ -4,11 +4,13 @@
 /// (`catalog`, synchronous, headers and the index only) and the data path
 /// (`source`, asynchronous positional reads into caller memory).
 
+#include <algorithm>
 #include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,10 +42,30 @@ struct load_options;
 struct load_stats;
 
 /// How many ranks of a node share a distributed load's storage, and what one
-/// rank may use of it (S3: connections of its client).
+/// rank may use of it (S3: connections of its client; local files: reads in
+/// flight).
+///
+/// The node's I/O is `local_ranks` shares. While only `readers` of them read
+/// (a phase in which fewer ranks read, e.g. the shared tables under
+/// shared-single), each reader gets local_ranks / readers of them: S3
+/// connections are the node's connections split among the readers, and a
+/// file reader's queue depth is `queue_depth` x local_ranks / readers.
 struct reader_sizing {
   std::size_t local_ranks = 1;           ///< ranks on this node
   std::size_t connections_per_rank = 0;  ///< S3: 0 = the node's max_connections / local_ranks (at least 1)
+  std::size_t readers = 0;               ///< ranks of this node reading at once; 0 = local_ranks
+
+  /// Ranks among which the node's I/O is split (at least 1).
+  [[nodiscard]] constexpr std::size_t sharers() const noexcept {
+    const auto r = readers ? std::min(readers, local_ranks) : local_ranks;
+    return r ? r : 1;
+  }
+  /// A queue depth of `per_rank` reads in flight, scaled to this reader's
+  /// share of the node (local_ranks / sharers(), at least `per_rank`).
+  [[nodiscard]] constexpr unsigned queue_depth(unsigned per_rank) const noexcept {
+    const auto q = static_cast<std::size_t>(per_rank) * std::max<std::size_t>(1, local_ranks) / sharers();
+    return static_cast<unsigned>(std::max<std::size_t>(per_rank, q));
+  }
 };
 
 /// A checkpoint location's storage (a directory, an S3 prefix): metadata
@@ -65,6 +87,12 @@ class catalog {
   [[nodiscard]] virtual bool exists(const std::string& name) = 0;
   /// Size in bytes; throws io_error if the file does not exist.
   [[nodiscard]] virtual std::uint64_t size(const std::string& name) = 0;
+  /// The version tag of a file where the location has one (S3: the ETag,
+  /// quotes included), else nullopt (the default: a directory has none).
+  [[nodiscard]] virtual std::optional<std::string> etag(const std::string& name) {
+    (void)name;
+    return std::nullopt;
+  }
   /// Reads up to `length` bytes at `offset`; returns fewer only at end of file.
   [[nodiscard]] virtual std::vector<std::byte> read(const std::string& name, std::uint64_t offset,
                                                     std::uint64_t length) = 0;

@@ -1,0 +1,277 @@
+// Tests for open_options::index (checkpoint.hpp) over S3, and the draft
+// model loaded from S3: a generated checkpoint in the S3 test server, opened
+// through a local index, every request seen by a logging proxy
+// (tests/support/fault_proxy.js --log) and counted per object.
+#include <sluice/s3/source.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <sluice/load_file.hpp>
+#include <sluice/sink/digest_sink.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "s3_test_support.hpp"
+
+using namespace sluice;
+using sluice_test::servers;
+namespace fs = std::filesystem;
+
+namespace {
+
+testing::generator_options model() {
+  testing::generator_options o;
+  o.experts = 8;
+  o.layers = 3;
+  o.max_shard_bytes = 128u << 10;
+  return o;
+}
+
+fs::path scratch(const std::string& tag) {
+  static int n = 0;
+  auto d = fs::temp_directory_path() / fmt::format("sluice-s3-index-{}-{}-{}", ::getpid(), tag, n++);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+task<void> upload_dir(s3::client& c, std::string bucket, std::string prefix, fs::path dir,
+                      std::map<std::string, std::string>& etags) {
+  co_await c.create_bucket(bucket);
+  for (const auto& f : fs::directory_iterator(dir)) {
+    std::ifstream in(f.path(), std::ios::binary);
+    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> body(chars.size());
+    std::memcpy(body.data(), chars.data(), chars.size());
+    etags[f.path().filename().string()] = co_await c.put(bucket, prefix + f.path().filename().string(), body);
+  }
+}
+
+// The generated checkpoint, local and uploaded under "ck/" of its own bucket
+// (index included), with the ETag of each object.
+struct remote_checkpoint {
+  fs::path dir = scratch("ckpt");
+  testing::checkpoint_layout layout = testing::write_checkpoint(dir, model());
+  std::string bucket = sluice_test::unique_bucket("index");
+  std::map<std::string, std::string> etags;
+  std::set<std::string> draft_shards, draft_tensors;
+  std::uint64_t draft_bytes = 0;
+  std::map<std::string, std::uint64_t> draft_bytes_in;  // per shard
+
+  remote_checkpoint() {
+    asio::io_context ioc;
+    s3::client c(ioc.get_executor(), sluice_test::test_config(servers().http));
+    run_blocking(ioc, upload_dir(c, bucket, "ck/", dir, etags));
+    const auto prefix = fmt::format("model.layers.{}.", model().layers);
+    for (const auto& t : layout.tensors)
+      if (t.name.starts_with(prefix)) {
+        draft_tensors.insert(t.name);
+        draft_shards.insert(layout.shards[t.shard].name);
+        draft_bytes += t.size;
+        draft_bytes_in[layout.shards[t.shard].name] += t.size;
+      }
+    REQUIRE(draft_shards.size() == 3);
+  }
+  ~remote_checkpoint() { fs::remove_all(dir); }
+
+  // A local index of the draft module: `where(tensor, real shard)` names its
+  // shard; records each draft shard's size and ETag unless told otherwise.
+  fs::path draft_index(const std::function<std::string(const std::string&, const std::string&)>& where = {},
+                       const std::map<std::string, std::string>& etag_override = {}) const {
+    const auto p = dir.parent_path() / (dir.filename().string() + "-draft.index.json");
+    nlohmann::json j;
+    for (const auto& t : layout.tensors)
+      if (draft_tensors.contains(t.name)) {
+        const auto& real = layout.shards[t.shard].name;
+        j["weight_map"][t.name] = where ? where(t.name, real) : real;
+      }
+    for (const auto& s : draft_shards) {
+      j["metadata"]["shards"][s]["size"] = fs::file_size(dir / s);
+      j["metadata"]["shards"][s]["etag"] = etag_override.contains(s) ? etag_override.at(s) : etags.at(s);
+    }
+    std::ofstream(p) << j.dump(1);
+    return p;
+  }
+  [[nodiscard]] std::string uri() const { return "s3://" + bucket + "/ck/"; }
+};
+
+const remote_checkpoint& remote() {
+  static const remote_checkpoint r;
+  return r;
+}
+
+// A logging proxy in front of the test server, and a config that goes through it.
+struct logged {
+  fs::path log = scratch("log") / "requests.jsonl";
+  sluice_test::fault_proxy proxy = sluice_test::fault_proxy::logging(servers().http, log.string());
+  s3::config cfg() const { return sluice_test::test_config(proxy.endpoint); }
+  [[nodiscard]] std::map<std::string, std::size_t> per_object() const {
+    return sluice_test::requests_per_object(log.string(), remote().bucket);
+  }
+  // The ranges requested of `key` (GETs with a Range header), as [first, last].
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges(const std::string& key) const {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    std::ifstream in(log);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      auto path = j["path"].get<std::string>();
+      path = path.substr(0, path.find('?'));
+      const auto range = j["range"].get<std::string>();
+      if (path != "/" + remote().bucket + "/" + key || range.empty()) continue;
+      std::uint64_t a = 0, b = 0;
+      REQUIRE(std::sscanf(range.c_str(), "bytes=%lu-%lu", &a, &b) == 2);
+      out.emplace_back(a, b);
+    }
+    return out;
+  }
+};
+
+std::string dump(const std::map<std::string, std::size_t>& m) {
+  std::string s;
+  for (const auto& [k, n] : m) s += fmt::format("{} x{}\n", k.empty() ? "(listing)" : k, n);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the draft module from S3 through a local index touches its three shards and no other object",
+          "[source][s3][index][draft]") {
+  REQUIRE_S3_SERVERS();
+  const auto& r = remote();
+  const auto index = r.draft_index();
+  logged l;
+  open_options opt;
+  opt.index = index;
+  const auto ck = checkpoint::open(std::make_shared<s3_catalog>(r.uri(), l.cfg()), opt);
+  std::set<std::string> tensors;
+  for (const auto& t : ck.tensors()) tensors.insert(t.name);
+  REQUIRE(tensors == r.draft_tensors);
+  REQUIRE(ck.tensor_bytes() == r.draft_bytes);
+
+  digest_sink got;
+  load_options lo;
+  lo.staging_budget = 8u << 20;
+  lo.max_read = 1u << 20;
+  const auto st = load(ck, got, lo);
+  CHECK(st.bytes_read == r.draft_bytes);
+
+  // The bytes are the generator's (the local checkpoint's, selected alike).
+  open_options local;
+  local.select = [&](std::string_view n) { return r.draft_tensors.contains(std::string(n)); };
+  digest_sink want;
+  (void)load(checkpoint::open(r.dir, local), want, lo);
+  REQUIRE(got.digests().size() == want.digests().size());
+  for (const auto& [n, d] : want.digests()) CHECK(got.digests().at(n).sha256 == d.sha256);
+
+  // Requests per object: one listing of the prefix, and for each draft shard
+  // one header GET (the speculative prefix) plus GETs of exactly its tensor
+  // bytes. No HEAD (the listing had sizes and ETags), no other object, not
+  // even the location's own index.
+  const auto n = l.per_object();
+  INFO(dump(n));
+  std::set<std::string> touched;
+  for (const auto& [k, c] : n) touched.insert(k);
+  std::set<std::string> want_touched{""};
+  for (const auto& s : r.draft_shards) want_touched.insert("ck/" + s);
+  REQUIRE(touched == want_touched);
+  CHECK(n.at("") == 1);
+  for (const auto& s : r.draft_shards) {
+    INFO(s);
+    const auto ranges = l.ranges("ck/" + s);
+    CHECK(ranges.size() == n.at("ck/" + s));  // every request a range GET
+    std::size_t header_gets = 0;
+    std::uint64_t data = 0;
+    for (auto [a, b] : ranges) {
+      if (a == 0) ++header_gets;
+      else data += b - a + 1;
+    }
+    CHECK(header_gets == 1);
+    CHECK(data == r.draft_bytes_in.at(s));  // each tensor byte once
+  }
+}
+
+TEST_CASE("a stale local index (a tensor in the wrong shard) fails naming it before any tensor byte is fetched",
+          "[source][s3][index]") {
+  REQUIRE_S3_SERVERS();
+  const auto& r = remote();
+  const std::string moved = *r.draft_tensors.begin();
+  std::string wrong;
+  const auto index = r.draft_index([&](const std::string& t, const std::string& real) {
+    if (t != moved) return real;
+    for (const auto& s : r.draft_shards)
+      if (s != real) wrong = s;
+    return wrong;
+  });
+  logged l;
+  open_options opt;
+  opt.index = index;
+  try {
+    (void)checkpoint::open(std::make_shared<s3_catalog>(r.uri(), l.cfg()), opt);
+    FAIL("no error");
+  } catch (const index_error& e) {
+    CHECK(e.rule() == "missing-tensor");
+    CHECK(e.tensor() == moved);
+    CHECK_THAT(e.what(), Catch::Contains(wrong));
+  }
+  for (const auto& s : r.draft_shards)
+    for (auto [a, b] : l.ranges("ck/" + s)) CHECK(a == 0);  // header reads only
+}
+
+TEST_CASE("a local index naming a shard missing from S3 fails naming it, before any GET of an object",
+          "[source][s3][index]") {
+  REQUIRE_S3_SERVERS();
+  const auto& r = remote();
+  const auto gone = *r.draft_shards.rbegin();
+  const std::string renamed = "model-99999-of-99999.safetensors";
+  const auto index = r.draft_index([&](const std::string&, const std::string& real) { return real == gone ? renamed : real; });
+  logged l;
+  open_options opt;
+  opt.index = index;
+  try {
+    (void)checkpoint::open(std::make_shared<s3_catalog>(r.uri(), l.cfg()), opt);
+    FAIL("no error");
+  } catch (const index_error& e) {
+    CHECK(e.rule() == "missing-shard");
+    CHECK_THAT(e.what(), Catch::Contains(renamed));
+    CHECK(e.file() == index.string());
+  }
+  const auto n = l.per_object();
+  INFO(dump(n));
+  CHECK(n == std::map<std::string, std::size_t>{{"", 1}});  // the listing, nothing else
+}
+
+TEST_CASE("a local index whose recorded ETag disagrees with the object fails naming the shard, before any GET",
+          "[source][s3][index]") {
+  REQUIRE_S3_SERVERS();
+  const auto& r = remote();
+  const auto victim = *r.draft_shards.begin();
+  std::string other_etag;
+  for (const auto& [name, etag] : r.etags)
+    if (etag != r.etags.at(victim)) other_etag = etag;
+  const auto index = r.draft_index({}, {{victim, other_etag}});
+  logged l;
+  open_options opt;
+  opt.index = index;
+  try {
+    (void)checkpoint::open(std::make_shared<s3_catalog>(r.uri(), l.cfg()), opt);
+    FAIL("no error");
+  } catch (const index_error& e) {
+    CHECK(e.rule() == "stale-shard");
+    CHECK_THAT(e.file(), Catch::EndsWith("ck/" + victim));
+    CHECK_THAT(e.what(), Catch::Contains(other_etag));
+  }
+  const auto n = l.per_object();
+  INFO(dump(n));
+  CHECK(n == std::map<std::string, std::size_t>{{"", 1}});
+}
