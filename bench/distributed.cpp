@@ -32,6 +32,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "../tests/comm/multiprocess.hpp"
+#include "common/args.hpp"
 
 using namespace sluice;
 namespace fs = std::filesystem;
@@ -127,22 +128,19 @@ double max_of(const std::vector<nlohmann::json>& v, const char* a, const char* b
 int main(int argc, char** argv) {
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
-  fs::path dir;
-  std::uint64_t size = 512u << 20, window = 64u << 20;
+  std::string dir_arg;
+  std::uint64_t size = 512u << 20, window_mib = 64;
   int repeat = 3;
   std::vector<std::size_t> ranks{1, 2, 4, 8};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--size") size = std::stoull(argv[i + 1]);
-    else if (a == "--window") window = std::stoull(argv[i + 1]) << 20;
-    else if (a == "--repeat") repeat = std::max(1, std::stoi(argv[i + 1]));
-    else if (a == "--ranks") {
-      ranks.clear();
-      std::stringstream ss(argv[i + 1]);
-      for (std::string x; std::getline(ss, x, ',');) ranks.push_back(std::stoul(x));
-    }
-  }
+  CLI::App app("bench-distributed: whole distributed loads (Gloo over loopback) against a raw Gloo broadcast");
+  app.add_option("--dir", dir_arg, "a checkpoint directory (default: one generated in a temporary directory)");
+  app.add_option("--size", size, "bytes of the generated checkpoint")->capture_default_str();
+  app.add_option("--window", window_mib, "window size in MiB")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "runs per row")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--ranks", ranks, "rank counts, comma-separated")->delimiter(',')->capture_default_str();
+  if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
+  fs::path dir = dir_arg;
+  const std::uint64_t window = window_mib << 20;
   bool generated = false;
   if (dir.empty()) {
     dir = sluice_test::fresh_dir("bench-ckpt");

@@ -41,7 +41,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "common.hpp"
-#include "common/cli.hpp"
+#include "common/args.hpp"
 
 namespace {
 using clk = std::chrono::steady_clock;
@@ -87,28 +87,25 @@ double h2d(const std::byte* src, void* dst, std::size_t n, int reps) {
 
 int main(int argc, char** argv) try {
   using namespace sluice;
-  if (argc < 2)
-    return sluice_cli::fail("usage: bench-gpu DIR [--size 8GiB] [--max-read 32MiB] [--qd 8] [--staging 1GiB] [--streams 4] "
-                            "[--repeat 3] [--threads 1] [--no-cold] [--no-verify]");
-  const std::string dir = argv[1];
-  std::uint64_t size = 8ull << 30, max_read = 32 << 20, staging = 1ull << 30;
+  std::string dir, size_s = "8GiB", max_read_s = "32MiB", staging_s = "1GiB";
   unsigned qd = 8, streams = 4, threads = 1;
   int repeat = 3;
-  bool cold = true, verify = true;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
-    if (a == "--size") size = sluice_cli::parse_size(next());
-    else if (a == "--max-read") max_read = sluice_cli::parse_size(next());
-    else if (a == "--staging") staging = sluice_cli::parse_size(next());
-    else if (a == "--qd") qd = static_cast<unsigned>(std::stoul(next()));
-    else if (a == "--streams") streams = static_cast<unsigned>(std::stoul(next()));
-    else if (a == "--threads") threads = static_cast<unsigned>(std::stoul(next()));
-    else if (a == "--repeat") repeat = std::stoi(next());
-    else if (a == "--no-cold") cold = false;
-    else if (a == "--no-verify") verify = false;
-    else return sluice_cli::fail("unknown option " + a);
-  }
+  bool no_cold = false, no_verify = false;
+  CLI::App app("bench-gpu: file to GPU memory, sluice against pread + cudaMemcpy");
+  app.add_option("DIR", dir, "a checkpoint directory (generated there when it has no index)")->required();
+  app.add_option("--size", size_s, "size of the generated checkpoint")->capture_default_str();
+  app.add_option("--max-read", max_read_s, "bytes per read")->capture_default_str();
+  app.add_option("--staging", staging_s, "pinned staging budget")->capture_default_str();
+  app.add_option("--qd", qd, "reads in flight")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--streams", streams, "copy streams")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "io_context threads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "runs per row (best of)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--no-cold", no_cold, "skip the cold-cache rows");
+  app.add_flag("--no-verify", no_verify, "skip copying back and hashing");
+  if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
+  const std::uint64_t size = sluice_cli::parse_size(size_s), max_read = sluice_cli::parse_size(max_read_s),
+                      staging = sluice_cli::parse_size(staging_s);
+  const bool cold = !no_cold, verify = !no_verify;
   const auto q = cuda::query_devices();
   if (!q) {
     std::printf("SKIPPED: no CUDA device (%s)\n", q.reason().c_str());

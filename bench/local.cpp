@@ -27,7 +27,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "common.hpp"
-#include "common/cli.hpp"
+#include "common/args.hpp"
 
 namespace {
 using clk = std::chrono::steady_clock;
@@ -183,28 +183,22 @@ sluice_run run_sluice_into(const sluice::checkpoint& ck, std::byte* arena, sluic
 }  // namespace
 
 int main(int argc, char** argv) try {
-  constexpr const char* usage =
-      "usage: bench-local DIR [--size 2GiB] [--max-read 32MiB] [--qd 4] [--staging 1GiB] [--repeat 3] [--no-cold]\n"
-      "  DIR: a checkpoint directory (generated there when it has no index)";
-  if (argc < 2) return sluice_cli::fail(usage);
-  const std::string dir = argv[1];
-  if (dir == "--help" || dir == "-h") return std::puts(usage) < 0;
-  if (dir.starts_with("--")) return sluice_cli::fail(fmt::format("the first argument is the checkpoint directory, not '{}'\n{}", dir, usage));
-  std::uint64_t size = 2ull << 30, max_read = 32 << 20, staging = 1ull << 30;
+  std::string dir, size_s = "2GiB", max_read_s = "32MiB", staging_s = "1GiB";
   unsigned qd = 4;
   int repeat = 3;
-  bool cold = true;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
-    if (a == "--size") size = sluice_cli::parse_size(next());
-    else if (a == "--max-read") max_read = sluice_cli::parse_size(next());
-    else if (a == "--staging") staging = sluice_cli::parse_size(next());
-    else if (a == "--qd") qd = static_cast<unsigned>(std::stoul(next()));
-    else if (a == "--repeat") repeat = std::stoi(next());
-    else if (a == "--no-cold") cold = false;
-    else return sluice_cli::fail(fmt::format("unknown option '{}'\n{}", a, usage));
-  }
+  bool no_cold = false;
+  CLI::App app("bench-local: sluice against fio, pread and mmap+memcpy on local files");
+  app.add_option("DIR", dir, "a checkpoint directory (generated there when it has no index)")->required();
+  app.add_option("--size", size_s, "size of the generated checkpoint")->capture_default_str();
+  app.add_option("--max-read", max_read_s, "bytes per read")->capture_default_str();
+  app.add_option("--staging", staging_s, "staging budget")->capture_default_str();
+  app.add_option("--qd", qd, "reads in flight")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "runs per row (best of)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--no-cold", no_cold, "skip the cold-cache rows");
+  if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
+  const std::uint64_t size = sluice_cli::parse_size(size_s), max_read = sluice_cli::parse_size(max_read_s),
+                      staging = sluice_cli::parse_size(staging_s);
+  const bool cold = !no_cold;
   if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors.index.json")) {
     std::printf("generating a %s checkpoint in %s\n", sluice_cli::human_bytes(static_cast<double>(size)).c_str(), dir.c_str());
     sluice::testing::write_checkpoint(dir, sluice::testing::options_for_size(size));

@@ -25,6 +25,8 @@
 #include <sluice/policy/plan.hpp>
 #include <sluice/testing/generator.hpp>
 
+#include "common/args.hpp"
+
 using namespace sluice;
 namespace gen = sluice::testing;
 
@@ -62,11 +64,6 @@ gen::generator_options shape_for(std::uint64_t target) {
   return o;
 }
 
-std::string arg(int argc, char** argv, std::string_view name, std::string def) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (argv[i] == name) return argv[i + 1];
-  return def;
-}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -82,10 +79,17 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const double size_gib = std::stod(arg(argc, argv, "--size", "475"));
-  const int reps = std::stoi(arg(argc, argv, "--reps", "3"));
-  const auto offload = policy::parse_offload(arg(argc, argv, "--offload", "shared-cooperative"));
-  const auto topologies = split(arg(argc, argv, "--topologies", "tp1,dp8,ep8:tp8:tp8,ep8:tp4,pp2"), ':');
+  double size_gib = 475;
+  int reps = 3;
+  std::string offload_s = "shared-cooperative", topologies_s = "tp1,dp8,ep8:tp8:tp8,ep8:tp4,pp2";
+  CLI::App app("bench-plan: plan time and bytes read per rank for a DeepSeek-sized checkpoint (metadata only)");
+  app.add_option("--size", size_gib, "checkpoint size in GiB")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "plans per topology (best of)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--offload", offload_s, "none|per-rank|shared-single|shared-cooperative")->capture_default_str();
+  app.add_option("--topologies", topologies_s, "topologies, ':'-separated")->capture_default_str();
+  if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
+  const auto offload = policy::parse_offload(offload_s);
+  const auto topologies = split(topologies_s, ':');
 
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();

@@ -47,7 +47,7 @@
 #include <sluice/sluice.hpp>
 #include <sluice/s3/load.hpp>
 
-#include "common/cli.hpp"
+#include "common/args.hpp"
 
 namespace {
 namespace fs = std::filesystem;
@@ -212,39 +212,31 @@ with create_transfer_manager(c, tc) as tm:
 }  // namespace
 
 int main(int argc, char** argv) try {
-  constexpr const char* usage =
-      "usage: bench-s3 DIR --server NAME=URL[,WARM_DIR] [--server ...] --bucket B --prefix P [--streams 8,16] "
-      "[--part 8MiB,16MiB] [--repeat 2] [--threads 1] [--no-boto3] [--no-curl]";
-  if (argc < 2) return sluice_cli::fail(usage);
   bench b;
-  b.dir = argv[1];
-  std::vector<server> servers;
+  std::vector<std::string> server_args;
   std::string streams_s = "8,16", parts_s = "8MiB,16MiB";
   int repeat = 2;
-  bool boto3 = true, curl = true;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (a == "--server") {
-      const auto v = next();
-      const auto eq = v.find('='), comma = v.find(',');
-      if (eq == std::string::npos) throw std::invalid_argument("--server wants NAME=URL[,WARM_DIR]");
-      servers.push_back({v.substr(0, eq), v.substr(eq + 1, comma == std::string::npos ? comma : comma - eq - 1),
-                         comma == std::string::npos ? "" : v.substr(comma + 1)});
-    } else if (a == "--bucket") b.bucket = next();
-    else if (a == "--prefix") b.prefix = next();
-    else if (a == "--streams") streams_s = next();
-    else if (a == "--part") parts_s = next();
-    else if (a == "--repeat") repeat = std::stoi(next());
-    else if (a == "--threads") b.threads = static_cast<unsigned>(std::stoul(next()));
-    else if (a == "--no-boto3") boto3 = false;
-    else if (a == "--no-curl") curl = false;
-    else throw std::invalid_argument(fmt::format("unknown argument '{}'\n{}", a, usage));
+  bool no_boto3 = false, no_curl = false;
+  CLI::App app("bench-s3: sluice's range GETs against curl and boto3 on the same objects");
+  app.add_option("DIR", b.dir, "the checkpoint directory whose files are the objects")->required();
+  app.add_option("--server", server_args, "NAME=URL[,WARM_DIR] (repeatable)")->required();
+  app.add_option("--bucket", b.bucket, "bucket")->required();
+  app.add_option("--prefix", b.prefix, "key prefix");
+  app.add_option("--streams", streams_s, "connections, comma-separated")->capture_default_str();
+  app.add_option("--part", parts_s, "bytes per GET, comma-separated")->capture_default_str();
+  app.add_option("--repeat", repeat, "runs per row (best of)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", b.threads, "io_context threads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--no-boto3", no_boto3, "skip the boto3 rows");
+  app.add_flag("--no-curl", no_curl, "skip the curl rows");
+  if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
+  const bool boto3 = !no_boto3, curl = !no_curl;
+  std::vector<server> servers;
+  for (const auto& v : server_args) {
+    const auto eq = v.find('='), comma = v.find(',');
+    if (eq == std::string::npos) return sluice_cli::fail(fmt::format("--server '{}': expected NAME=URL[,WARM_DIR]", v));
+    servers.push_back({v.substr(0, eq), v.substr(eq + 1, comma == std::string::npos ? comma : comma - eq - 1),
+                       comma == std::string::npos ? "" : v.substr(comma + 1)});
   }
-  if (servers.empty() || b.bucket.empty()) return sluice_cli::fail(usage);
   if (!b.prefix.empty() && b.prefix.back() != '/') b.prefix += '/';
   for (const auto& e : fs::directory_iterator(b.dir))
     if (e.is_regular_file()) b.objects.push_back({e.path().filename().string(), e.file_size()});

@@ -28,29 +28,30 @@
 #include <sluice/format/writer.hpp>
 
 #include "common.hpp"
+#include "common/args.hpp"
 
 using namespace sluice;
 namespace fs = std::filesystem;
 
 namespace {
-std::uint64_t arg(int argc, char** argv, std::string_view name, std::uint64_t def) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (argv[i] == name) return std::stoull(argv[i + 1]);
-  return def;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
-  const auto rows = arg(argc, argv, "--rows", 7168), cols = arg(argc, argv, "--cols", 18432);
-  const auto tp = arg(argc, argv, "--tp", 8), repeat = std::max<std::uint64_t>(1, arg(argc, argv, "--repeat", 5));
-  const auto block_rows = std::max<std::uint64_t>(1, arg(argc, argv, "--block-rows", 512));
-  if (cols % tp) throw std::runtime_error("--cols must be a multiple of --tp");
-  fs::path dir = "/tmp/sluice-bench-tp";
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string_view(argv[i]) == "--dir") dir = argv[i + 1];
+  std::uint64_t rows = 7168, cols = 18432, tp = 8, repeat = 5, block_rows = 512;
+  std::string dir_s = "/tmp/sluice-bench-tp";
+  CLI::App app("bench-tp-slices: a column-split tensor's TP parts, per-row reads against rows then slices");
+  app.add_option("--rows", rows, "rows of the BF16 tensor")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--cols", cols, "columns (a multiple of --tp)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--tp", tp, "TP parts")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "runs per row (best of)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--block-rows", block_rows, "rows per read when reading rows then slicing")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--dir", dir_s, "where the tensor's file is written")->capture_default_str();
+  if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
+  if (cols % tp) return sluice_cli::fail("--cols must be a multiple of --tp");
+  const fs::path dir = dir_s;
   fs::create_directories(dir);
   const auto file = dir / "model.safetensors";
   const std::uint64_t row = cols * 2, part = row / tp, size = rows * row;  // BF16
