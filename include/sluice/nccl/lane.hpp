@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// `comm::nccl_lane`: the device lane of a distributed load (the sluice::nccl
-/// component; see stages/broadcast.hpp). Tensors destined for the device are
+/// component; see comm/device_lane.hpp). Tensors destined for the device are
 /// read into pinned host memory, copied to the GPU with cudaMemcpyAsync on
 /// the NCCL communicator's stream, and exchanged between the ranks' device
 /// window buffers with ncclSend/ncclRecv in one group on that same stream
