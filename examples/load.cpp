@@ -395,25 +395,12 @@ int main(int argc, char** argv) try {
   const checkpoint& ck = opened;
   const double cpu = sluice_cli::cpu_seconds() - cpu0;
   const double gib = static_cast<double>(st.tensor_bytes) / (1 << 30);
-  nlohmann::ordered_json j = {
-      {"source", o.source},
-      {"shards", ck.shards().size()},
-      {"tensors", st.tensors},
-      {"tensor_bytes", st.tensor_bytes},
-      {"bytes_read", st.bytes_read},
-      {"storage_bytes", st.storage_bytes},
-      {"header_bytes_read", st.header_bytes_read},
-      {"files_opened", st.files_opened},
-      {"requests", st.requests},
-      {"seconds", st.seconds},
-      {"gib_per_s", st.seconds > 0 ? gib / st.seconds : 0},
-      {"cpu_seconds", cpu},
-      {"cpu_seconds_per_gib", gib > 0 ? cpu / gib : 0},
-      {"peak_rss_bytes", sluice_cli::peak_rss()},
-      {"staging", {{"budget", o.load.staging_budget}, {"slot_size", st.slot_size}, {"slots", st.slots}, {"slots_used", st.slots_used}}},
-      {"stages", {{"fetch", {{"requests", st.fetch.items}, {"bytes", st.fetch.bytes}, {"busy_seconds", st.fetch.busy_seconds}}},
-                  {"place", {{"views", st.place.items}, {"bytes", st.place.bytes}, {"busy_seconds", st.place.busy_seconds}}}}},
-  };
+  nlohmann::ordered_json j = {{"source", o.source}, {"shards", ck.shards().size()}};
+  j.update(st.to_json());
+  j["staging"]["budget"] = o.load.staging_budget;
+  j["cpu_seconds"] = cpu;
+  j["cpu_seconds_per_gib"] = gib > 0 ? cpu / gib : 0;
+  j["peak_rss_bytes"] = sluice_cli::peak_rss();
   if (o.digest)
     for (const auto& [name, d] : digests.digests()) std::printf("%s\n", d.line().c_str());
   if (!o.json_out.empty()) {

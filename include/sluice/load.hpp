@@ -27,6 +27,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <sluice/checkpoint.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/staging_pool.hpp>
@@ -90,6 +92,11 @@ struct load_stats {
   double seconds = 0;                   ///< wall time of the data path
   step_counters fetch;                 ///< reads in flight (busy time)
   step_counters place;                 ///< time in the sink
+
+  /// The load's figures under the names `sluice-load --json` prints (the tool
+  /// and the Python package add the source, CPU time, peak RSS and the
+  /// staging budget). Compiled in the library (src/core/load_file.cpp).
+  [[nodiscard]] nlohmann::ordered_json to_json() const;
 };
 
 /// Bytes of slot needed for `max_read`-byte requests (room for O_DIRECT

@@ -558,23 +558,14 @@ load_options make_load_options(const stream_options& o) {
 
 nlohmann::json local_stats(const checkpoint& ck, const load_stats& st, const load_options& opt, double cpu) {
   const double gib = static_cast<double>(st.tensor_bytes) / double(1ull << 30);
-  return {{"source", ck.location()},
-          {"shards", ck.shards().size()},
-          {"tensors", st.tensors},
-          {"tensor_bytes", st.tensor_bytes},
-          {"bytes_read", st.bytes_read},
-          {"storage_bytes", st.storage_bytes},
-          {"header_bytes_read", st.header_bytes_read},
-          {"files_opened", st.files_opened},
-          {"requests", st.requests},
-          {"seconds", st.seconds},
-          {"gib_per_s", st.seconds > 0 ? gib / st.seconds : 0},
-          {"cpu_seconds", cpu},
-          {"cpu_seconds_per_gib", gib > 0 ? cpu / gib : 0},
-          {"peak_rss_bytes", peak_rss()},
-          {"staging", {{"budget", opt.staging_budget}, {"slot_size", st.slot_size}, {"slots", st.slots}, {"slots_used", st.slots_used}}},
-          {"stages", {{"fetch", {{"requests", st.fetch.items}, {"bytes", st.fetch.bytes}, {"busy_seconds", st.fetch.busy_seconds}}},
-                      {"place", {{"views", st.place.items}, {"bytes", st.place.bytes}, {"busy_seconds", st.place.busy_seconds}}}}}};
+  nlohmann::json j = st.to_json();  // the names sluice-load --json prints
+  j["source"] = ck.location();
+  j["shards"] = ck.shards().size();
+  j["staging"]["budget"] = opt.staging_budget;
+  j["cpu_seconds"] = cpu;
+  j["cpu_seconds_per_gib"] = gib > 0 ? cpu / gib : 0;
+  j["peak_rss_bytes"] = peak_rss();
+  return j;
 }
 
 load_stats run_local(const py_checkpoint& p, any_sink s, staging_pool& pool, load_options opt) {
