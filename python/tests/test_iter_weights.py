@@ -127,6 +127,57 @@ def test_progress_callback_sees_the_bytes(small):
     assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
 
 
+PROGRESS = textwrap.dedent("""
+    import sys
+    import sluice
+    progress = {"auto": None, "on": True, "off": False}[sys.argv[2]]
+    it = sluice.iter_weights(sys.argv[1], progress=progress)
+    for _ in it:
+        pass
+    print("loaded", it.stats["tensor_bytes"], flush=True)
+""")
+
+
+def run_with_stderr_on_a_terminal(args):
+    """Runs `args` with stderr on a pseudo-terminal (stdout a pipe); returns (stdout, terminal output)."""
+    import pty
+    main_fd, term_fd = pty.openpty()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=term_fd, text=True)
+    os.close(term_fd)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main_fd)
+    out = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, seen.decode(errors="replace")
+    return out, seen.decode(errors="replace")
+
+
+def test_a_progress_bar_appears_on_a_terminal_by_default(small):
+    path, _ = small
+    out, term = run_with_stderr_on_a_terminal([PYTHON, "-c", PROGRESS, path, "auto"])
+    assert out.startswith("loaded")
+    assert "sluice:" in term and "B/s" in term, term  # tqdm's bar: "sluice:  40% 278k/696k [00:00<00:00, 1.2MB/s]"
+
+
+def test_no_bar_when_stderr_is_not_a_terminal_unless_asked(small):
+    path, _ = small
+    quiet = subprocess.run([PYTHON, "-c", PROGRESS, path, "auto"], capture_output=True, text=True, timeout=600)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "sluice:" not in quiet.stderr
+    asked = subprocess.run([PYTHON, "-c", PROGRESS, path, "on"], capture_output=True, text=True, timeout=600)
+    assert asked.returncode == 0, asked.stderr
+    assert "sluice:" in asked.stderr and "B/s" in asked.stderr
+    _, term = run_with_stderr_on_a_terminal([PYTHON, "-c", PROGRESS, path, "off"])
+    assert "sluice:" not in term
+
+
 CTRL_C = textwrap.dedent("""
     import os, signal, sys, threading, time
     import sluice
