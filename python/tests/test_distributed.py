@@ -111,3 +111,55 @@ def test_a_rank_that_raises_makes_every_rank_raise_naming_it(ck, tmp_path):
         else:
             assert kind == "DistributedError", (r["rank"], kind, message)
             assert failed == 3 and "rank 3" in message and "boom on rank 3" in message
+
+
+CTRL_C_RANK = r"""
+import os, sys, time
+import sluice
+path, ready = sys.argv[1:3]
+n = 0
+try:
+    with sluice.iter_weights(path, topology="tp1,dp4,ep4", offload="shared-cooperative", staging="64MiB",
+                             timeout=300) as it:
+        for name, t in it:
+            n += 1
+            if n == 3:
+                open(ready, "w").close()
+            time.sleep(0.02)  # a slow consumer: the load outlasts the test's Ctrl-C
+    print("completed", n)
+except KeyboardInterrupt:
+    print("interrupted", n)
+except sluice.DistributedError as e:  # a peer's interrupt reached this rank first
+    print("peer-interrupted", n, "KeyboardInterrupt" in str(e))
+"""
+
+
+def test_ctrl_c_at_the_terminal_stops_every_rank(ck, tmp_path):
+    """Ctrl-C at a terminal reaches every process of the foreground group: each
+    rank raises (KeyboardInterrupt, or the DistributedError naming a peer's),
+    none completes, and every process exits."""
+    import signal
+    import time
+    path, _, digests = ck
+    world, port = 4, free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLUICE_COMM_TIMEOUT_MS="300000")
+        procs.append(subprocess.Popen([PYTHON, "-c", CTRL_C_RANK, path, str(tmp_path / f"ready-{r}")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + 600  # a guard against a hang, not a speed limit
+    while not all((tmp_path / f"ready-{r}").exists() for r in range(world)):
+        assert all(p.poll() is None for p in procs), [p.communicate()[0] for p in procs]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, (r, out)
+        word, n, *rest = out.split("\n")[-2].split()
+        assert word in ("interrupted", "peer-interrupted"), (r, out)
+        assert int(n) < len(digests), (r, out)
+        assert rest in ([], ["True"]), (r, out)
+    assert any(o.split("\n")[-2].startswith("interrupted") for o in outs)
