@@ -6,6 +6,7 @@
 #      among them a one-rank distributed load through the NCCL device lane;
 #      only the no-driver tests skip there, saying a device is present), and
 #      sluice-load --device --digest against the generator's digests;
+#   2b. the Python package's CUDA tests (load_into), where python3 has torch and pytest;
 #   3. bench-gpu: pinned H2D ceiling, storage read (page cache, O_DIRECT),
 #      sluice file -> GPU both ways, every tensor copied back and compared by
 #      SHA-256, peak pinned memory, ratios vs min(storage, H2D).
@@ -109,6 +110,19 @@ else
   echo "FAIL: sluice-load --device (rc $device_rc):"; tail -5 "$OUT/device-load.err"; tests_rc=1
 fi
 rm -rf "$DCK" "$DCK.digests"
+# The Python package's CUDA destinations (load_into), where this machine has
+# pybind11, torch and pytest for its python3: device memory through ctypes, or
+# CUDA torch tensors when its torch has CUDA.
+PY=$(command -v python3)
+if [ -n "$PY" ] && "$PY" -c "import torch, pytest" 2>/dev/null &&
+   cmake --build "$BUILD" --target sluice_python -j "$JOBS" >> "$OUT/build.txt" 2>&1; then
+  stamp "pytest python/tests/test_cuda.py"
+  (cd "$ROOT/python/tests" && SLUICE_BUILD_DIR=$BUILD PYTHONPATH=$BUILD/python "$PY" -m pytest -q -rs -p no:cacheprovider test_cuda.py) \
+    > "$OUT/python-cuda.txt" 2>&1 || { echo "FAIL: python CUDA tests"; tests_rc=1; }
+  tail -5 "$OUT/python-cuda.txt"
+else
+  echo "skipped: the Python package's CUDA tests (no python3 with torch and pytest, or no pybind11)"
+fi
 tail -25 "$OUT/gpu-tests.txt"
 
 # ---- 4. the bench

@@ -242,18 +242,25 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
 
 
 def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto") -> dict:
-    """Reads the named tensors into preallocated CPU tensors (dtype, shape and size
-    checked first); large ones are read straight into place. Returns the load's stats."""
+    """Reads the named tensors into preallocated tensors (dtype, shape and size
+    checked first). CPU tensors: large ones are read straight into place. CUDA
+    tensors (where sluice was built with its cuda component, `sluice.has_cuda`):
+    through pinned staging and asynchronous copies, complete on return, one
+    load per device. Returns the load's stats (summed over devices: a dict per
+    device under "devices" when there are several)."""
     import torch
     if not isinstance(ck, Checkpoint):
         ck = open(ck)
-    dst = []
+    by_device = {}
     for name, t in tensors.items():
         info = ck[name]
         if not isinstance(t, torch.Tensor):
             raise ConfigError(f"load_into: the destination of '{name}' is a {type(t).__name__}, not a torch.Tensor")
-        if t.device.type != "cpu":
-            raise ConfigError(f"load_into: the destination of '{name}' is on {t.device}; this build loads into CPU tensors")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"load_into: the destination of '{name}' is on {t.device}; sluice loads into CPU or CUDA tensors")
+        if t.device.type == "cuda" and not _sluice.has_cuda:
+            raise ConfigError(f"load_into: the destination of '{name}' is on {t.device}; this build of sluice has no "
+                              "cuda component (build it where the CUDA toolkit is found)")
         want = as_torch_dtype(info.dtype)
         if t.dtype != want:
             raise ConfigError(f"load_into: tensor '{name}' is {info.dtype} (torch {want}), the destination is {t.dtype}")
@@ -265,5 +272,23 @@ def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4
         nbytes = t.numel() * t.element_size()
         if nbytes != info.nbytes:
             raise ConfigError(f"load_into: tensor '{name}' has {info.nbytes} bytes, the destination {nbytes}")
-        dst.append((name, t.data_ptr(), nbytes))
-    return _sluice.load_into(ck._core, dst, _options(staging, max_read, queue_depth, threads, io))
+        device = t.device.index if t.device.type == "cuda" else None
+        if device is None and t.device.type == "cuda":
+            device = torch.cuda.current_device()
+        by_device.setdefault(device, []).append((name, t.data_ptr(), nbytes))
+    options = _options(staging, max_read, queue_depth, threads, io)
+    runs = {}
+    for device, dst in by_device.items():
+        if device is None:
+            runs["cpu"] = _sluice.load_into(ck._core, dst, options)
+        else:
+            torch.cuda.synchronize(device)  # the destinations' pending work (their allocation, a zero fill) first
+            runs[f"cuda:{device}"] = _sluice.load_into_cuda(ck._core, dst, device, options)
+    if len(runs) == 1:
+        return next(iter(runs.values()))
+    if not runs:
+        return _sluice.load_into(ck._core, [], options)
+    total = {k: sum(r[k] for r in runs.values()) for k in ("bytes_read", "tensor_bytes", "tensors")
+             if all(k in r for r in runs.values())}
+    total["devices"] = runs
+    return total

@@ -106,4 +106,17 @@ struct distributed_request {
 /// Runs the distributed load of `ck` into `s` (distributed.cpp).
 nlohmann::json run_distributed(const checkpoint& ck, const distributed_request& req, any_sink s, distributed_options opt);
 
+/// A tensor's destination in device memory (a CUDA torch tensor's data_ptr).
+struct device_destination {
+  std::string name;
+  std::uintptr_t address = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// Loads `dst`'s tensors of `ck` into device `device`'s memory at the given
+/// addresses: pinned staging, cuda::device_sink's asynchronous copies, every
+/// copy complete on return (cuda.cpp; only where the cuda component is built,
+/// SLUICE_PY_CUDA).
+load_stats load_into_device(const checkpoint& ck, const std::vector<device_destination>& dst, int device, load_options opt);
+
 }  // namespace sluice_py

@@ -788,6 +788,29 @@ py::object load_into(const py_checkpoint& p, const std::vector<std::tuple<std::s
   return to_py(local_stats(*sub->ck, st, lopt, cpu_seconds() - cpu0));
 }
 
+#if SLUICE_PY_CUDA
+// The same into CUDA tensors of one device: destinations are device addresses.
+py::object load_into_cuda(const py_checkpoint& p, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& dst,
+                          int device, const stream_options& o) {
+  std::set<std::string> names;
+  for (const auto& [name, ptr, size] : dst) names.insert(name);
+  const checkpoint sub = p.ck->select(names);  // config_error names a missing tensor
+  std::vector<device_destination> where;
+  for (const auto& [name, ptr, size] : dst) {
+    const auto* t = sub.find(name);
+    if (t && t->size != size)
+      throw config_error(fmt::format("the destination holds {} bytes, the tensor {}", size, t->size), {file_of(sub, *t), name});
+    where.push_back({name, ptr, size});
+  }
+  auto lopt = make_load_options(o);
+  std::stop_source stop;
+  lopt.stop = stop.get_token();
+  const double cpu0 = cpu_seconds();
+  auto st = run_interruptible(stop, [&] { return load_into_device(sub, where, device, lopt); });
+  return to_py(local_stats(sub, st, lopt, cpu_seconds() - cpu0));
+}
+#endif
+
 // ---- the load contract ------------------------------------------------------------------------
 
 // A Python weight loader as a C++ one. `adapter(name, tensor_tuple_or_tensor,
@@ -1022,6 +1045,12 @@ PYBIND11_MODULE(_sluice, m) {
       .def("slots", &stream::slots);
 
   m.def("load_into", &load_into);
+#if SLUICE_PY_CUDA
+  m.def("load_into_cuda", &load_into_cuda);
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
 
   py::class_<manifest::contract>(m, "Contract")
       .def(py::init<std::string>(), py::arg("layer_pattern") = std::string(manifest::default_layer_pattern))
