@@ -56,8 +56,13 @@ gen::generator_options shape_for(std::uint64_t target) {
   const double b = static_cast<double>(ordinary_bytes(gen::make_layout(o)));
   const double want = 0.6 * static_cast<double>(target);
   const double mi = 1024 + (want - b) / (a - b) * 1024;
-  o.moe_intermediate = std::max<std::uint64_t>(128, static_cast<std::uint64_t>(mi) / 128 * 128);
+  // (a negative width, for a target below the shape's fixed part, is clamped before the cast)
+  o.moe_intermediate = mi < 128 ? 128 : static_cast<std::uint64_t>(mi) / 128 * 128;
   const auto ord = ordinary_bytes(gen::make_layout(o));
+  if (ord > target)
+    throw config_error(fmt::format("--size {:.1f}: DeepSeek-V3's shape needs at least {:.1f} GiB (its attention, dense "
+                                   "layers and embeddings alone, with the narrowest experts)",
+                                   static_cast<double>(target) / gib, static_cast<double>(ord) / gib));
   const double per_row = static_cast<double>(o.engram_dim) + 4.0 * static_cast<double>((o.engram_dim + 127) / 128);
   if (target > ord)
     o.engram_rows = std::max<std::uint64_t>(16, static_cast<std::uint64_t>(static_cast<double>(target - ord) / o.engram_tables / per_row));
