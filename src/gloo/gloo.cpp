@@ -176,21 +176,19 @@ void guarded(Impl& m, std::size_t rank, const char* what, F&& f, HandOver&& hand
 // Gloo's TCP transport writes to its peers with plain writev: once a peer has
 // died, the next write raises SIGPIPE, whose default action kills this rank
 // on the spot instead of letting the collective fail with comm_error (seen:
-// a survivor of the killed-rank test exited by signal 13). The signal is
-// ignored for the process, once, unless the process set its own disposition:
-// a write to a dead peer then fails with EPIPE, which Gloo reports.
+// a survivor of the killed-rank test exited by signal 13). Each communicator
+// made ignores the signal for the process while its disposition is the
+// default (checked every time, not once: a forked child or a process that
+// reset it to the default is covered as well); a process's own handler is
+// kept. A write to a dead peer then fails with EPIPE, which Gloo reports.
 void ignore_sigpipe_unless_handled() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction current {};
-    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
-        !(current.sa_flags & SA_SIGINFO)) {
-      struct sigaction ignore {};
-      ignore.sa_handler = SIG_IGN;
-      ::sigemptyset(&ignore.sa_mask);
-      ::sigaction(SIGPIPE, &ignore, nullptr);
-    }
-  });
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL && !(current.sa_flags & SA_SIGINFO)) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
 }
 }  // namespace
 

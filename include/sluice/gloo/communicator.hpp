@@ -34,9 +34,9 @@ struct gloo_options {
 /// A Gloo full-mesh context among `size` ranks. Move-only.
 ///
 /// SIGPIPE: Gloo writes to its peers with plain writev, so a dead peer would
-/// kill this process with SIGPIPE instead of failing the collective. The
-/// first communicator made sets SIGPIPE to ignored for the process, unless
-/// the process had set its own disposition (a handler, or ignoring it).
+/// kill this process with SIGPIPE instead of failing the collective. Each
+/// communicator made sets SIGPIPE to ignored for the process while its
+/// disposition is the default; a process's own handler is kept.
 class gloo {
  public:
   /// Connects to the other ranks (blocks until all arrive or `timeout`).
