@@ -45,7 +45,7 @@ try:
                     result["wrong"].append([name, kind])
                 if kind == "shared":
                     result["shared_ptrs"][name] = t.data_ptr()
-            if kind == "metadata":
+            if kind == "placeholder":
                 if t.device.type != "meta":
                     result["wrong"].append([name, "placeholder not meta"])
     result["stats"] = it.stats
