@@ -84,6 +84,7 @@ std::optional<std::int64_t> expert_of(const std::string& name) {
 struct engine {
   std::size_t rank = 0;
   std::map<std::string, std::string> weights;
+  std::set<std::string> shared;  ///< tensors applied from a shared view (the node's one copy)
 };
 
 // The engine's loader, bool(view, log): declines the routed experts of the
@@ -95,6 +96,7 @@ struct ep_loader {
     const auto x = expert_of(v.name());
     if (x && static_cast<std::size_t>(*x) * world / experts != e->rank) return false;
     if (v.carries_data()) {
+      if (v.kind == view_kind::shared) e->shared.insert(v.name());
       digest_sink d;
       d.accept(v);
       e->weights[v.name()] = d.digests().at(v.name()).sha256;
@@ -233,8 +235,15 @@ TEST_CASE("8 ranks TP1/DP8/EP8: a contract recorded in the distributed load, the
     reload_session s(contract, ep_loader{&eng}, publish_log{&published},
                      reload_options{[&warnings](const std::string& w) { warnings.push_back(w); }});
     testing::reload_meter meter(s);
+    eng.shared.clear();
     const auto st1 = load_distributed(up, c, plan2, meter, o);
     j["reload"] = reload_report(s, meter, published);
+    // The tables were published as views of the node's segment, not copies.
+    std::set<std::string> tables;
+    for (const auto& e : plan2.entries)
+      if (e.shared()) tables.insert(e.info.name);
+    j["tables"] = names(tables);
+    j["reload"]["shared"] = names(eng.shared);
     j["reload"]["placeholders"] = st1.placeholders;
     j["reload"]["stale"] = stale(eng, up, plan2, 2);
 
@@ -280,6 +289,8 @@ TEST_CASE("8 ranks TP1/DP8/EP8: a contract recorded in the distributed load, the
     CHECK(j["reload"]["placeholders"] == j["initial"]["placeholders"]);
     CHECK(j["reload"]["declined"] == 0);
     CHECK(j["reload"]["stale"].empty());
+    CHECK_FALSE(j["tables"].empty());
+    CHECK(j["reload"]["shared"] == j["tables"]);
     declined += j["whole"]["declined"].get<std::uint64_t>();
   }
   // Offered whole, each rank declined every expert tensor but its own, on arrival.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -671,6 +672,43 @@ TEST_CASE("a tensor whose pieces do not add up to its size is refused at its las
   // The whole tensor afterwards completes the layer.
   s.push(name, format::dtype::U8, {hidden}, src);
   CHECK(o.published == std::vector<std::int64_t>{0});
+}
+
+TEST_CASE("a shared view is kept, not copied, and published as the same shared view", "[manifest][reload][memory]") {
+  // A distributed load's shared table: every local rank gets a view of the
+  // node's one copy. Copying it would make each rank hold its own.
+  engine e;
+  const auto c = initial_load(e);
+  observer o;
+  const std::string name = "model.layers.0.input_layernorm.weight";
+  std::vector<std::pair<view_kind, const std::byte*>> seen;
+  auto loader = [&](tensor_view v, application_log& log) {
+    if (v.name() == name && v.carries_data()) seen.emplace_back(v.kind, v.bytes.data());
+    return e.load(std::move(v), log);
+  };
+  reload_session s(c, loader, publish_hook{&o}, quiet(o));
+  tensor_ref t{name, name, 0, format::dtype::U8, {hidden}, 0, hidden};
+  auto segment = lease::allocate(4 * hidden);  // stands for the node's segment
+  const auto src = bytes_of(name, 1);
+  std::memcpy(segment.bytes().data() + hidden, src.data(), hidden);
+  tensor_view v;
+  v.tensor = &t;
+  v.kind = view_kind::shared;
+  v.host_destined = true;
+  v.bytes = segment.bytes().subspan(hidden, hidden);
+  v.hold = segment;
+  CHECK(s.accept(std::move(v)));
+  CHECK(s.stats().buffered_bytes == 0);  // nothing copied
+  CHECK(s.stats().peak_buffered_bytes == 0);
+  CHECK(o.published.empty());
+  for (const auto& other : c.layer(0)->sources())
+    if (other != name) s.push(other, format::dtype::U8, shape_of(other), bytes_of(other, 1));
+  CHECK(o.published == std::vector<std::int64_t>{0});
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].first == view_kind::shared);
+  CHECK(seen[0].second == segment.bytes().data() + hidden);  // the segment's bytes themselves
+  CHECK(e.buffers.at(name) == src);
+  CHECK(s.stats().buffered_bytes == 0);
 }
 
 TEST_CASE("a TP part is buffered as its part's bytes and published as that part", "[manifest][reload]") {

@@ -5,7 +5,11 @@
 /// A `reload_session` takes an update stream — a checkpoint or a subset of one
 /// loaded through `sluice::load` / `load_async` (the session is a sink), or
 /// tensors the engine pushes — and copies each incoming tensor into memory it
-/// owns (a view's lease is never kept, so staging slots recycle at once). A
+/// owns (a view's lease is never kept, so staging slots and window buffers
+/// recycle at once), except a whole `view_kind::shared` view: the node's one
+/// copy of an offloaded table, which the session keeps as it is (its lease
+/// holds the segment, not a slot) and publishes as a shared view, so the local
+/// ranks do not each copy the node's tables. A
 /// tensor is routed to the layers whose contract keys name it as their source.
 /// When every key of a layer's contract has arrived at least once, the session
 /// *publishes* the layer: it offers the layer's tensors to the engine's loader
@@ -177,6 +181,18 @@ class reload_session {
       b->ref = *v.tensor;
       b->part = v.part;
       b->size = v.part_size();
+      if (v.kind == view_kind::shared && v.whole()) {
+        // why: the node's one copy of an offloaded table, which this load
+        // wrote and the view's lease keeps mapped (never a staging slot):
+        // a copy would make every local rank hold its own until the layer
+        // publishes. The buffer keeps the view; it costs this rank nothing.
+        b->kept_shared = true;
+        b->shared = v.bytes;
+        b->data = std::move(v.hold);
+        b->filled = b->size;
+        complete(pending{std::move(b), std::move(route)});
+        return true;
+      }
       b->data = lease::allocate(static_cast<std::size_t>(b->size));
       stats_.buffered_bytes += b->size;
       stats_.peak_buffered_bytes = std::max(stats_.peak_buffered_bytes, stats_.buffered_bytes);
@@ -343,7 +359,9 @@ class reload_session {
     tensor_ref ref;
     tensor_part part;        ///< a TP part (a distributed load under TP > 1) or the whole tensor
     std::uint64_t size = 0;  ///< bytes expected: the part's
-    lease data;
+    lease data;                          ///< owned bytes, or the shared segment `shared` lies in
+    std::span<const std::byte> shared;   ///< a kept shared view's bytes (nothing buffered)
+    bool kept_shared = false;            ///< `shared` is the tensor (data: its segment), not `data`
     std::uint64_t filled = 0;
     unsigned holders = 0;  ///< layers holding it (bytes are released at 0)
     bool released = false;
@@ -387,7 +405,7 @@ class reload_session {
     if (b->holders > 0) --b->holders;
     if (b->holders == 0 && !b->released) {
       b->released = true;
-      stats_.buffered_bytes -= b->size;
+      if (!b->kept_shared) stats_.buffered_bytes -= b->size;  // a kept shared view buffered nothing
       b->data.reset();
     }
   }
@@ -469,9 +487,11 @@ class reload_session {
     for (auto& e : st.entries) {
       tensor_view v;
       v.tensor = &e->ref;
-      v.bytes = e->data.bytes();
+      const bool shared = e->kept_shared;
+      v.bytes = shared ? e->shared : e->data.bytes();
       v.hold = e->data;
-      v.kind = view_kind::bytes;
+      v.kind = shared ? view_kind::shared : view_kind::bytes;
+      v.host_destined = shared;
       v.part = e->part;
       if (!apply_loader(loader_, std::move(v), applied)) ++stats_.declined;
     }

@@ -16,7 +16,8 @@
 /// view's tensor is made at its first piece, and a layer that this view
 /// completes is published and freed before `accept` returns), the meter takes
 /// the bytes buffered before the call plus the part the view's tensor
-/// occupies, against the share with the view's layers counted and the
+/// occupies (nothing for a whole shared view, which the session keeps
+/// instead of copying), against the share with the view's layers counted and the
 /// publish states from before the call. After the call it checks the bytes
 /// still buffered against the share then. One meter per session and update:
 /// `finish()` ends both.
@@ -50,7 +51,10 @@ class reload_meter {
 
   bool accept(tensor_view v) {
     const bool opens = v.carries_data() && v.first();
-    const std::uint64_t part = opens ? v.part_size() : 0;
+    // The session copies what it buffers, except a whole shared view (the
+    // node's one copy), which it keeps as it is.
+    const bool copies = opens && !(v.kind == view_kind::shared && v.whole());
+    const std::uint64_t part = copies ? v.part_size() : 0;
     if (opens)
       if (auto it = layers_of_.find(v.name()); it != layers_of_.end()) touched_.insert(it->second.begin(), it->second.end());
     const auto share_before = share();
@@ -58,7 +62,7 @@ class reload_meter {
     const bool kept = s_->accept(std::move(v));
     // accept() returns true only for a piece it buffered: a new tensor's
     // buffer was made during the call, at `part` bytes.
-    const auto peak_in_call = buffered_before + (kept && opens ? part : 0);
+    const auto peak_in_call = buffered_before + (kept ? part : 0);
     note(peak_in_call, share_before);
     note(s_->stats().buffered_bytes, share());
     max_share_ = std::max(max_share_, share_before);
