@@ -55,6 +55,10 @@ def test_8_ranks_tp1_dp8_ep8_shared_cooperative(ck, tmp_path):
     for r in res:
         assert "error" not in r, r.get("error")
         assert not r["wrong"], (r["rank"], r["wrong"][:5])
+    # A Recorder around a loader that cannot decline records what the rank was
+    # sent (bytes, shared views), never another rank's placeholder.
+    for r in res:
+        assert r["recorded"] == sorted(n for n, k in r["kinds"].items() if k[0] != "placeholder"), r["rank"]
     # Every rank's loader sees the same call sequence: every tensor, once, in the same order.
     assert all(r["calls"] == res[0]["calls"] for r in res)
     assert sorted(res[0]["calls"]) == sorted(digests)
