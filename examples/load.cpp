@@ -179,7 +179,7 @@ class progress_display {
 // Digests of what this rank holds: placeholders (tensors it does not own) are skipped.
 struct owned_digests {
   digest_sink d;
-  bool accept(tensor_view v) { return v.kind == view_kind::metadata ? false : d.accept(std::move(v)); }
+  bool accept(tensor_view v) { return v.carries_data() ? d.accept(std::move(v)) : false; }
 };
 
 #if SLUICE_HAS_S3
@@ -209,9 +209,9 @@ location where_of(const options& o) {
 struct device_recording {
   static constexpr bool device_views = true;  // forwards them to the device sink
   cuda::device_sink& s;
-  std::map<std::string, tensor_view> owned;  // last view of each tensor this rank holds (metadata: dropped)
+  std::map<std::string, tensor_view> owned;  // last view of each tensor this rank holds (placeholders: dropped)
   bool accept(tensor_view v) {
-    if (v.kind == view_kind::metadata) return false;
+    if (!v.carries_data()) return false;
     tensor_view meta;
     meta.tensor = v.tensor, meta.part = v.part, meta.kind = view_kind::metadata;
     owned[v.name()] = meta;

@@ -61,7 +61,7 @@ class ToyDeepSeek(nn.Module):
         m, q = EXPERT.match(name), QKV.match(name)
         if m and int(m.group(2)) % self.ep_size != self.ep_rank:
             return False
-        if tensor.device.type == "meta":  # a probe or another rank's placeholder: record what would be applied
+        if tensor.device.type == "meta":  # a probe (Recorder never offers another rank's placeholder): record what would be applied
             pass
         if q and q.group(1) + ".qkv_proj.weight" in self.qkv_rows:
             dest = q.group(1) + ".qkv_proj.weight"

@@ -30,7 +30,8 @@
 /// Every rank's sink sees the same sequence of calls (same names, same
 /// order): owners get the bytes (`view_kind::bytes`; under TP > 1 a rank's
 /// part of a split tensor, `tensor_view::part` saying which), non-owners a
-/// `view_kind::metadata` placeholder (unless `placeholders` is off), and every
+/// `view_kind::placeholder` view (unless `placeholders` is off; never a probe's
+/// `metadata` view, so a recorder does not mistake it for an application), and every
 /// local rank a `view_kind::shared` view of a shared table in the segment.
 ///
 /// Where the bytes come from is a parameter: the core driver

@@ -18,15 +18,19 @@ namespace sluice::inline v0 {
 enum class view_kind : std::uint8_t {
   bytes,     ///< `bytes` are the tensor's data, kept alive by `hold`
   placed,    ///< the data was read straight into the sink's destination (`bytes` is it)
-  metadata,  ///< a probe: no data, `bytes` is empty (nothing was read); also the
-             ///< distributed loader's placeholder for a tensor this rank does not own
+  metadata,  ///< a probe: no data, `bytes` is empty (nothing was read); the view
+             ///< stands for a tensor a load *would* deliver, so a recorder records
+             ///< what the loader would apply (probe.hpp)
   shared,    ///< the bytes live in the node's shared host segment (`bytes` maps it, valid
              ///< while `hold` lives; `hold.bytes()` is the whole segment): every local rank
-             ///< gets this view of one copy — a placeholder, not a copy; sinks must not
-             ///< expect to own or free it
+             ///< gets this view of the node's one copy, not a copy of its own; sinks must
+             ///< not expect to own or free it
   device,    ///< `bytes` are in DEVICE memory (a distributed load's device lane; never read
              ///< them on the host): copy them device-to-device (cuda::device_sink does) while
              ///< `hold` lives
+  placeholder,  ///< a distributed load's stand-in for a tensor another rank owns: no
+                ///< data, `bytes` is empty; nothing will be delivered here, so it is
+                ///< never an application (a recorder neither offers nor records it)
 };
 
 /// The tensor-parallel part of a tensor a view carries: under TP > 1 a rank
@@ -71,7 +75,12 @@ struct tensor_view {
   [[nodiscard]] bool first() const noexcept { return offset == 0; }
   /// The last piece of its tensor or part (a whole one is first and last).
   [[nodiscard]] bool last() const noexcept {
-    return kind == view_kind::metadata || offset + bytes.size() == part_size();
+    return !carries_data() || offset + bytes.size() == part_size();
+  }
+  /// False for the views that stand for a tensor without its bytes (a probe's
+  /// metadata view, a distributed placeholder).
+  [[nodiscard]] bool carries_data() const noexcept {
+    return kind != view_kind::metadata && kind != view_kind::placeholder;
   }
   [[nodiscard]] bool whole() const noexcept { return first() && last(); }
 };

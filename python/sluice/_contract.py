@@ -78,6 +78,12 @@ class Recorder:
         self._core = _sluice.RecorderCore(_adapter(loader), layer_pattern)
 
     def __call__(self, name, tensor):
+        # why: a placeholder stands for a tensor another rank owns; nothing is
+        # applied here, so it is never offered to the loader nor recorded (a
+        # loader that cannot decline would otherwise put it in the contract,
+        # and a reload could never meet that key).
+        if getattr(tensor, "sluice_kind", None) == "placeholder":
+            return False
         shape = list(getattr(tensor, "sluice_shape", tensor.shape))
         return self._core.offer(name, sluice_dtype(tensor), shape, tensor.numel() * tensor.element_size(), tensor)
 

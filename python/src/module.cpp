@@ -511,6 +511,7 @@ const char* kind_name(view_kind k) {
     case view_kind::metadata: return "metadata";
     case view_kind::shared: return "shared";
     case view_kind::device: return "device";
+    case view_kind::placeholder: return "placeholder";
   }
   return "?";
 }
@@ -521,7 +522,7 @@ py::tuple view_tuple(tensor_view v, std::shared_ptr<stream_state> state = {}, in
   py::object part = v.is_part() ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count)) : py::none();
   const auto shape = v.part_shape();
   py::object cap = py::none();
-  if (v.kind != view_kind::metadata) cap = make_capsule(v.bytes, std::move(v.hold), v.dtype(), shape, std::move(state), slot);
+  if (v.carries_data()) cap = make_capsule(v.bytes, std::move(v.hold), v.dtype(), shape, std::move(state), slot);
   return py::make_tuple(v.name(), cap, std::string(format::name(v.dtype())), shape, kind_name(v.kind), part,
                         v.tensor->source_name);
 }

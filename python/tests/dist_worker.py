@@ -25,11 +25,13 @@ with open(digests_path) as f:
 result = {"rank": rank, "calls": [], "kinds": {}, "wrong": [], "shared_ptrs": {}, "parts": {}}
 try:
     ck = sluice.open(path)
+    rec = sluice.Recorder(lambda name, t: None)  # a loader that cannot decline
     with sluice.iter_weights(ck, topology=topology, offload=offload, staging="64MiB", timeout=300) as it:
         for name, t in it:
             if rank == fail_rank and len(result["calls"]) == 5:
                 raise ValueError(f"boom on rank {rank}")
             result["calls"].append(name)
+            rec(name, t)
             kind = t.sluice_kind
             result["kinds"][name] = [kind, t.device.type, str(t.dtype), list(t.shape), getattr(t, "sluice_part", None)]
             info = ck[name]
@@ -45,10 +47,11 @@ try:
                     result["wrong"].append([name, kind])
                 if kind == "shared":
                     result["shared_ptrs"][name] = t.data_ptr()
-            if kind == "metadata":
+            if kind == "placeholder":
                 if t.device.type != "meta":
                     result["wrong"].append([name, "placeholder not meta"])
     result["stats"] = it.stats
+    result["recorded"] = sorted({a[0] for a in rec.applications()})
 except BaseException as e:  # noqa: B902  (reported to the test)
     result["error"] = [type(e).__name__, str(e), getattr(e, "failed_rank", None)]
 with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:

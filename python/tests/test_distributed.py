@@ -55,6 +55,10 @@ def test_8_ranks_tp1_dp8_ep8_shared_cooperative(ck, tmp_path):
     for r in res:
         assert "error" not in r, r.get("error")
         assert not r["wrong"], (r["rank"], r["wrong"][:5])
+    # A Recorder around a loader that cannot decline records what the rank was
+    # sent (bytes, shared views), never another rank's placeholder.
+    for r in res:
+        assert r["recorded"] == sorted(n for n, k in r["kinds"].items() if k[0] != "placeholder"), r["rank"]
     # Every rank's loader sees the same call sequence: every tensor, once, in the same order.
     assert all(r["calls"] == res[0]["calls"] for r in res)
     assert sorted(res[0]["calls"]) == sorted(digests)
@@ -62,7 +66,7 @@ def test_8_ranks_tp1_dp8_ep8_shared_cooperative(ck, tmp_path):
     for name in digests:
         kinds = [r["kinds"][name][0] for r in res]
         if expert.search(name):  # a routed expert: one owner (EP 8), placeholders elsewhere
-            assert kinds.count("bytes") == 1 and kinds.count("metadata") == WORLD - 1, (name, kinds)
+            assert kinds.count("bytes") == 1 and kinds.count("placeholder") == WORLD - 1, (name, kinds)
             assert all(r["kinds"][name][1] == ("cpu" if k == "bytes" else "meta") for r, k in zip(res, kinds))
         elif ".engram." in name and (name.endswith(".table") or name.endswith(".scale")):
             assert kinds == ["shared"] * WORLD, (name, kinds)  # CPU views of the node's one copy

@@ -181,7 +181,7 @@ struct device_sink::impl {
 
   bool accept(tensor_view v) {
     rethrow_failure();
-    if (v.kind == view_kind::metadata) return true;
+    if (!v.carries_data()) return true;
     if (host_resident(v)) return accept_on_host(std::move(v));
     const tensor_ref& t = *v.tensor;
     bind();

@@ -20,7 +20,7 @@ struct recording_sink {
   bool accept(sluice::tensor_view v) {
     calls.push_back(std::string(v.name()));
     if (sluice::host_resident(v)) host.push_back(std::string(v.name()));
-    if (v.kind == sluice::view_kind::metadata) return true;
+    if (!v.carries_data()) return true;
     if (v.kind == sluice::view_kind::device) device.push_back(std::string(v.name())), v.kind = sluice::view_kind::bytes;
     return digests.accept(std::move(v));
   }

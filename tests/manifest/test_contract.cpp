@@ -94,6 +94,24 @@ TEST_CASE("a declined tensor is not recorded and an accepted one is recorded aft
   CHECK(rec.applications()[0] == application_key{"a.weight", "a.weight.dst", {}});
 }
 
+TEST_CASE("a distributed placeholder never enters a contract; a probe view does", "[manifest][contract]") {
+  tensor_ref a{"model.layers.0.a.weight", "a", 0, format::dtype::U8, {4}, 0, 4};
+  int calls = 0;
+  recorder rec([&calls](tensor_view) { ++calls; });  // cannot decline
+  STATIC_REQUIRE_FALSE(decltype(rec)::can_decline);
+  tensor_view placeholder = view_of(a);
+  placeholder.kind = view_kind::placeholder;  // another rank owns it
+  CHECK_FALSE(placeholder.carries_data());
+  CHECK(placeholder.last());
+  CHECK_FALSE(rec.accept(std::move(placeholder)));
+  CHECK(calls == 0);  // not even offered: nothing is applied on this rank
+  CHECK(rec.applications().empty());
+  CHECK(rec.freeze().empty());
+  CHECK(rec.accept(view_of(a)));  // a probe: what a load would apply
+  CHECK(calls == 1);
+  CHECK(rec.freeze().size() == 1);
+}
+
 TEST_CASE("a loader that throws records nothing", "[manifest][contract]") {
   tensor_ref a{"a", "a", 0, format::dtype::U8, {1}, 0, 1};
   recorder rec([](tensor_view v, application_log& log) {

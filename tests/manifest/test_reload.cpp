@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -20,6 +21,7 @@
 #include <sluice/load_file.hpp>
 #include <sluice/manifest/contract.hpp>
 #include <sluice/manifest/reload.hpp>
+#include <sluice/testing/reload_meter.hpp>
 
 #include "model_fixture.hpp"
 
@@ -310,6 +312,41 @@ TEST_CASE("peak buffered memory is bounded by the layers still incomplete", "[ma
     if (l != non_layer) largest_layer = std::max(largest_layer, lc.bytes);
   CHECK(s2.stats().peak_buffered_bytes <= embed + largest_layer + ck.find("model.norm.weight")->size);
   CHECK(s2.stats().peak_buffered_bytes < ck.tensor_bytes() / 2);
+}
+
+TEST_CASE("an EP rank offered every expert buffers none it declines: within its share of the incomplete layers",
+          "[manifest][reload][memory]") {
+  // EP rank 1 of 4 keeps one expert of four per layer. The update offers
+  // every expert (a whole checkpoint read by this rank, as an RL trainer
+  // would send it); the three others must be declined as they arrive, never
+  // buffered until their layer publishes.
+  engine e;
+  e.ep_rank = 1;
+  e.ep_size = 4;
+  const auto c = initial_load(e);
+  temp_dir dir;
+  write_model(dir.path(), 1);
+  const auto ck = checkpoint::open(dir.path());
+  observer o;
+  reload_session s(c, engine_loader{&e}, publish_hook{&o}, quiet(o));
+  testing::reload_meter meter(s);
+  load_options opt;
+  opt.max_read = 16;  // pieces: the buffer of a tensor is made at its first
+  opt.staging_budget = 4 * slot_size_for(16);
+  (void)load(ck, meter, opt);
+  CHECK(o.published.size() == n_layers + 1);
+  CHECK(o.warnings.empty());  // declined as in the initial load: silently
+  CHECK(s.stats().declined == n_layers * (n_experts - 1));
+  CHECK(s.stats().buffered_bytes == 0);
+  INFO("peak " << s.stats().peak_buffered_bytes << ", share at peak " << meter.share_at_peak() << ", excess "
+               << meter.max_excess() << ", contract " << c.bytes());
+  CHECK(meter.max_excess() == 0);
+  CHECK(meter.seen_peak() == s.stats().peak_buffered_bytes);  // the meter saw the session's peak
+  CHECK(s.stats().peak_buffered_bytes <= meter.share_at_peak());
+  // The non-owned experts were never copied: the new bytes reached only the owned one.
+  const auto& w1 = e.buffers.at("model.layers.2.mlp.experts.w1");
+  CHECK(w1[1 * hidden * hidden + 7] == pattern("model.layers.2.mlp.experts.1.w1.weight", 7, 1));
+  CHECK(w1[2 * hidden * hidden + 7] == std::byte{0});
 }
 
 TEST_CASE("a loader returning void that is offered an out-of-contract application errors before writing",
@@ -635,6 +672,43 @@ TEST_CASE("a tensor whose pieces do not add up to its size is refused at its las
   // The whole tensor afterwards completes the layer.
   s.push(name, format::dtype::U8, {hidden}, src);
   CHECK(o.published == std::vector<std::int64_t>{0});
+}
+
+TEST_CASE("a shared view is kept, not copied, and published as the same shared view", "[manifest][reload][memory]") {
+  // A distributed load's shared table: every local rank gets a view of the
+  // node's one copy. Copying it would make each rank hold its own.
+  engine e;
+  const auto c = initial_load(e);
+  observer o;
+  const std::string name = "model.layers.0.input_layernorm.weight";
+  std::vector<std::pair<view_kind, const std::byte*>> seen;
+  auto loader = [&](tensor_view v, application_log& log) {
+    if (v.name() == name && v.carries_data()) seen.emplace_back(v.kind, v.bytes.data());
+    return e.load(std::move(v), log);
+  };
+  reload_session s(c, loader, publish_hook{&o}, quiet(o));
+  tensor_ref t{name, name, 0, format::dtype::U8, {hidden}, 0, hidden};
+  auto segment = lease::allocate(4 * hidden);  // stands for the node's segment
+  const auto src = bytes_of(name, 1);
+  std::memcpy(segment.bytes().data() + hidden, src.data(), hidden);
+  tensor_view v;
+  v.tensor = &t;
+  v.kind = view_kind::shared;
+  v.host_destined = true;
+  v.bytes = segment.bytes().subspan(hidden, hidden);
+  v.hold = segment;
+  CHECK(s.accept(std::move(v)));
+  CHECK(s.stats().buffered_bytes == 0);  // nothing copied
+  CHECK(s.stats().peak_buffered_bytes == 0);
+  CHECK(o.published.empty());
+  for (const auto& other : c.layer(0)->sources())
+    if (other != name) s.push(other, format::dtype::U8, shape_of(other), bytes_of(other, 1));
+  CHECK(o.published == std::vector<std::int64_t>{0});
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].first == view_kind::shared);
+  CHECK(seen[0].second == segment.bytes().data() + hidden);  // the segment's bytes themselves
+  CHECK(e.buffers.at(name) == src);
+  CHECK(s.stats().buffered_bytes == 0);
 }
 
 TEST_CASE("a TP part is buffered as its part's bytes and published as that part", "[manifest][reload]") {

@@ -5,7 +5,7 @@
 /// order, the same calls on every rank — owners get their bytes
 /// (`view_kind::bytes`, or `view_kind::device` with a device lane; under
 /// TP > 1 their part, `tensor_view::part` saying which), non-owners a
-/// `view_kind::metadata` placeholder (unless `placeholders` is off), every
+/// `view_kind::placeholder` view (unless `placeholders` is off), every
 /// local rank a `view_kind::shared` view of a shared table. Then it releases
 /// the window and gives its credit back. A sink that throws does not stop
 /// the stage: the failure is recorded and reported to the peers by the next
@@ -79,7 +79,7 @@ class deliver_window : public pipeable {
           st.owned += 1;
           st.device_views += dev ? 1 : 0;
         } else if (c.opt.placeholders) {
-          v.kind = view_kind::metadata;
+          v.kind = view_kind::placeholder;
           st.placeholders += 1;
         } else {
           continue;

@@ -35,7 +35,7 @@ struct distributed_options {
   load_options load;                 ///< per-rank pipeline knobs (staging budget, max_read, queue depth, io, stop)
   policy::plan_options plan;         ///< window size, local size, split threshold
   policy::classify_options classify = policy::classifier::deepseek().options();  ///< tensor classes
-  bool placeholders = true;          ///< call the sink with a metadata view for tensors this rank does not own
+  bool placeholders = true;          ///< call the sink with a view_kind::placeholder view for tensors this rank does not own
   /// Whether window w+1 is read while window w's collective runs. Both use CPU
   /// (page-cache copies; TCP copies on loopback or a NIC without offload), so
   /// overlapping pays only when each local rank has cores to spare:
@@ -66,7 +66,7 @@ struct distributed_stats {
   std::uint64_t tensors = 0;              ///< sink calls (placeholders included)
   std::uint64_t accepted = 0;             ///< calls the sink accepted
   std::uint64_t owned = 0;                ///< tensors this rank owns
-  std::uint64_t placeholders = 0;         ///< metadata placeholders delivered
+  std::uint64_t placeholders = 0;         ///< placeholder views delivered
   std::uint64_t shared_views = 0;         ///< shared-segment views delivered
   std::uint64_t bytes_read = 0;           ///< tensor bytes this rank read from storage
   std::uint64_t storage_bytes = 0;        ///< bytes the source delivered (incl. O_DIRECT alignment)

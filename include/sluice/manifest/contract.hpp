@@ -20,7 +20,13 @@
 /// `R` is `bool` (the loader can decline: `false` records nothing) or `void`
 /// (it cannot decline). A probe hands the loader metadata-only views
 /// (`view.kind == view_kind::metadata`, empty bytes): the loader records what it
-/// would apply and writes nothing.
+/// would apply and writes nothing. A distributed load's placeholder
+/// (`view_kind::placeholder`: a tensor another rank owns) is not a probe view:
+/// nothing is applied on this rank, so the recorder neither offers it to the
+/// loader nor records it, whatever the loader's signature: were it recorded, a
+/// loader that cannot decline would put every other rank's tensor in this
+/// rank's contract, and no reload could meet those keys (the rank is never
+/// sent their bytes).
 
 #include <algorithm>
 #include <compare>
@@ -363,8 +369,10 @@ class recorder {
 
   explicit recorder(F loader, recorder_options opt = {}) : loader_(std::move(loader)), grouping_(std::move(opt.layer_pattern)) {}
 
-  /// Offers `v` to the loader; records its applications if it accepted.
+  /// Offers `v` to the loader; records its applications if it accepted. A
+  /// placeholder is neither offered nor recorded (returns false).
   bool accept(tensor_view v) {
+    if (v.kind == view_kind::placeholder) return false;
     const std::uint64_t size = v.tensor_size();
     const auto before = applied_.size();
     const bool accepted = apply_loader(loader_, std::move(v), applied_);

@@ -5,20 +5,31 @@
 /// A `reload_session` takes an update stream — a checkpoint or a subset of one
 /// loaded through `sluice::load` / `load_async` (the session is a sink), or
 /// tensors the engine pushes — and copies each incoming tensor into memory it
-/// owns (a view's lease is never kept, so staging slots recycle at once). A
+/// owns (a view's lease is never kept, so staging slots and window buffers
+/// recycle at once), except a whole `view_kind::shared` view: the node's one
+/// copy of an offloaded table, which the session keeps as it is (its lease
+/// holds the segment, not a slot) and publishes as a shared view, so the local
+/// ranks do not each copy the node's tables. A
 /// tensor is routed to the layers whose contract keys name it as their source.
 /// When every key of a layer's contract has arrived at least once, the session
 /// *publishes* the layer: it offers the layer's tensors to the engine's loader
 /// (the same signature as during the initial load), calls the engine's publish
 /// hook, and frees the layer's buffers. Buffered memory is therefore bounded by
-/// the layers still incomplete, not by the model.
+/// this rank's share of the layers still incomplete: the contract's bytes of
+/// the layers that received a tensor and are not yet published (plus extras
+/// the loader accepts), not by the model, and not by what the update offers.
 ///
 /// Extras never block a layer and are absorbed, each with a warning naming it:
 /// a tensor arriving twice, an application the loader makes outside the
 /// contract. A tensor no key names is offered to a loader that can decline
-/// with its layer's tensors (declining it is silent: an expert-parallel rank
-/// declines the experts it does not own, as in the initial load; accepting it
-/// is an extra application, warned).
+/// when its first piece arrives, as a probe view (`view_kind::metadata`, no
+/// bytes): declined, it is dropped silently and nothing of it is buffered (an
+/// expert-parallel rank offered every expert declines the ones it does not
+/// own, as in the initial load; buffering them until their layer publishes
+/// would hold about EP times the rank's share); accepted, it is buffered and
+/// offered again with its bytes beside its layer's tensors (an extra
+/// application, warned). Distributed placeholders (`view_kind::placeholder`)
+/// and probe views carry no bytes and are never buffered.
 ///
 /// A tensor outside the contract offered to a loader that cannot decline
 /// (returns void) is a contract_error, checked at two points:
@@ -104,7 +115,7 @@ struct reload_stats {
   std::uint64_t tensors = 0;              ///< complete tensors received
   std::uint64_t layers_published = 0;
   std::uint64_t extras = 0;               ///< extras absorbed (each warned)
-  std::uint64_t declined = 0;             ///< offers the loader declined
+  std::uint64_t declined = 0;             ///< offers the loader declined (extras on arrival, before buffering)
   std::uint64_t buffered_bytes = 0;       ///< bytes buffered now
   std::uint64_t peak_buffered_bytes = 0;  ///< the most bytes buffered at once
 };
@@ -145,8 +156,9 @@ class reload_session {
   reload_session& operator=(const reload_session&) = delete;
 
   /// Sink: copies the view's bytes (a whole tensor or an ordered piece) and
-  /// publishes every layer this completes. Returns false for a dropped extra
-  /// and for metadata views (nothing to buffer). Throws contract_error for a
+  /// publishes every layer this completes. Returns false for an extra the
+  /// loader declined or that was dropped, and for views without bytes (a
+  /// probe's, a placeholder: nothing to buffer). Throws contract_error for a
   /// tensor outside the contract when the loader cannot decline (on its first
   /// piece), for a piece that overruns its tensor, for a tensor whose pieces do
   /// not add up to its size at its last piece, and for a layer the loader did
@@ -155,7 +167,7 @@ class reload_session {
   bool accept(tensor_view v) {
     require_host_view(v, "reload session");
     received_ = true;  // the update is not empty, whatever becomes of this view
-    if (v.kind == view_kind::metadata) return false;
+    if (!v.carries_data()) return false;
     const std::string& name = v.name();
     if (v.first()) {
       if (auto it = partial_.find(name); it != partial_.end()) {
@@ -163,12 +175,24 @@ class reload_session {
         release(it->second.buf);
         partial_.erase(it);
       }
-      auto route = route_of(name);  // throws for a void loader and a tensor outside the contract
+      auto route = route_of(v);  // throws for a void loader and a tensor outside the contract
       if (route.layers.empty()) return false;
       auto b = std::make_shared<buffer>();
       b->ref = *v.tensor;
       b->part = v.part;
       b->size = v.part_size();
+      if (v.kind == view_kind::shared && v.whole()) {
+        // why: the node's one copy of an offloaded table, which this load
+        // wrote and the view's lease keeps mapped (never a staging slot):
+        // a copy would make every local rank hold its own until the layer
+        // publishes. The buffer keeps the view; it costs this rank nothing.
+        b->kept_shared = true;
+        b->shared = v.bytes;
+        b->data = std::move(v.hold);
+        b->filled = b->size;
+        complete(pending{std::move(b), std::move(route)});
+        return true;
+      }
       b->data = lease::allocate(static_cast<std::size_t>(b->size));
       stats_.buffered_bytes += b->size;
       stats_.peak_buffered_bytes = std::max(stats_.peak_buffered_bytes, stats_.buffered_bytes);
@@ -335,7 +359,9 @@ class reload_session {
     tensor_ref ref;
     tensor_part part;        ///< a TP part (a distributed load under TP > 1) or the whole tensor
     std::uint64_t size = 0;  ///< bytes expected: the part's
-    lease data;
+    lease data;                          ///< owned bytes, or the shared segment `shared` lies in
+    std::span<const std::byte> shared;   ///< a kept shared view's bytes (nothing buffered)
+    bool kept_shared = false;            ///< `shared` is the tensor (data: its segment), not `data`
     std::uint64_t filled = 0;
     unsigned holders = 0;  ///< layers holding it (bytes are released at 0)
     bool released = false;
@@ -379,12 +405,13 @@ class reload_session {
     if (b->holders > 0) --b->holders;
     if (b->holders == 0 && !b->released) {
       b->released = true;
-      stats_.buffered_bytes -= b->size;
+      if (!b->kept_shared) stats_.buffered_bytes -= b->size;  // a kept shared view buffered nothing
       b->data.reset();
     }
   }
 
-  route route_of(const std::string& name) {
+  route route_of(const tensor_view& v) {
+    const std::string& name = v.name();
     if (auto it = routes_.find(name); it != routes_.end()) return {it->second, false};
     if constexpr (!can_decline) {
       // why: one tensor at a time (push, or a plain load() into the session);
@@ -395,6 +422,20 @@ class reload_session {
                                        name),
                            {"", name});
     } else {
+      // why: decided now, before a byte is buffered (see the file comment):
+      // what the loader would decline never costs memory. The probe's
+      // applications are not kept; an accepted extra is offered again, with
+      // its bytes, when its layer publishes.
+      tensor_view probe;
+      probe.tensor = v.tensor;
+      probe.part = v.part;
+      probe.host_destined = v.host_destined;
+      probe.kind = view_kind::metadata;
+      std::vector<application_key> would_apply;
+      if (!apply_loader(loader_, std::move(probe), would_apply)) {
+        ++stats_.declined;
+        return {};
+      }
       const auto l = grouping_.layer_of(name);
       auto it = layers_.find(l);
       if (it == layers_.end() || it->second.published) {
@@ -446,9 +487,11 @@ class reload_session {
     for (auto& e : st.entries) {
       tensor_view v;
       v.tensor = &e->ref;
-      v.bytes = e->data.bytes();
+      const bool shared = e->kept_shared;
+      v.bytes = shared ? e->shared : e->data.bytes();
       v.hold = e->data;
-      v.kind = view_kind::bytes;
+      v.kind = shared ? view_kind::shared : view_kind::bytes;
+      v.host_destined = shared;
       v.part = e->part;
       if (!apply_loader(loader_, std::move(v), applied)) ++stats_.declined;
     }

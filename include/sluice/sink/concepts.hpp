@@ -3,8 +3,9 @@
 /// Sinks: where the place stage puts tensors.
 ///
 /// A sink's `accept(view)` takes a view (a whole tensor, an ordered piece, a
-/// direct-placed tensor or a metadata-only probe view) and returns false when
-/// it declines the tensor. It may keep the view (and so its lease) as long as
+/// direct-placed tensor, a metadata-only probe view or a distributed
+/// placeholder: `tensor_view::carries_data()` is false for the last two) and
+/// returns false when it declines the tensor. It may keep the view (and so its lease) as long as
 /// it needs the bytes; the slot is reused only after the last lease is gone.
 /// Optional members:
 /// - `std::span<std::byte> direct_destination(const tensor_ref&)`: a non-empty

@@ -39,7 +39,7 @@ class host_sink {
 
   bool accept(tensor_view v) {
     require_host_view(v, "host_sink");
-    if (v.kind == view_kind::metadata) return true;
+    if (!v.carries_data()) return true;
     if (v.kind == view_kind::bytes) {
       auto dst = destination(*v.tensor);
       if (!dst.data() && v.tensor->size) return false;  // neither given nor allocated: declined
