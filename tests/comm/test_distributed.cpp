@@ -983,6 +983,27 @@ TEST_CASE("4 ranks open a checkpoint collectively: rank 0 alone reads the header
   REQUIRE(opened == single.header_bytes_read());  // one rank's worth over the world
 }
 
+TEST_CASE("a rank whose selection needs shards rank 0 did not open reads their headers itself", "[comm][distributed][open]") {
+  const auto full = checkpoint::open(checkpoint_dir());
+  open_options layer0;
+  layer0.select = [](std::string_view n) { return n.starts_with("model.layers.0."); };
+  const auto part = checkpoint::open(checkpoint_dir(), layer0);
+  REQUIRE(part.shards().size() < full.shards().size());
+  const auto results = run_collective(2, [&](std::size_t rank, comm::gloo& c) {
+    const auto ck = checkpoint::open(checkpoint_dir(), c, rank == 0 ? layer0 : open_options{});
+    return nlohmann::json{{"layout", layout_of(ck)}, {"header_bytes_read", ck.header_bytes_read()}};
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << results[r].dump().substr(0, 1500));
+    REQUIRE_FALSE(results[r].contains("error"));
+  }
+  REQUIRE(results[0]["layout"] == layout_of(part));
+  REQUIRE(results[0]["header_bytes_read"].get<std::uint64_t>() == part.header_bytes_read());
+  REQUIRE(results[1]["layout"] == layout_of(full));
+  // The index and rank 0's headers came from rank 0; the rest it read.
+  REQUIRE(results[1]["header_bytes_read"].get<std::uint64_t>() == full.header_bytes_read() - part.header_bytes_read());
+}
+
 TEST_CASE("load_distributed from a path: the bytes read to open, summed over 4 ranks, are one rank's worth",
           "[comm][distributed][open]") {
   const auto single = checkpoint::open(checkpoint_dir());
