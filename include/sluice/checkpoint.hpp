@@ -99,8 +99,7 @@ class checkpoint {
   [[nodiscard]] static checkpoint open(const sluice::location& where, const open_options& opt = {});
 
   /// Opens the checkpoint at `where` once for every rank of `c` (a
-  /// collective: every rank calls it, with the same options, and each with
-  /// its own location of the same files). Rank 0 of `c` alone reads the
+  /// collective: every rank calls it, with the same options). Rank 0 of `c` alone reads the
   /// index, the listing and the shard headers from storage, recording every
   /// answer its catalog gave (bytes, sizes, ETags, existence); one broadcast
   /// shares the record, and every other rank opens by replaying it through
@@ -109,6 +108,8 @@ class checkpoint {
   /// rank). A failure of rank 0's storage itself (an S3 error, an unreadable
   /// file) makes the others throw distributed_error naming rank 0 and its
   /// error; rank 0 throws its own. No rank waits on another that failed.
+  /// A rank whose location is not rank 0's (its catalog's location differs:
+  /// a prefix or directory of its own) opens it itself, as `open(where, opt)`.
   ///
   /// Each rank keeps its own catalog for the data paths, pinned to what rank
   /// 0 saw (catalog::adopt: on S3 the ETags, so no HEAD; in a directory its

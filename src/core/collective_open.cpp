@@ -256,6 +256,12 @@ struct file_facts {
   std::optional<std::string> etag;
 };
 
+// Where a rank opens: its catalog's location, and the file for a single one.
+// Ranks share rank 0's record only where this is the same.
+std::string opened_location(const catalog& cat, const std::optional<std::string>& file) {
+  return file ? cat.location() + "\n" + *file : cat.location();
+}
+
 std::string what_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -268,14 +274,16 @@ std::string what_of(const std::exception_ptr& e) {
 
 }  // namespace
 
-// The record: magic, rank 0's failure (flag, message), the calls, the facts
-// of every opened shard.
+// The record: magic, rank 0's failure (flag, message), where it opened, the
+// calls, the facts of every opened shard.
 std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, const open_options& opt,
                                                  std::optional<checkpoint>& out, std::exception_ptr& failure) {
   std::unique_ptr<recording_catalog> rec;
   std::vector<file_facts> facts;
+  std::string opened_at = where.uri();
   try {
     auto [cat, file] = resolve(where, opt);
+    opened_at = opened_location(*cat, file);
     rec = std::make_unique<recording_catalog>(*cat);
     const auto before = cat->bytes_read();
     // The recording catalog stands in only while opening: not owned by the checkpoint.
@@ -294,6 +302,7 @@ std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, 
   w.u64(record_magic);
   w.u8(failure ? 1 : 0);
   w.str(failure ? what_of(failure) : std::string());
+  w.str(opened_at);
   const auto& calls = rec ? rec->calls() : std::map<call_key, answer>{};
   w.u64(calls.size());
   for (const auto& [k, a] : calls) {
@@ -323,6 +332,7 @@ checkpoint checkpoint::open_replayed(const sluice::location& where, const open_o
   const bool failed = r.u8() != 0;
   auto message = r.str();
   if (failed) leader_failure = std::move(message);
+  const auto leader_location = r.str();
   std::map<call_key, answer> calls;
   for (auto n = r.u64(); n > 0; --n) {
     call_key k;
@@ -351,6 +361,13 @@ checkpoint checkpoint::open_replayed(const sluice::location& where, const open_o
   // Rank 0's failure, reproduced where it was a format or index rule (the
   // same bytes parse the same way), else named.
   auto [cat, file] = resolve(where, opt);
+  if (opened_location(*cat, file) != leader_location) {
+    // Another location than rank 0's (a prefix or directory of its own): its
+    // own metadata, read by itself. Rank 0's failure still fails it.
+    if (leader_failure)
+      throw distributed_error(fmt::format("rank {} failed while opening the checkpoint: {}", leader, *leader_failure), leader);
+    return file ? open_file(std::move(cat), *file, where.path().string(), opt) : open(std::move(cat), opt);
+  }
   replaying_catalog replay(*cat, calls, leader_failure, leader);
   const auto before = cat->bytes_read();
   std::shared_ptr<catalog> through(std::shared_ptr<void>(), &replay);

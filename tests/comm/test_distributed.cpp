@@ -983,6 +983,22 @@ TEST_CASE("4 ranks open a checkpoint collectively: rank 0 alone reads the header
   REQUIRE(opened == single.header_bytes_read());  // one rank's worth over the world
 }
 
+TEST_CASE("a directory adopting another rank's view of a shard checks its own file's size", "[comm][distributed][open]") {
+  const auto ck = checkpoint::open(checkpoint_dir());
+  const auto& sh = ck.shards().front();
+  const auto size = fs::file_size(checkpoint_dir() / sh.name);
+  directory_catalog cat(checkpoint_dir());
+  REQUIRE_NOTHROW(cat.adopt(sh.name, size, std::nullopt));
+  try {
+    cat.adopt(sh.name, size + 1, std::nullopt);
+    FAIL("a differing size was adopted");
+  } catch (const format_error& e) {
+    REQUIRE(e.rule() == "stale-shard");
+    REQUIRE_THAT(e.what(), Catch::Contains(sh.name));
+  }
+  REQUIRE(cat.bytes_read() == 0);  // a stat, no read
+}
+
 TEST_CASE("a rank whose selection needs shards rank 0 did not open reads their headers itself", "[comm][distributed][open]") {
   const auto full = checkpoint::open(checkpoint_dir());
   open_options layer0;
