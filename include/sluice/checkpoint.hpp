@@ -5,13 +5,16 @@
 /// header); selection and renaming never reorder tensors.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -20,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include <sluice/comm/concepts.hpp>
 #include <sluice/error.hpp>
 #include <sluice/format/index.hpp>
 #include <sluice/format/safetensors.hpp>
@@ -94,6 +98,28 @@ class checkpoint {
   /// registered scheme ("s3://bucket/prefix/", see location.hpp).
   [[nodiscard]] static checkpoint open(const sluice::location& where, const open_options& opt = {});
 
+  /// Opens the checkpoint at `where` once for every rank of `c` (a
+  /// collective: every rank calls it, with the same options). Rank 0 of `c` alone reads the
+  /// index, the listing and the shard headers from storage, recording every
+  /// answer its catalog gave (bytes, sizes, ETags, existence); one broadcast
+  /// shares the record, and every other rank opens by replaying it through
+  /// the same parsing and validation as `open(where, opt)`, so it throws the
+  /// same typed errors (a corrupt header is the same format_error on every
+  /// rank). A failure of rank 0's storage itself (an S3 error, an unreadable
+  /// file) makes the others throw distributed_error naming rank 0 and its
+  /// error; rank 0 throws its own. No rank waits on another that failed.
+  /// A rank whose location is not rank 0's (its catalog's location differs:
+  /// a prefix or directory of its own) opens it itself, as `open(where, opt)`.
+  ///
+  /// Each rank keeps its own catalog for the data paths, pinned to what rank
+  /// 0 saw (catalog::adopt: on S3 the ETags, so no HEAD; in a directory its
+  /// own files' sizes are checked). header_bytes_read() is what this rank read
+  /// from storage: everything on rank 0, nothing on the others unless their
+  /// options asked for more than rank 0's did (they read that themselves).
+  /// A world of one rank is `open(where, opt)`.
+  template <comm::communicator Comm>
+  [[nodiscard]] static checkpoint open(const sluice::location& where, Comm& c, const open_options& opt = {});
+
   /// Reads and validates one shard's header through a catalog: the 8-byte
   /// length, then exactly the JSON (catalogs with costly round trips serve both
   /// from one speculative read).
@@ -137,6 +163,19 @@ class checkpoint {
   static void check_listed(catalog& cat, const format::index& ix, const std::vector<std::string>& shards,
                            const open_options& opt);
   void check_unique_names();
+  // The local catalog of `where` and, for a single .safetensors file, its name.
+  static std::pair<std::shared_ptr<catalog>, std::optional<std::string>> resolve(const sluice::location& where,
+                                                                                 const open_options& opt);
+  static checkpoint open_file(std::shared_ptr<catalog> cat, const std::string& name, std::string location,
+                              const open_options& opt);
+  // The two sides of the collective open (src/core/collective_open.cpp): rank
+  // 0 opens through a recording catalog and returns the serialised record
+  // (its failure included, when `out` stays empty); the others open by
+  // replaying it.
+  static std::vector<std::byte> open_recorded(const sluice::location& where, const open_options& opt,
+                                              std::optional<checkpoint>& out, std::exception_ptr& failure);
+  static checkpoint open_replayed(const sluice::location& where, const open_options& opt,
+                                  std::span<const std::byte> record, std::size_t leader);
 
   std::string location_;
   std::vector<shard> shards_;
@@ -145,5 +184,28 @@ class checkpoint {
   std::uint64_t header_bytes_read_ = 0;
   std::shared_ptr<catalog> storage_;
 };
+
+template <comm::communicator Comm>
+checkpoint checkpoint::open(const sluice::location& where, Comm& c, const open_options& opt) {
+  if (c.size() <= 1) return open(where, opt);
+  constexpr std::size_t leader = 0;
+  // Two broadcasts: the record's size, then the record (equal sizes on every rank).
+  std::uint64_t size = 0;
+  auto size_bytes = std::as_writable_bytes(std::span(&size, 1));
+  if (c.rank() == leader) {
+    std::optional<checkpoint> ck;
+    std::exception_ptr failure;
+    auto record = open_recorded(where, opt, ck, failure);
+    size = record.size();
+    c.broadcast(size_bytes, leader);
+    c.broadcast(record, leader);
+    if (failure) std::rethrow_exception(failure);
+    return std::move(*ck);
+  }
+  c.broadcast(size_bytes, leader);
+  std::vector<std::byte> record(size);
+  c.broadcast(record, leader);
+  return open_replayed(where, opt, record, leader);
+}
 
 }  // namespace sluice::inline v0

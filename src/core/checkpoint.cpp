@@ -152,30 +152,39 @@ void checkpoint::check_listed(catalog& cat, const format::index& ix, const std::
   }
 }
 
-checkpoint checkpoint::open(const sluice::location& where, const open_options& opt) {
-  if (!where.local()) return open(where.make_catalog(), opt);
+std::pair<std::shared_ptr<catalog>, std::optional<std::string>> checkpoint::resolve(const sluice::location& where,
+                                                                                      const open_options& opt) {
+  if (!where.local()) return {where.make_catalog(), std::nullopt};
   const auto path = where.path();
+  const auto parent = [&] { return path.has_parent_path() ? path.parent_path() : std::filesystem::path("."); };
   std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {std::make_shared<directory_catalog>(path), std::nullopt};
   // With a local index, a path to a file stands for its directory.
-  if (std::filesystem::is_regular_file(path, ec) && (path.filename() == format::index_file_name || !opt.index.empty()))
-    return open(std::make_shared<directory_catalog>(path.has_parent_path() ? path.parent_path() : std::filesystem::path(".")), opt);
-  if (std::filesystem::is_regular_file(path, ec)) {
-    auto shared = std::make_shared<directory_catalog>(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
-    auto& cat = *shared;
-    checkpoint c;
-    c.storage_ = shared;
-    c.location_ = path.string();
-    const auto name = path.filename().string();
-    c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
-    c.header_bytes_read_ = cat.bytes_read();
-    const auto& h = c.shards_[0].header;
-    for (const auto& t : h.tensors)
-      if (!opt.select || opt.select(t.name))
-        c.tensors_.push_back({apply_rename(t.name, opt.rename), t.name, 0, t.type, t.shape, h.data_start() + t.begin, t.size()});
-    c.check_unique_names();
-    return c;
-  }
-  return open(std::make_shared<directory_catalog>(path), opt);
+  if (path.filename() == format::index_file_name || !opt.index.empty())
+    return {std::make_shared<directory_catalog>(parent()), std::nullopt};
+  return {std::make_shared<directory_catalog>(parent()), path.filename().string()};
+}
+
+checkpoint checkpoint::open_file(std::shared_ptr<catalog> shared, const std::string& name, std::string location,
+                                 const open_options& opt) {
+  auto& cat = *shared;
+  checkpoint c;
+  c.storage_ = shared;
+  c.location_ = std::move(location);
+  const auto before = cat.bytes_read();
+  c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
+  c.header_bytes_read_ = cat.bytes_read() - before;
+  const auto& h = c.shards_[0].header;
+  for (const auto& t : h.tensors)
+    if (!opt.select || opt.select(t.name))
+      c.tensors_.push_back({apply_rename(t.name, opt.rename), t.name, 0, t.type, t.shape, h.data_start() + t.begin, t.size()});
+  c.check_unique_names();
+  return c;
+}
+
+checkpoint checkpoint::open(const sluice::location& where, const open_options& opt) {
+  auto [cat, file] = resolve(where, opt);
+  return file ? open_file(std::move(cat), *file, where.path().string(), opt) : open(std::move(cat), opt);
 }
 
 format::header checkpoint::read_header(catalog& cat, const std::string& name) {

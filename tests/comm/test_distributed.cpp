@@ -868,3 +868,299 @@ TEST_CASE("a sink that reserves from the plan is asked once, before any view, at
     }
   }
 }
+
+// checkpoint::open(location, communicator): rank 0 reads the metadata and
+// shares it; the others open by replaying what its storage answered.
+namespace {
+
+// A JSON description of an error: its class (most derived of those the
+// contract names), rule or failed rank, and what().
+nlohmann::json describe(const std::exception& e) {
+  nlohmann::json j{{"what", e.what()}};
+  if (const auto* x = dynamic_cast<const index_error*>(&e)) {
+    j["type"] = "index_error";
+    j["rule"] = x->rule();
+  } else if (const auto* y = dynamic_cast<const format_error*>(&e)) {
+    j["type"] = "format_error";
+    j["rule"] = y->rule();
+  } else if (const auto* z = dynamic_cast<const distributed_error*>(&e)) {
+    j["type"] = "distributed_error";
+    j["failed_rank"] = z->failed_rank();
+  } else {
+    j["type"] = dynamic_cast<const io_error*>(&e) ? "io_error" : "other";
+  }
+  return j;
+}
+
+// Runs `n` ranks that meet through Gloo and return body(rank, communicator);
+// an exception is recorded as {"error": describe(e)}.
+std::vector<nlohmann::json> run_collective(std::size_t n, const std::function<nlohmann::json(std::size_t, comm::gloo&)>& body) {
+  const auto store = sluice_test::fresh_dir("open-store");
+  const auto out = sluice_test::fresh_dir("open-out");
+  auto res = sluice_test::run_ranks(
+      n,
+      [&](std::size_t rank) {
+        nlohmann::json j;
+        try {
+          comm::rank_info who;
+          who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
+          who.store_dir = store.string();
+          who.timeout = 20s;
+          comm::gloo c(who);
+          j = body(rank, c);
+        } catch (const std::exception& e) {
+          j["error"] = describe(e);
+        }
+        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        return 0;
+      },
+      60s);
+  std::vector<nlohmann::json> results;
+  for (std::size_t r = 0; r < n; ++r) {
+    nlohmann::json j;
+    std::ifstream f(out / fmt::format("rank{}.json", r));
+    if (f) f >> j;
+    j["exit"] = res[r].code;
+    j["timed_out"] = res[r].timed_out;
+    results.push_back(std::move(j));
+  }
+  fs::remove_all(store);
+  fs::remove_all(out);
+  return results;
+}
+
+// Every tensor as (name, shard file, offset, size, dtype, shape).
+nlohmann::json layout_of(const checkpoint& ck) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& t : ck.tensors())
+    j.push_back({t.name, ck.shards()[t.shard].name, t.offset, t.size, std::string(format::name(t.type)), t.shape});
+  return j;
+}
+
+// A copy of the test checkpoint that `spoil(dir)` may damage.
+fs::path spoiled_copy(const std::string& tag, const std::function<void(const fs::path&)>& spoil) {
+  const auto copy = sluice_test::fresh_dir(tag);
+  for (auto& f : fs::directory_iterator(checkpoint_dir())) fs::copy_file(f.path(), copy / f.path().filename());
+  spoil(copy);
+  return copy;
+}
+
+}  // namespace
+
+TEST_CASE("4 ranks open a checkpoint collectively: rank 0 alone reads the headers, every rank gets the same checkpoint",
+          "[comm][distributed][open]") {
+  const auto single = checkpoint::open(checkpoint_dir());
+  const auto ref = reference_digests();
+  REQUIRE(single.header_bytes_read() > 0);
+  const auto results = run_collective(4, [&](std::size_t, comm::gloo& c) {
+    const auto ck = checkpoint::open(checkpoint_dir(), c);
+    nlohmann::json j;
+    j["layout"] = layout_of(ck);
+    j["header_bytes_read"] = ck.header_bytes_read();
+    j["storage_bytes_read"] = ck.storage().bytes_read();  // its own catalog: what this rank read
+    j["location"] = ck.location();
+    // Its own catalog reads the data: a plain load of it gives every tensor.
+    digest_sink d;
+    load_options lo;
+    lo.register_buffers = false;
+    (void)load(ck, d, lo);
+    for (auto& [n, t] : d.digests()) j["digests"][n] = t.sha256;
+    return j;
+  });
+  std::uint64_t opened = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    const auto& j = results[r];
+    INFO("rank " << r << ": " << j.dump().substr(0, 1500));
+    REQUIRE(j["exit"] == 0);
+    REQUIRE_FALSE(j.contains("error"));
+    REQUIRE(j["layout"] == layout_of(single));
+    REQUIRE(j["location"] == single.location());
+    REQUIRE(j["digests"].size() == ref.size());
+    for (auto& [n, sha] : j["digests"].items()) REQUIRE(sha.get<std::string>() == ref.at(n));
+    REQUIRE(j["header_bytes_read"].get<std::uint64_t>() == (r == 0 ? single.header_bytes_read() : 0));
+    opened += j["header_bytes_read"].get<std::uint64_t>();
+  }
+  REQUIRE(opened == single.header_bytes_read());  // one rank's worth over the world
+}
+
+TEST_CASE("a directory adopting another rank's view of a shard checks its own file's size", "[comm][distributed][open]") {
+  const auto ck = checkpoint::open(checkpoint_dir());
+  const auto& sh = ck.shards().front();
+  const auto size = fs::file_size(checkpoint_dir() / sh.name);
+  directory_catalog cat(checkpoint_dir());
+  REQUIRE_NOTHROW(cat.adopt(sh.name, size, std::nullopt));
+  try {
+    cat.adopt(sh.name, size + 1, std::nullopt);
+    FAIL("a differing size was adopted");
+  } catch (const format_error& e) {
+    REQUIRE(e.rule() == "stale-shard");
+    REQUIRE_THAT(e.what(), Catch::Contains(sh.name));
+  }
+  REQUIRE(cat.bytes_read() == 0);  // a stat, no read
+}
+
+TEST_CASE("a rank whose selection needs shards rank 0 did not open reads their headers itself", "[comm][distributed][open]") {
+  const auto full = checkpoint::open(checkpoint_dir());
+  open_options layer0;
+  layer0.select = [](std::string_view n) { return n.starts_with("model.layers.0."); };
+  const auto part = checkpoint::open(checkpoint_dir(), layer0);
+  REQUIRE(part.shards().size() < full.shards().size());
+  const auto results = run_collective(2, [&](std::size_t rank, comm::gloo& c) {
+    const auto ck = checkpoint::open(checkpoint_dir(), c, rank == 0 ? layer0 : open_options{});
+    return nlohmann::json{{"layout", layout_of(ck)}, {"header_bytes_read", ck.header_bytes_read()}};
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << results[r].dump().substr(0, 1500));
+    REQUIRE_FALSE(results[r].contains("error"));
+  }
+  REQUIRE(results[0]["layout"] == layout_of(part));
+  REQUIRE(results[0]["header_bytes_read"].get<std::uint64_t>() == part.header_bytes_read());
+  REQUIRE(results[1]["layout"] == layout_of(full));
+  // The index and rank 0's headers came from rank 0; the rest it read.
+  REQUIRE(results[1]["header_bytes_read"].get<std::uint64_t>() == full.header_bytes_read() - part.header_bytes_read());
+}
+
+TEST_CASE("load_distributed from a path: the bytes read to open, summed over 4 ranks, are one rank's worth",
+          "[comm][distributed][open]") {
+  const auto single = checkpoint::open(checkpoint_dir());
+  const auto ref = reference_digests();
+  const auto store = sluice_test::fresh_dir("open-tool-store");
+  const auto out = sluice_test::fresh_dir("open-tool-out");
+  auto res = sluice_test::run_ranks(
+      4,
+      [&](std::size_t rank) {
+        comm::rank_info who;
+        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+        who.store_dir = store.string();
+        who.timeout = 20s;
+        recording_sink s;
+        const auto st = load_distributed(checkpoint_dir(), "tp1,dp4,ep4", "shared-cooperative", who, s, small_options());
+        nlohmann::json j;
+        j["stats"] = st.to_json();
+        for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
+        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        return 0;
+      },
+      60s);
+  std::uint64_t opened = 0, read = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(res[r].code == 0);
+    nlohmann::json j;
+    std::ifstream(out / fmt::format("rank{}.json", r)) >> j;
+    for (auto& [n, sha] : j["digests"].items()) REQUIRE(sha.get<std::string>() == ref.at(n));
+    opened += j["stats"]["header_bytes_read"].get<std::uint64_t>();
+    read += j["stats"]["bytes_read"].get<std::uint64_t>();
+  }
+  CHECK(read == single.tensor_bytes());
+  REQUIRE(opened == single.header_bytes_read());
+  fs::remove_all(store);
+  fs::remove_all(out);
+}
+
+TEST_CASE("rank 0 fails to open: every rank throws, typed as rank 0's error where it is a format rule, at once",
+          "[comm][distributed][open]") {
+  const auto victim = checkpoint::open(checkpoint_dir()).shards().back().name;
+  // Every rank opens `dir(rank)` collectively; returns what each threw.
+  auto open_all = [&](const std::function<fs::path(std::size_t)>& dir) {
+    return run_collective(4, [&](std::size_t rank, comm::gloo& c) {
+      (void)checkpoint::open(dir(rank), c);
+      return nlohmann::json{{"opened", true}};
+    });
+  };
+  auto single_error = [](const fs::path& dir) {
+    try {
+      (void)checkpoint::open(dir);
+    } catch (const std::exception& e) {
+      return describe(e);
+    }
+    return nlohmann::json{};
+  };
+
+  SECTION("a corrupt header: the same format_error on every rank") {
+    const auto copy = spoiled_copy("open-corrupt", [&](const fs::path& d) {
+      std::fstream f(d / victim, std::ios::in | std::ios::out | std::ios::binary);
+      const std::uint64_t huge = std::uint64_t{1} << 40;  // a header length past the end of the file
+      f.write(reinterpret_cast<const char*>(&huge), sizeof huge);
+    });
+    const auto want = single_error(copy);
+    REQUIRE(want["type"] == "format_error");
+    const auto results = open_all([&](std::size_t) { return copy; });
+    for (std::size_t r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].dump());
+      REQUIRE_FALSE(results[r]["timed_out"].get<bool>());
+      REQUIRE(results[r]["error"]["type"] == "format_error");
+      REQUIRE(results[r]["error"]["rule"] == want["rule"]);
+      REQUIRE(results[r]["error"]["what"] == want["what"]);
+      REQUIRE_THAT(results[r]["error"]["what"].get<std::string>(), Catch::Contains(victim));
+    }
+    fs::remove_all(copy);
+  }
+  SECTION("a shard the index names is missing: index_error missing-shard on every rank") {
+    const auto copy = spoiled_copy("open-missing", [&](const fs::path& d) { fs::remove(d / victim); });
+    const auto results = open_all([&](std::size_t) { return copy; });
+    for (std::size_t r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].dump());
+      REQUIRE_FALSE(results[r]["timed_out"].get<bool>());
+      REQUIRE(results[r]["error"]["type"] == "index_error");
+      REQUIRE(results[r]["error"]["rule"] == "missing-shard");
+      REQUIRE_THAT(results[r]["error"]["what"].get<std::string>(), Catch::Contains(victim));
+    }
+    fs::remove_all(copy);
+  }
+  SECTION("rank 0's storage fails: rank 0 throws its io_error, the others distributed_error naming rank 0 and it") {
+    const auto gone = sluice_test::fresh_dir("open-gone");
+    fs::remove(gone);
+    const auto results = open_all([&](std::size_t rank) { return rank == 0 ? gone : checkpoint_dir(); });
+    for (std::size_t r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].dump());
+      REQUIRE_FALSE(results[r]["timed_out"].get<bool>());
+      REQUIRE(results[r]["error"]["type"] == (r == 0 ? "io_error" : "distributed_error"));
+      if (r > 0) {
+        REQUIRE(results[r]["error"]["failed_rank"] == 0);
+        REQUIRE_THAT(results[r]["error"]["what"].get<std::string>(), Catch::Contains("rank 0 failed while opening the checkpoint"));
+      }
+      REQUIRE_THAT(results[r]["error"]["what"].get<std::string>(), Catch::Contains(gone.string()));
+    }
+  }
+}
+
+TEST_CASE("load_distributed: rank 0's corrupt header fails every rank with distributed_error naming rank 0 and the file",
+          "[comm][distributed][open]") {
+  const auto victim = checkpoint::open(checkpoint_dir()).shards().front().name;
+  const auto copy = spoiled_copy("open-tool-corrupt", [&](const fs::path& d) {
+    std::fstream f(d / victim, std::ios::in | std::ios::out | std::ios::binary);
+    const std::uint64_t huge = std::uint64_t{1} << 40;
+    f.write(reinterpret_cast<const char*>(&huge), sizeof huge);
+  });
+  const auto store = sluice_test::fresh_dir("open-tool-store");
+  const auto out = sluice_test::fresh_dir("open-tool-out");
+  auto res = sluice_test::run_ranks(
+      4,
+      [&](std::size_t rank) {
+        comm::rank_info who;
+        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+        who.store_dir = store.string();
+        who.timeout = 60s;  // the failure must not wait for it
+        recording_sink s;
+        try {
+          (void)load_distributed(copy, "tp1,dp4,ep4", "none", who, s, small_options());
+        } catch (const distributed_error& e) {
+          std::ofstream(out / fmt::format("rank{}.txt", rank)) << e.what() << "\n" << e.failed_rank();
+          return 5;
+        }
+        return 0;
+      },
+      50s);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(res[r].code == 5);
+    std::ifstream f(out / fmt::format("rank{}.txt", r));
+    std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    REQUIRE_THAT(msg, Catch::Contains("rank 0 failed while opening the checkpoint"));
+    REQUIRE_THAT(msg, Catch::Contains(victim));
+  }
+  fs::remove_all(store);
+  fs::remove_all(out);
+  fs::remove_all(copy);
+}

@@ -192,8 +192,8 @@ std::vector<nlohmann::json> run_load(std::size_t n, const std::string& topology,
 
 // Every rank holds exactly its tensors, equal to the single-process local
 // load; every tensor byte was read from S3 once over all ranks.
-void check_load(std::size_t n, const std::string& topology, const std::string& offload, const run_options& ro,
-                std::size_t want_connections) {
+std::vector<nlohmann::json> check_load(std::size_t n, const std::string& topology, const std::string& offload,
+                                       const run_options& ro, std::size_t want_connections) {
   INFO(n << " ranks, " << topology << ", " << offload);
   const auto ref = reference_digests();
   auto ck = checkpoint::open(checkpoint_dir());
@@ -222,6 +222,36 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   }
   REQUIRE(read == ck.tensor_bytes());
   REQUIRE(storage == ck.tensor_bytes());  // each byte fetched from S3 once, by one rank
+  return results;
+}
+
+// The metadata requests a logging proxy saw per object key of `bucket`:
+// HEADs, and GETs from byte 0 (the index, a header's speculative prefix; no
+// tensor starts there). Data GETs are not counted.
+struct metadata_requests {
+  std::map<std::string, std::size_t> heads, gets_from_0;
+  std::size_t listings = 0;
+};
+metadata_requests count_metadata(const fs::path& log, const std::string& bucket) {
+  metadata_requests m;
+  std::ifstream in(log);
+  std::string line;
+  const std::string head = "/" + bucket + "/";
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    auto path = j["path"].get<std::string>();
+    const bool query = path.find('?') != std::string::npos;
+    path = path.substr(0, path.find('?'));
+    const auto method = j["method"].get<std::string>();
+    if (!path.starts_with(head)) {
+      m.listings += method == "GET" && query;
+      continue;
+    }
+    const auto key = path.substr(head.size());
+    if (method == "HEAD") ++m.heads[key];
+    if (method == "GET" && j["range"].get<std::string>().starts_with("bytes=0-")) ++m.gets_from_0[key];
+  }
+  return m;
 }
 
 }  // namespace
@@ -425,5 +455,44 @@ TEST_CASE("the draft module from S3 under tp1,dp8,ep8 through a local index: eac
   for (const auto& [k, c] : per_object) touched.insert(k);
   for (const auto& sh : draft_shards) want.insert("ck/" + sh);
   REQUIRE(touched == want);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("8 ranks loading from S3 fetch the index and each shard header once per world, not once per rank",
+          "[comm][distributed][s3][open]") {
+  REQUIRE_S3_SERVERS();
+  const auto& b = bucket();
+  const auto dir = sluice_test::fresh_dir("dist-s3-headers");
+  const auto log = dir / "requests.jsonl";
+  sluice_test::fault_proxy proxy = sluice_test::fault_proxy::logging(servers().http, log.string());
+  s3_catalog cat("s3://" + b + "/ck/", s3_config());
+  const auto single = checkpoint::open(cat);  // what one rank reads to open it (not through the proxy)
+  REQUIRE(single.shards().size() >= 4);
+
+  constexpr std::size_t n = 8;
+  run_options ro;
+  ro.open_after_joining = true;  // load_distributed(s3_location(...)), as sluice-load --ranks calls it
+  ro.endpoint = proxy.endpoint;
+  const auto results = check_load(n, "tp1,dp8,ep8", "shared-cooperative", ro, 1);  // 4 connections, 8 ranks: 1 each
+  std::uint64_t opened = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto bytes = results[r]["stats"]["header_bytes_read"].get<std::uint64_t>();
+    CHECK(bytes == (r == 0 ? single.header_bytes_read() : 0));
+    opened += bytes;
+  }
+  CHECK(opened == single.header_bytes_read());  // one rank's worth over the world
+
+  auto m = count_metadata(log, b);
+  std::string seen;
+  for (const auto& [k, c] : m.gets_from_0) seen += fmt::format("GET from 0 {} x{}\n", k, c);
+  for (const auto& [k, c] : m.heads) seen += fmt::format("HEAD {} x{}\n", k, c);
+  INFO(seen);
+  REQUIRE(m.gets_from_0.at("ck/model.safetensors.index.json") == 1);
+  for (const auto& sh : single.shards()) {
+    INFO(sh.name);
+    REQUIRE(m.gets_from_0.at("ck/" + sh.name) == 1);  // one header GET per world
+    // At most one HEAD: rank 0's; the other ranks' data reads use the ETags it saw.
+    REQUIRE(m.heads["ck/" + sh.name] <= 1);
+  }
   fs::remove_all(dir);
 }

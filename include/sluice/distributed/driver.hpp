@@ -98,6 +98,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   distributed_stats st;
   st.rank = me, st.world = c.size(), st.local_rank = me % plan.local_size;
   st.topology = plan.topology_string();
+  st.header_bytes_read = ck.header_bytes_read();
   st.offload = std::string(policy::offload_name(plan.offload));
   st.planned_read_bytes = plan.read_bytes.at(me);
   st.kept_whole = plan.kept_whole;

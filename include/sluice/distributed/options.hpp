@@ -69,6 +69,7 @@ struct distributed_stats {
   std::uint64_t placeholders = 0;         ///< placeholder views delivered
   std::uint64_t shared_views = 0;         ///< shared-segment views delivered
   std::uint64_t bytes_read = 0;           ///< tensor bytes this rank read from storage
+  std::uint64_t header_bytes_read = 0;    ///< bytes this rank read from storage to open the checkpoint (index, headers)
   std::uint64_t storage_bytes = 0;        ///< bytes the source delivered (incl. O_DIRECT alignment)
   std::uint64_t requests = 0;             ///< reads (files) or GETs (S3) issued, retries included
   std::uint64_t planned_read_bytes = 0;   ///< what the plan gave this rank
@@ -95,7 +96,7 @@ struct distributed_stats {
   [[nodiscard]] nlohmann::json to_json() const {
     return {{"rank", rank}, {"world_size", world}, {"local_rank", local_rank}, {"topology", topology},
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned},
-            {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read},
+            {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},

@@ -112,10 +112,13 @@ distributed_stats load_distributed(const checkpoint& ck, std::string_view topolo
 }
 
 /// Like the call above, but opens the checkpoint at `where` (a path, an
-/// "s3://" URI, or s3_location(uri, config)) after joining
-/// the world, so that a rank that cannot open it (a missing or corrupt shard)
-/// makes every rank throw distributed_error naming it, at once — rather than
-/// leaving its peers to time out at the rendezvous. With a device lane (e.g.
+/// "s3://" URI, or s3_location(uri, config)) after joining the world, once
+/// for every rank: rank 0 reads the index and the headers and shares them
+/// (checkpoint::open(location, communicator)), so a world of N ranks makes
+/// the metadata requests of one. A rank that cannot open it (a missing or
+/// corrupt shard, its own copy differing from rank 0's) makes every rank
+/// throw distributed_error naming it, at once — rather than leaving its peers
+/// to time out at the rendezvous. With a device lane (e.g.
 /// comm::nccl_lane over `comm::nccl::connect(who, {.device = cuda::device_for_local_rank(local_rank)})`,
 /// whose unique id travels through the same store), tensors destined for the
 /// device reach `s` as `view_kind::device` views (cuda::device_sink).
@@ -126,7 +129,8 @@ distributed_stats load_distributed(const location& where, std::string_view topol
                                    distributed_options opt, const open_options& open, Lane& lane) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, open); }, topology, offload, who, opt);
+    // Rank 0 reads the metadata for every rank (one request per header, not one per rank).
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); }, topology, offload, who, opt);
     return load_distributed(ck, c, plan, s, opt, lane);
   });
 }

@@ -221,7 +221,14 @@ class s3_catalog final : public catalog {
     return read(name, 0, length);
   }
 
-  /// Size and ETag of `name` (HEAD once, or from the listing).
+  /// Pins `name` to the size and ETag the opening rank saw (no HEAD): this
+  /// catalog's data paths then read that version or fail with
+  /// s3_object_changed_error.
+  void adopt(const std::string& name, std::uint64_t size, const std::optional<std::string>& etag) override {
+    infos_.insert_or_assign(name, s3::object_info{size, etag.value_or(std::string())});
+  }
+
+  /// Size and ETag of `name` (HEAD once, from the listing, or adopted).
   [[nodiscard]] s3::object_info object_info(const std::string& name) {
     if (auto it = infos_.find(name); it != infos_.end()) return it->second;
     auto info = run_blocking(ioc_, client_->head(bucket_, prefix_ + name));

@@ -102,6 +102,16 @@ class catalog {
   [[nodiscard]] virtual std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) {
     return read(name, 0, length);
   }
+  /// Takes what the rank that opened a checkpoint for every rank saw of the
+  /// file `name` (checkpoint::open(location, communicator)): its size and
+  /// version tag. A catalog whose data path pins versions (S3) pins these, so
+  /// that its reads need no HEAD and fail if the object changed since it was
+  /// opened; one that can check cheaply (a directory: one stat) throws
+  /// format_error "stale-shard" when its own file's size differs. The
+  /// default takes nothing.
+  virtual void adopt(const std::string& name, std::uint64_t size, const std::optional<std::string>& etag) {
+    (void)name, (void)size, (void)etag;
+  }
   /// A single-process load of `ck` (opened through this catalog) into `s`,
   /// staging through `pool`: io_uring for a directory, range GETs for S3.
   /// `load()` (load_file.hpp) calls it for the checkpoint's catalog.

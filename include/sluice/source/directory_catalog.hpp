@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -56,6 +57,18 @@ class directory_catalog final : public catalog {
     if (::stat(uri(name).c_str(), &st) != 0)
       throw io_error(fmt::format("cannot stat: {}", std::strerror(errno)), {uri(name)}, errno);
     return static_cast<std::uint64_t>(st.st_size);
+  }
+  /// Checks that this directory's `name` has the size the opening rank saw
+  /// (a node whose copy differs would otherwise read its tensors at offsets
+  /// from another file's header).
+  void adopt(const std::string& name, std::uint64_t opened_size, const std::optional<std::string>& etag) override {
+    (void)etag;
+    const auto own = size(name);
+    if (own != opened_size)
+      throw format_error("stale-shard",
+                         fmt::format("shard '{}' is {} bytes here, but {} bytes where the checkpoint was opened", name,
+                                     own, opened_size),
+                         {uri(name)});
   }
   [[nodiscard]] std::vector<std::byte> read(const std::string& name, std::uint64_t offset, std::uint64_t length) override {
     const auto p = uri(name);
