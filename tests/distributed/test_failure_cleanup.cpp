@@ -107,10 +107,10 @@ constexpr int ok = 0, wrong_error = 20, leaked = 21, reload_failed = 22, reload_
 
 // One failure kind, run by `n` forked ranks:
 // - `fail(rank, segment, store)`: the failing load, which must throw; returns
-//   "" when what it threw is what that rank expects, else why not;
+//   "expected" when what it threw is what that rank expects, else what it was;
 // - `reload(rank, survivors, segment, store)`: the new load among the
-//   survivors (ranks 0.. survivors-1 renumbered), which must succeed.
-// `victim`: a rank that dies (no checks on it). Returns what the ranks logged.
+//   survivors (renumbered 0 .. survivors-1), which must succeed.
+// `victim`: a rank that is killed (checked only for that).
 struct scenario {
   std::string tag;
   std::size_t n = 4;
@@ -138,8 +138,7 @@ void run(const scenario& sc) {
         const auto after = sluice_test::footprint::now(seg1);
         log << "after the failed load: " << after.str() << "\n";
         if (!after.same_counts(before) || after.segment_fds || after.segment_maps || after.shm_entries) return leaked;
-        // The survivors are ranks 0.. of a new world (the victim is the last rank or
-        // renumbered away).
+        // The survivors are the ranks of a new world, the victim's rank number left out.
         const std::size_t r2 = sc.victim >= 0 && rank > static_cast<std::size_t>(sc.victim) ? rank - 1 : rank;
         try {
           sc.reload(r2, survivors, seg2, store2);
