@@ -130,6 +130,7 @@ void run(const scenario& sc) {
       [&](std::size_t rank) {
         std::ofstream log(out / fmt::format("rank{}.txt", rank));
         const auto seg1 = name + "-1", seg2 = name + "-2";
+        sluice_test::footprint::start_runtime_threads();
         const auto before = sluice_test::footprint::now(seg1);
         log << "before: " << before.str() << "\n";
         const auto why = sc.fail(rank, seg1, store1);

@@ -9,7 +9,8 @@
 // - threads: this process's threads (/proc/self/task), io_uring's kernel
 //   workers aside: `iou-wrk-*` and `iou-sqp-*` are listed there but exit by
 //   themselves after their ring is gone (asynchronously); a ring left open
-//   shows as a descriptor instead.
+//   shows as a descriptor instead. Sanitizer runtime threads are started
+//   before the first count (start_runtime_threads).
 // - segments: the load's shared segments, by the unique name the test gave
 //   them (distributed_options::segment_name): descriptors linking to
 //   "/memfd:<name>...", mappings of it in /proc/self/maps, and /dev/shm
@@ -27,12 +28,19 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <thread>
 
 namespace sluice_test {
 
 struct footprint {
   std::size_t fds = 0, threads = 0, segment_fds = 0, segment_maps = 0, shm_entries = 0;
   std::string fd_targets, thread_names;  // for the log: what the descriptors and threads are
+
+  // Starts the threads that a sanitizer's runtime adds at a process's first
+  // thread creation, so that they are there before the first count and not
+  // taken for the load's: ThreadSanitizer starts a background thread then
+  // (again in a forked child), which stays. Call it before counting.
+  static void start_runtime_threads() { std::thread([] {}).join(); }
 
   // Counts now; `segment_name` is the prefix of the load's segments.
   static footprint now(std::string_view segment_name) {
