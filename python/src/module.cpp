@@ -1003,7 +1003,8 @@ PYBIND11_MODULE(_sluice, m) {
       .def_readwrite("kv_prefix", &stream_options::kv_prefix)
       .def_readwrite("timeout_ms", &stream_options::timeout_ms)
       .def("set_store", [](stream_options& o, py::object store) {
-        // A torch.distributed store (anything with set(key, bytes), get(key) -> bytes, wait(keys)).
+        // A torch.distributed store (anything with set(key, bytes), get(key) -> bytes, wait(keys);
+        // delete_key(key), where it has one, removes the rendezvous keys once the ranks have met).
         struct torch_kv final : comm::kv_store {
           py::object store;
           explicit torch_kv(py::object s) : store(std::move(s)) {}
@@ -1020,6 +1021,13 @@ PYBIND11_MODULE(_sluice, m) {
             py::gil_scoped_acquire gil;
             const std::string v = store.attr("get")(key).cast<py::bytes>();
             return {v.begin(), v.end()};
+          }
+          void erase(const std::string& key) override {
+            py::gil_scoped_acquire gil;
+            try {
+              store.attr("delete_key")(key);
+            } catch (py::error_already_set&) {  // a store without delete_key keeps the key
+            }
           }
           void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
             py::gil_scoped_acquire gil;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,6 +61,7 @@ class kv_adapter final : public ::gloo::rendezvous::Store {
   void set(const std::string& key, const std::vector<char>& data) override { kv_->set(prefix_ + key, data); }
   std::vector<char> get(const std::string& key) override { return kv_->get(prefix_ + key, timeout_); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void erase(const std::string& key) { kv_->erase(prefix_ + key); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     std::vector<std::string> full;
     full.reserve(keys.size());
@@ -71,6 +73,64 @@ class kv_adapter final : public ::gloo::rendezvous::Store {
   std::shared_ptr<kv_store> kv_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+};
+
+// The rendezvous store as this rank uses it: remembers the keys it set, so
+// that it can remove them once no peer needs them any more (see gloo::gloo),
+// through `erase`, the backend's removal of one key.
+class key_tracking_store final : public ::gloo::rendezvous::Store {
+ public:
+  key_tracking_store(::gloo::rendezvous::Store& base, std::function<void(const std::string&)> erase)
+      : base_(base), erase_(std::move(erase)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    keys_.push_back(key);
+    base_.set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override { return base_.get(key); }
+  void wait(const std::vector<std::string>& keys) override { base_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    base_.wait(keys, timeout);
+  }
+  /// Removes every key this rank set (a key already gone is no error).
+  void erase_all() noexcept {
+    for (const auto& k : keys_) {
+      try {
+        erase_(k);
+      } catch (...) {  // a store that cannot remove a key leaves it: nothing else to do
+      }
+    }
+    keys_.clear();
+  }
+
+ private:
+  ::gloo::rendezvous::Store& base_;
+  std::function<void(const std::string&)> erase_;
+  std::vector<std::string> keys_;
+};
+
+#if defined(SLUICE_GLOO_REDIS)
+// Gloo's RedisStore, with the removal of a key (its hiredis connection is
+// protected in Gloo), and its PrefixStore, with the full name of a key.
+struct erasable_redis_store final : ::gloo::rendezvous::RedisStore {
+  using RedisStore::RedisStore;
+  void erase(const std::string& key) {
+    if (auto* r = static_cast<redisReply*>(::redisCommand(redis_, "DEL %b", key.data(), key.size()))) ::freeReplyObject(r);
+  }
+};
+struct joined_prefix_store final : ::gloo::rendezvous::PrefixStore {
+  using PrefixStore::PrefixStore;
+  std::string joined(const std::string& key) { return joinKey(key); }
+};
+#endif
+
+// Gloo's FileStore keeps each key in a file of its directory (objectPath,
+// protected in Gloo): removing the file removes the key.
+struct erasable_file_store final : ::gloo::rendezvous::FileStore {
+  using FileStore::FileStore;
+  void erase(const std::string& key) {
+    std::error_code ec;
+    std::filesystem::remove(objectPath(key), ec);
+  }
 };
 
 #if defined(SLUICE_GLOO_REDIS)
@@ -205,6 +265,24 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
                                    opt.store.redis_host, opt.store.redis_port));
 #endif
   impl_->timeout = opt.timeout;
+  // Meets the others through `base`. Once every rank is connected (the
+  // barrier: each has read every key it needed) no key is needed any more, and
+  // this rank removes the keys it set, through `erase`; it does so after a
+  // failure too (a world that did not form needs none): a store keeps nothing
+  // of a world, and a directory or prefix can serve the next one.
+  auto meet = [&](std::shared_ptr<::gloo::rendezvous::Context> ctx, ::gloo::rendezvous::Store& base,
+                  std::function<void(const std::string&)> erase) {
+    key_tracking_store store(base, std::move(erase));
+    try {
+      ctx->connectFullMesh(store, impl_->device);
+      impl_->context = std::move(ctx);
+      barrier();
+    } catch (...) {
+      store.erase_all();
+      throw;
+    }
+    store.erase_all();
+  };
   translated("rendezvous", rank, [&] {
     ::gloo::transport::tcp::attr attr;
     attr.hostname = opt.hostname;
@@ -213,8 +291,7 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
     ctx->setTimeout(opt.timeout);
     if (opt.store.kv) {
       kv_adapter store(opt.store.kv, opt.store.prefix, opt.timeout);
-      ctx->connectFullMesh(store, impl_->device);
-      impl_->context = std::move(ctx);
+      meet(std::move(ctx), store, [&store](const std::string& k) { store.erase(k); });
       return;
     }
 #if defined(SLUICE_GLOO_REDIS)
@@ -222,10 +299,9 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
       if (auto why = tcp_unreachable(opt.store.redis_host, opt.store.redis_port, opt.timeout); !why.empty())
         throw comm_error(fmt::format("gloo rendezvous failed on rank {}: cannot reach the Redis store at {}:{}: {}", rank,
                                      opt.store.redis_host, opt.store.redis_port, why));
-      auto base = std::make_unique<::gloo::rendezvous::RedisStore>(opt.store.redis_host, opt.store.redis_port);
-      ::gloo::rendezvous::PrefixStore store(opt.store.prefix, *base);
-      ctx->connectFullMesh(store, impl_->device);
-      impl_->context = std::move(ctx);
+      auto base = std::make_unique<erasable_redis_store>(opt.store.redis_host, opt.store.redis_port);
+      joined_prefix_store store(opt.store.prefix, *base);
+      meet(std::move(ctx), store, [&](const std::string& k) { base->erase(store.joined(k)); });
       return;
     }
 #endif
@@ -238,9 +314,8 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
       std::filesystem::create_directories(dir, ec);
       if (ec) throw comm_error(fmt::format("gloo rendezvous failed on rank {}: cannot create {}: {}", rank, dir, ec.message()));
     }
-    ::gloo::rendezvous::FileStore store(dir);
-    ctx->connectFullMesh(store, impl_->device);
-    impl_->context = std::move(ctx);
+    erasable_file_store store(dir);
+    meet(std::move(ctx), store, [&store](const std::string& k) { store.erase(k); });
   });
 }
 

@@ -97,18 +97,6 @@ const std::string& bucket() {
   return b;
 }
 
-// Deletes one object (the sluice client has no DELETE: botocore signs it).
-bool delete_object(const std::string& bucket, const std::string& key) {
-  static const char* script = R"PY(
-import sys, boto3
-endpoint, bucket, key = sys.argv[1:4]
-s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                  aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER")
-s3.delete_object(Bucket=bucket, Key=key)
-)PY";
-  return sluice_test::run_capture({SLUICE_PYTHON3, "-c", script, servers().http, bucket, key}).first == 0;
-}
-
 std::map<std::string, std::string> reference_digests() {
   auto ck = checkpoint::open(checkpoint_dir());
   digest_sink d;
@@ -372,7 +360,7 @@ TEST_CASE("an S3 object missing on one rank's path makes every rank fail naming 
   ro.prefix = [](std::size_t rank) { return std::string(rank == 1 ? "ck-r1/" : "ck/"); };
   // Rank 1 opened its checkpoint (headers read, ETags pinned); then the object goes.
   ro.after_open = [&](std::size_t rank, const checkpoint&, const std::string& prefix) {
-    if (rank == 1 && !delete_object(b, prefix + victim)) throw std::runtime_error("delete_object failed");
+    if (rank == 1 && !sluice_test::delete_object(b, prefix + victim)) throw std::runtime_error("delete_object failed");
   };
   const auto results = run_load(4, "tp1,dp4,ep4", "shared-cooperative", ro);
   for (std::size_t r = 0; r < 4; ++r) {

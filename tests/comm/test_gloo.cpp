@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,7 +46,7 @@ class memory_store final : public comm::kv_store {
     {
       std::lock_guard g(mu_);
       map_[key] = value;
-      ++sets_;
+      ever_.insert(key);
     }
     cv_.notify_all();
   }
@@ -63,18 +64,27 @@ class memory_store final : public comm::kv_store {
     });
     if (!ok) throw comm::comm_error(fmt::format("memory store: key '{}' not set in time", keys.front()));
   }
-  std::size_t keys_with_prefix(const std::string& p) {
+  void erase(const std::string& key) override {
+    std::lock_guard g(mu_);
+    map_.erase(key);
+  }
+  // Keys set so far under `p` (removed ones included), and keys still there.
+  std::size_t keys_set_with_prefix(const std::string& p) {
     std::lock_guard g(mu_);
     std::size_t n = 0;
-    for (const auto& [k, v] : map_) n += k.rfind(p, 0) == 0 ? 1 : 0;
+    for (const auto& k : ever_) n += k.rfind(p, 0) == 0 ? 1 : 0;
     return n;
+  }
+  std::size_t keys_left() {
+    std::lock_guard g(mu_);
+    return map_.size();
   }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::vector<char>> map_;
-  std::size_t sets_ = 0;
+  std::set<std::string> ever_;
 };
 }  // namespace
 
@@ -224,8 +234,9 @@ TEST_CASE("2 gloo ranks meet through a program's kv_store, under the load's pref
     REQUIRE(errors[r].empty());
     for (std::size_t i = 0; i < 16; ++i) REQUIRE(all[r][i] == static_cast<std::byte>(i / 8 + 1));
   }
-  REQUIRE(store->keys_with_prefix("load-7/") >= 2);  // every key went under the load's prefix
-  REQUIRE(store->keys_with_prefix("load-7/") == store->keys_with_prefix(""));
+  REQUIRE(store->keys_set_with_prefix("load-7/") >= 2);  // every key went under the load's prefix
+  REQUIRE(store->keys_set_with_prefix("load-7/") == store->keys_set_with_prefix(""));
+  REQUIRE(store->keys_left() == 0);  // and each rank removed its own once both had met
 }
 
 TEST_CASE("a peer missing from a kv_store rendezvous is a comm_error, not a hang", "[comm][gloo][kv]") {
@@ -233,8 +244,11 @@ TEST_CASE("a peer missing from a kv_store rendezvous is a comm_error, not a hang
   who.rank = 0;
   who.world_size = 2;
   who.timeout = 1s;
-  who.kv = std::make_shared<memory_store>();
+  auto store = std::make_shared<memory_store>();
+  who.kv = store;
   REQUIRE_THROWS_AS(comm::gloo(who), comm::comm_error);
+  REQUIRE(store->keys_set_with_prefix("") > 0);
+  REQUIRE(store->keys_left() == 0);  // a rendezvous that failed leaves no key either
 }
 
 TEST_CASE("a dead peer makes the others' collective throw, not hang; later ones throw at once", "[comm][gloo]") {
@@ -300,7 +314,7 @@ TEST_CASE("8 gloo ranks meet through a Redis store, twice under different run pr
     WARN("redis-server not available (scripts/setup.sh installs it): Redis rendezvous not tested");
     return;
   }
-  for (const char* run : {"run-a", "run-b"}) {  // run-b meets although run-a's keys are still in Redis
+  for (const char* run : {"run-a", "run-b"}) {  // each run removes its keys once its ranks have met
     auto res = sluice_test::run_ranks(8, [&](std::size_t rank) {
       comm::gloo_options o;
       o.store = comm::store_address::parse(fmt::format("redis://127.0.0.1:{}/{}", redis.port(), run));
@@ -313,6 +327,13 @@ TEST_CASE("8 gloo ranks meet through a Redis store, twice under different run pr
       return 0;
     });
     for (std::size_t r = 0; r < 8; ++r) REQUIRE(res[r].code == 0);
+    std::string keys;  // every key in the server (the test's own)
+    FILE* scan = ::popen(fmt::format("redis-cli -p {} --scan", redis.port()).c_str(), "r");
+    REQUIRE(scan);
+    for (char buf[256]; std::fgets(buf, sizeof buf, scan);) keys += buf;
+    CHECK(::pclose(scan) == 0);
+    INFO(run << ": keys left in Redis: " << keys);
+    CHECK(keys.empty());
   }
 }
 

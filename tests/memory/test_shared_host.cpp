@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include <fmt/format.h>
+
 #include <sluice/memory/shared_host.hpp>
 
 #include "../comm/multiprocess.hpp"
@@ -14,18 +16,23 @@
 using namespace sluice;
 
 namespace {
-std::size_t dev_shm_entries() {
+// A segment name no other process uses, and the /dev/shm entries named by
+// it: only what this test made is counted (other processes on a busy machine
+// create and remove shared memory meanwhile).
+std::string unique_name(const char* tag) { return fmt::format("sluice-test-{}-{}", tag, ::getpid()); }
+std::size_t dev_shm_entries(const std::string& prefix) {
   std::size_t n = 0;
   std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator("/dev/shm", ec); !ec && it != std::filesystem::directory_iterator(); ++it) ++n;
+  for (auto it = std::filesystem::directory_iterator("/dev/shm", ec); !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    n += it->path().filename().string().starts_with(prefix) ? 1 : 0;
   return n;
 }
 }  // namespace
 
 TEST_CASE("every local process maps the same shared segment and sees the others' writes", "[memory][shared_host]") {
-  const auto before = dev_shm_entries();
+  const auto name = unique_name("shared");
   constexpr std::size_t size = 4u << 20, ranks = 4;
-  auto seg = memory::shared_host::create(size);
+  auto seg = memory::shared_host::create(size, name);
   REQUIRE(reinterpret_cast<std::uintptr_t>(seg.bytes().data()) % 4096 == 0);
   const auto handle = seg.handle();
   // Each child attaches and writes its own quarter (a cooperative load).
@@ -40,7 +47,7 @@ TEST_CASE("every local process maps the same shared segment and sees the others'
     for (std::size_t i = 0; i < size / ranks; i += 977) REQUIRE(seg.bytes()[r * size / ranks + i] == static_cast<std::byte>((r + i) & 0xff));
   seg.close_handle();
   REQUIRE(seg.size() == size);  // still mapped
-  REQUIRE(dev_shm_entries() == before);  // a memfd never has a /dev/shm name
+  REQUIRE(dev_shm_entries(name) == 0);  // a memfd never has a /dev/shm name
 }
 
 TEST_CASE("attaching after the creator closed its handle fails cleanly", "[memory][shared_host]") {
@@ -66,14 +73,14 @@ TEST_CASE("a view's lease keeps the segment mapped after the segment object goes
 
 TEST_CASE("a creator killed mid-run leaves no /dev/shm entry, and its segment lives on in the ranks that mapped it",
           "[memory][shared_host]") {
-  const auto before = dev_shm_entries();
+  const auto name = unique_name("crash");
   int to_parent[2];
   REQUIRE(::pipe(to_parent) == 0);
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {  // the creator: make the segment, publish the handle, then wait to be killed
     ::close(to_parent[0]);
-    auto seg = memory::shared_host::create(1u << 20, "sluice-crash-test");
+    auto seg = memory::shared_host::create(1u << 20, name);
     seg.bytes()[123] = std::byte{42};
     const auto h = seg.handle() + "\n";
     (void)!::write(to_parent[1], h.data(), h.size());
@@ -91,7 +98,7 @@ TEST_CASE("a creator killed mid-run leaves no /dev/shm entry, and its segment li
   REQUIRE(::waitpid(child, &status, 0) == child);
   REQUIRE(WIFSIGNALED(status));
   // Nothing named was ever created, so nothing is left behind ...
-  REQUIRE(dev_shm_entries() == before);
+  REQUIRE(dev_shm_entries(name) == 0);
   // ... the creator's handle is gone with it (a late rank gets a clean error) ...
   REQUIRE_THROWS_AS(memory::shared_host::attach(handle, 1u << 20), io_error);
   // ... and a rank that had mapped it keeps valid memory until it lets go.

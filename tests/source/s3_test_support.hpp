@@ -228,6 +228,18 @@ inline const s3_servers& servers() {
     }                                                                                  \
   } while (0)
 
+// Deletes one object (the sluice client has no DELETE: botocore signs it).
+inline bool delete_object(const std::string& bucket, const std::string& key) {
+  static const char* script = R"PY(
+import sys, boto3
+endpoint, bucket, key = sys.argv[1:4]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER")
+s3.delete_object(Bucket=bucket, Key=key)
+)PY";
+  return run_capture({SLUICE_PYTHON3, "-c", script, servers().http, bucket, key}).first == 0;
+}
+
 /// A client config for the test servers: S3RVER/S3RVER, fast retries.
 inline sluice::s3::config test_config(const std::string& endpoint, const std::string& secret = "S3RVER") {
   sluice::s3::config c;

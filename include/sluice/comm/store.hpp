@@ -45,6 +45,11 @@ struct kv_store {
   virtual std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   /// Blocks until every key is set, or throws comm_error after `timeout`.
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  /// Removes `key` (a key that is not there is no error). A communicator
+  /// removes the keys it set once every rank has met, or after its
+  /// rendezvous failed, so that a store keeps nothing of a world. The default
+  /// keeps them: a store without removal only grows by a few keys per world.
+  virtual void erase(const std::string& key) { (void)key; }
 };
 
 /// Where ranks rendezvous: a key-value store, a file-store directory or a Redis server.

@@ -169,7 +169,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
     std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
     if (st.local_rank == 0) {
       try {
-        segment = memory::shared_host::create(plan.shared_bytes, fmt::format("sluice-shared-rank{}", me));
+        segment = memory::shared_host::create(plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me));
         const auto h = segment.handle();
         std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
       } catch (...) {

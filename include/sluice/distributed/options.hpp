@@ -51,6 +51,12 @@ struct distributed_options {
   /// Window buffers to reuse (see window_buffers: successive loads, e.g.
   /// weight reloads, skip first touch); null: the load allocates its own.
   std::shared_ptr<window_buffers> buffers;
+  /// The name of the node's shared segment: a memfd named
+  /// "<segment_name>-rank<r>" (r: the local rank 0 that creates it), as it
+  /// appears in /proc/<pid>/maps and descriptor links (never in /dev/shm).
+  /// A program running several loads can give each its own, to tell their
+  /// segments apart (the failure tests count a load's segments by it).
+  std::string segment_name = "sluice-shared";
 
   /// Whether `overlap` means overlapping with `local_ranks` ranks on this machine.
   [[nodiscard]] bool overlaps(std::size_t local_ranks) const noexcept {

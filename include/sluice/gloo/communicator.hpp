@@ -6,6 +6,9 @@
 /// and be empty for each run), or Gloo's RedisStore for several nodes (a
 /// per-run key prefix; see comm/store.hpp). Every call and the rendezvous are
 /// bounded by `timeout`: a dead or stalled peer gives comm_error, not a hang.
+/// Once every rank has met (a barrier ends the constructor), each removes
+/// the keys it set in the store, as it does after a failed rendezvous: a store
+/// keeps nothing of a world, and its directory or prefix can serve the next.
 
 #include <chrono>
 #include <cstddef>
