@@ -16,6 +16,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "multiprocess.hpp"
+#include "rank_json.hpp"
 #include "recording_sink.hpp"
 
 using namespace sluice;
@@ -161,19 +162,11 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
           j["error"] = e.what();
           code = 3;
         }
-        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        sluice_test::write_rank_json(out, rank, j);
         return code;
       },
       120s);
-  std::vector<nlohmann::json> results;
-  for (std::size_t r = 0; r < n; ++r) {
-    nlohmann::json j;
-    std::ifstream f(out / fmt::format("rank{}.json", r));
-    if (f) f >> j;
-    j["exit"] = res[r].code;
-    j["timed_out"] = res[r].timed_out;
-    results.push_back(std::move(j));
-  }
+  auto results = sluice_test::read_rank_jsons(out, res);
   fs::remove_all(store);
   fs::remove_all(out);
   return results;
@@ -741,7 +734,7 @@ TEST_CASE("a load on the subgroup {0, 2, 5} of six ranks; the others are untouch
     j["bytes_read"] = st.bytes_read;
     j["stats"] = st.to_json();
     for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
-    std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+    sluice_test::write_rank_json(out, rank, j);
     return 0;
   });
   for (std::size_t r = 0; r < 6; ++r) REQUIRE(res[r].code == 0);
@@ -798,7 +791,7 @@ TEST_CASE("ranks with nothing to read take part in every collective and finish",
     nlohmann::json j;
     j["planned"] = st.planned_read_bytes;
     for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
-    std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+    sluice_test::write_rank_json(out, rank, j);
     return 0;
   });
   digest_sink ref;
@@ -922,19 +915,11 @@ std::vector<nlohmann::json> run_collective(std::size_t n, const std::function<nl
         } catch (const std::exception& e) {
           j["error"] = describe(e);
         }
-        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        sluice_test::write_rank_json(out, rank, j);
         return 0;
       },
       60s);
-  std::vector<nlohmann::json> results;
-  for (std::size_t r = 0; r < n; ++r) {
-    nlohmann::json j;
-    std::ifstream f(out / fmt::format("rank{}.json", r));
-    if (f) f >> j;
-    j["exit"] = res[r].code;
-    j["timed_out"] = res[r].timed_out;
-    results.push_back(std::move(j));
-  }
+  auto results = sluice_test::read_rank_jsons(out, res);
   fs::remove_all(store);
   fs::remove_all(out);
   return results;
@@ -1049,7 +1034,7 @@ TEST_CASE("load_distributed from a path: the bytes read to open, summed over 4 r
         nlohmann::json j;
         j["stats"] = st.to_json();
         for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
-        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        sluice_test::write_rank_json(out, rank, j);
         return 0;
       },
       60s);

@@ -21,6 +21,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "multiprocess.hpp"
+#include "rank_json.hpp"
 #include "recording_sink.hpp"
 #include "source/s3_test_support.hpp"
 
@@ -160,19 +161,11 @@ std::vector<nlohmann::json> run_load(std::size_t n, const std::string& topology,
           j["error"] = e.what();
           code = 3;
         }
-        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        sluice_test::write_rank_json(out, rank, j);
         return code;
       },
       120s);
-  std::vector<nlohmann::json> results;
-  for (std::size_t r = 0; r < n; ++r) {
-    nlohmann::json j;
-    std::ifstream f(out / fmt::format("rank{}.json", r));
-    if (f) f >> j;
-    j["exit"] = res[r].code;
-    j["timed_out"] = res[r].timed_out;
-    results.push_back(std::move(j));
-  }
+  auto results = sluice_test::read_rank_jsons(out, res);
   fs::remove_all(store);
   fs::remove_all(out);
   return results;

@@ -27,6 +27,7 @@
 #include <sluice/testing/reload_meter.hpp>
 
 #include "../comm/multiprocess.hpp"
+#include "../comm/rank_json.hpp"
 
 using namespace sluice;
 using namespace sluice::manifest;
@@ -186,19 +187,11 @@ std::vector<nlohmann::json> run(const std::function<nlohmann::json(std::size_t, 
           j["error"] = e.what();
           code = 3;
         }
-        std::ofstream(out / fmt::format("rank{}.json", rank)) << j.dump();
+        sluice_test::write_rank_json(out, rank, j);
         return code;
       },
       180s);
-  std::vector<nlohmann::json> results;
-  for (std::size_t r = 0; r < world; ++r) {
-    nlohmann::json j;
-    std::ifstream f(out / fmt::format("rank{}.json", r));
-    if (f) f >> j;
-    j["exit"] = res[r].code;
-    j["timed_out"] = res[r].timed_out;
-    results.push_back(std::move(j));
-  }
+  auto results = sluice_test::read_rank_jsons(out, res);
   fs::remove_all(store);
   fs::remove_all(out);
   return results;
