@@ -663,13 +663,14 @@ TEST_CASE("a peer dead during a device-lane exchange: the others throw comm_erro
   CHECK(aborted > 0);  // at least one rank was waiting on the dead one inside the lane's exchange
 }
 
-TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[comm][distributed]") {
-  const auto store = sluice_test::fresh_dir("dist-open");
-  const auto out = sluice_test::fresh_dir("dist-open-out");
-  const auto copy = sluice_test::fresh_dir("dist-open-bad");
-  for (auto& f : fs::directory_iterator(checkpoint_dir())) fs::copy_file(f.path(), copy / f.path().filename());
-  const auto victim = checkpoint::open(checkpoint_dir()).shards().back().name;
-  fs::resize_file(copy / victim, fs::file_size(copy / victim) / 2);  // a truncated shard: its header promises more
+namespace {
+
+// Four ranks call the tool-level load_distributed, rank r on where(r); every
+// one must throw distributed_error naming `failed_rank`'s open failure and `victim`.
+void require_every_rank_fails_opening(const std::string& tag, const std::function<fs::path(std::size_t)>& where,
+                                      const std::string& offload, std::size_t failed_rank, const std::string& victim) {
+  const auto store = sluice_test::fresh_dir(tag + "-store");
+  const auto out = sluice_test::fresh_dir(tag + "-out");
   auto res = sluice_test::run_ranks(
       4,
       [&](std::size_t rank) {
@@ -679,7 +680,7 @@ TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[c
         who.timeout = 60s;  // the failure must not wait for it
         recording_sink s;
         try {
-          (void)load_distributed(rank == 3 ? copy : checkpoint_dir(), "tp1,dp4,ep4", "shared-single", who, s, small_options());
+          (void)load_distributed(where(rank), "tp1,dp4,ep4", offload, who, s, small_options());
         } catch (const distributed_error& e) {
           std::ofstream(out / fmt::format("rank{}.txt", rank)) << e.what() << "\n" << e.failed_rank();
           return 5;
@@ -692,11 +693,22 @@ TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[c
     REQUIRE(res[r].code == 5);
     std::ifstream f(out / fmt::format("rank{}.txt", r));
     std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    REQUIRE_THAT(msg, Catch::Contains("rank 3 failed while opening the checkpoint"));
+    REQUIRE_THAT(msg, Catch::Contains(fmt::format("rank {} failed while opening the checkpoint", failed_rank)));
     REQUIRE_THAT(msg, Catch::Contains(victim));
   }
   fs::remove_all(store);
   fs::remove_all(out);
+}
+
+}  // namespace
+
+TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[comm][distributed]") {
+  const auto copy = sluice_test::fresh_dir("dist-open-bad");
+  for (auto& f : fs::directory_iterator(checkpoint_dir())) fs::copy_file(f.path(), copy / f.path().filename());
+  const auto victim = checkpoint::open(checkpoint_dir()).shards().back().name;
+  fs::resize_file(copy / victim, fs::file_size(copy / victim) / 2);  // a truncated shard: its header promises more
+  require_every_rank_fails_opening(
+      "dist-open", [&](std::size_t rank) { return rank == 3 ? copy : checkpoint_dir(); }, "shared-single", 3, victim);
   fs::remove_all(copy);
 }
 
@@ -1129,34 +1141,6 @@ TEST_CASE("load_distributed: rank 0's corrupt header fails every rank with distr
     const std::uint64_t huge = std::uint64_t{1} << 40;
     f.write(reinterpret_cast<const char*>(&huge), sizeof huge);
   });
-  const auto store = sluice_test::fresh_dir("open-tool-store");
-  const auto out = sluice_test::fresh_dir("open-tool-out");
-  auto res = sluice_test::run_ranks(
-      4,
-      [&](std::size_t rank) {
-        comm::rank_info who;
-        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
-        who.store_dir = store.string();
-        who.timeout = 60s;  // the failure must not wait for it
-        recording_sink s;
-        try {
-          (void)load_distributed(copy, "tp1,dp4,ep4", "none", who, s, small_options());
-        } catch (const distributed_error& e) {
-          std::ofstream(out / fmt::format("rank{}.txt", rank)) << e.what() << "\n" << e.failed_rank();
-          return 5;
-        }
-        return 0;
-      },
-      50s);
-  for (std::size_t r = 0; r < 4; ++r) {
-    INFO("rank " << r);
-    REQUIRE(res[r].code == 5);
-    std::ifstream f(out / fmt::format("rank{}.txt", r));
-    std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    REQUIRE_THAT(msg, Catch::Contains("rank 0 failed while opening the checkpoint"));
-    REQUIRE_THAT(msg, Catch::Contains(victim));
-  }
-  fs::remove_all(store);
-  fs::remove_all(out);
+  require_every_rank_fails_opening("open-tool", [&](std::size_t) { return copy; }, "none", 0, victim);
   fs::remove_all(copy);
 }
