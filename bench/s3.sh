@@ -74,16 +74,7 @@ wait_port "$nginx_port" || { echo "bench/s3.sh: nginx did not start" >&2; cat "$
 
 # s3rver: upload the same files (single PUTs) with boto3.
 eval "$(SLUICE_S3_STATE_DIR=$s3state bash "$src/scripts/s3-server.sh" start 8>&-)"
-/usr/bin/python3 - "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT" <<'PY'
-import os, sys, boto3
-from boto3.s3.transfer import TransferConfig
-d, bucket, prefix, url = sys.argv[1:5]
-s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-s3.create_bucket(Bucket=bucket)
-tc = TransferConfig(multipart_threshold=5 << 30)
-for f in sorted(os.listdir(d)):
-    s3.upload_file(os.path.join(d, f), bucket, prefix + f, Config=tc)
-PY
+/usr/bin/python3 "$src/bench/upload_checkpoint.py" "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT"
 if [[ -n ${SERVE_ONLY:-} ]]; then   # for profiling by hand: keep both servers up until interrupted
   echo "nginx=http://127.0.0.1:$nginx_port s3rver=$SLUICE_S3_ENDPOINT bucket=$bucket prefix=$prefix ck=$ck"
   sleep "$SERVE_ONLY"

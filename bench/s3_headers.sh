@@ -45,16 +45,7 @@ cleanup() {
 }
 trap cleanup EXIT
 eval "$(SLUICE_S3_STATE_DIR=$s3state bash "$src/scripts/s3-server.sh" start 8>&-)"
-/usr/bin/python3 - "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT" <<'PY'
-import os, sys, boto3
-from boto3.s3.transfer import TransferConfig
-d, bucket, prefix, url = sys.argv[1:5]
-s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-s3.create_bucket(Bucket=bucket)
-tc = TransferConfig(multipart_threshold=5 << 30)
-for f in sorted(os.listdir(d)):
-    s3.upload_file(os.path.join(d, f), bucket, prefix + f, Config=tc)
-PY
+/usr/bin/python3 "$src/bench/upload_checkpoint.py" "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT"
 
 # The logging proxy: it exits when its stdin (fd 7 here) closes.
 log=$work/requests.jsonl
