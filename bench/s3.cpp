@@ -106,7 +106,7 @@ std::string slurp(const std::string& cmd) {
 }
 
 struct bench {
-  std::string dir, bucket, prefix, work;
+  std::string dir, bucket, prefix, work, python = "python3";
   std::vector<object> objects;
   std::uint64_t file_bytes = 0;
   unsigned threads = 1;
@@ -181,7 +181,7 @@ struct bench {
     std::string keys;
     for (const auto& o : objects) keys += " " + prefix + o.name;
     warm(s.warm_dir);
-    const auto out = slurp(fmt::format("/usr/bin/python3 {}/boto3_get.py {} {} {} {} {}", work, s.url, bucket, streams,
+    const auto out = slurp(fmt::format("{} {}/boto3_get.py {} {} {} {} {}", python, work, s.url, bucket, streams,
                                        part, keys));
     if (out.empty()) throw std::runtime_error("boto3 run failed against " + s.url);
     return std::stod(out);
@@ -227,6 +227,8 @@ int main(int argc, char** argv) try {
   app.add_option("--repeat", repeat, "runs per row (best of)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--threads", b.threads, "io_context threads")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-boto3", no_boto3, "skip the boto3 rows");
+  app.add_option("--python", b.python, "the interpreter with boto3 (bench/s3.sh passes the project's .venv)")
+      ->capture_default_str();
   app.add_flag("--no-curl", no_curl, "skip the curl rows");
   if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
   const bool boto3 = !no_boto3, curl = !no_curl;

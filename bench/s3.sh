@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/s3: sluice vs N parallel curl vs boto3 reading the same checkpoint over
-# HTTP range GETs, from nginx (the throughput reference) and from s3rver (the
-# correctness peer, CPU-bound), at the same concurrency and part size.
+# HTTP range GETs, from nginx (the throughput reference) and from moto (the
+# SigV4-checking correctness server, CPU-bound), at the same concurrency and part size.
 #
 #   bench/s3.sh [BUILD_DIR] [bench-s3 options...]      e.g. bench/s3.sh build/release --streams 8,16 --part 8MiB,16MiB
 #
@@ -9,7 +9,7 @@
 # SIZE (default 1GiB) sizes the generated checkpoint; WORK (default BUILD_DIR/bench-s3)
 # keeps it between runs. Everything listens on 127.0.0.1 only; nginx (Debian's,
 # path-style /bucket/prefix/file from a symlink to the checkpoint, ranges,
-# Authorization ignored) and s3rver (scripts/s3-server.sh, its own state dir)
+# Authorization ignored) and moto (scripts/s3-server.sh, its own state dir)
 # are stopped on exit. SERVE_ONLY=SECONDS starts both servers, prints their
 # URLs and keeps them up that long instead of running the benchmark (profiling).
 set -euo pipefail
@@ -25,7 +25,8 @@ work=$(cd "$work" && pwd)
 exec 8>"$work/lock"   # one run per WORK: a second would replace the first one's servers
 flock -n 8 || { echo "bench/s3.sh: $work is in use by another run (set WORK=...)" >&2; exit 1; }
 
-export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1
+export AWS_REGION=us-east-1   # the key pair comes from scripts/s3-server.sh's env lines below
+py=${SLUICE_PYTHON:-$src/.venv/bin/python}   # boto3: the project's Python environment
 export AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 unset AWS_PROFILE AWS_SESSION_TOKEN AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3 AWS_CA_BUNDLE
 
@@ -36,7 +37,7 @@ if [[ ! -d $ck || ! -f $work/ck.size || $(cat "$work/ck.size") != "$size" ]]; th
   echo "$size" > "$work/ck.size"
 fi
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 # nginx: /bucket/prefix/<file> -> the checkpoint directory.
@@ -72,16 +73,16 @@ trap cleanup EXIT
 /usr/sbin/nginx -c "$ng/nginx.conf" -p "$ng" -e "$ng/error.log" 8>&-
 wait_port "$nginx_port" || { echo "bench/s3.sh: nginx did not start" >&2; cat "$ng/error.log" >&2; exit 1; }
 
-# s3rver: upload the same files (single PUTs) with boto3.
+# moto: upload the same files (single PUTs) with boto3.
 eval "$(SLUICE_S3_STATE_DIR=$s3state bash "$src/scripts/s3-server.sh" start 8>&-)"
-/usr/bin/python3 "$src/bench/upload_checkpoint.py" "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT"
+"$py" "$src/bench/upload_checkpoint.py" "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT"
 if [[ -n ${SERVE_ONLY:-} ]]; then   # for profiling by hand: keep both servers up until interrupted
-  echo "nginx=http://127.0.0.1:$nginx_port s3rver=$SLUICE_S3_ENDPOINT bucket=$bucket prefix=$prefix ck=$ck"
+  echo "nginx=http://127.0.0.1:$nginx_port moto=$SLUICE_S3_ENDPOINT bucket=$bucket prefix=$prefix ck=$ck"
   sleep "$SERVE_ONLY"
   exit 0
 fi
 echo "reproduce: bench/s3.sh ${build#"$src/"} $*"
 "$build/bench/bench-s3" "$ck" \
   --server "nginx=http://127.0.0.1:$nginx_port,$ck" \
-  --server "s3rver=$SLUICE_S3_ENDPOINT,$s3state/data/$bucket" \
+  --server "moto=$SLUICE_S3_ENDPOINT" --python "$py" \
   --bucket "$bucket" --prefix "$prefix" "$@"

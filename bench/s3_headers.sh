@@ -2,7 +2,7 @@
 # bench/s3_headers: the metadata requests of an N-rank load from S3, counted
 # per object. `sluice-launch -n N -- sluice-load s3://bench/ck/ --topology
 # tp1,dpN,epN` reads through tests/support/fault_proxy.js --log in front of
-# s3rver, and the log is counted: per object, GETs from byte 0 (the index, a
+# moto, and the log is counted: per object, GETs from byte 0 (the index, a
 # shard header's speculative prefix; no tensor starts there), HEADs, and the
 # other GETs (tensor data).
 #
@@ -12,7 +12,7 @@
 # and sluice-launch; point it at another build's (or a copy of them) for a
 # before/after. SIZE (default 256MiB) and SHARD (default 8MiB) shape the
 # generated checkpoint; WORK (default build/bench-s3-headers) keeps it between
-# runs. s3rver (scripts/s3-server.sh, a state dir of its own) and the proxy
+# runs. moto (scripts/s3-server.sh, a state dir of its own) and the proxy
 # listen on 127.0.0.1 and are stopped on exit.
 set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,7 +26,8 @@ work=$(cd "$work" && pwd)
 exec 8>"$work/lock"
 flock -n 8 || { echo "bench/s3_headers.sh: $work is in use by another run (set WORK=...)" >&2; exit 1; }
 
-export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1
+export AWS_REGION=us-east-1   # the key pair comes from scripts/s3-server.sh's env lines below
+py=${SLUICE_PYTHON:-$src/.venv/bin/python}   # boto3: the project's Python environment
 export AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 unset AWS_PROFILE AWS_SESSION_TOKEN AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3 AWS_CA_BUNDLE
 
@@ -45,7 +46,7 @@ cleanup() {
 }
 trap cleanup EXIT
 eval "$(SLUICE_S3_STATE_DIR=$s3state bash "$src/scripts/s3-server.sh" start 8>&-)"
-/usr/bin/python3 "$src/bench/upload_checkpoint.py" "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT"
+"$py" "$src/bench/upload_checkpoint.py" "$ck" "$bucket" "$prefix" "$SLUICE_S3_ENDPOINT"
 
 # The logging proxy: it exits when its stdin (fd 7 here) closes.
 log=$work/requests.jsonl

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Uploads every file of a checkpoint directory to an S3 endpoint (single PUTs):
 
     bench/upload_checkpoint.py DIR BUCKET PREFIX ENDPOINT_URL
 
-Creates the bucket; used by bench/s3.sh and bench/s3_headers.sh against s3rver."""
+Creates the bucket; used by bench/s3.sh and bench/s3_headers.sh against moto (scripts/s3-server.sh)."""
 import os
 import sys
 

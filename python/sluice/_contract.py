@@ -11,13 +11,9 @@ import inspect as _inspect
 import torch
 
 from . import _sluice
-from ._torch import tensor_from
+from ._torch import _EXACT, tensor_from
 
-_TORCH_TO_SLUICE = {
-    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
-    torch.int8: "I8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
-    torch.uint8: "U8", torch.bool: "BOOL", torch.complex64: "C64",
-}
+_TORCH_TO_SLUICE = {t: name for name, t in _EXACT.items()}
 
 
 def sluice_dtype(t: torch.Tensor) -> str:

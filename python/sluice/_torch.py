@@ -2,28 +2,24 @@
 import torch
 import torch.utils.dlpack
 
-# Where torch has the type: the same type. Types torch lacks travel as the
-# integer type of their width; `as_torch_dtype` says which.
+# torch 2.x (the package needs torch >= 2.3: float8 and unsigned types) has a type
+# for every safetensors dtype but the sub-byte ones, and each is the one HF
+# safetensors gives (python/tests/test_reference.py checks). The bytes travel
+# through DLPack as a type of the same width; `tensor_from` views them as this.
 _EXACT = {
     "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
     "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
-    "U8": torch.uint8, "BOOL": torch.bool, "C64": torch.complex64,
+    "U8": torch.uint8, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+    "BOOL": torch.bool, "C64": torch.complex64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "F8_E8M0": torch.float8_e8m0fnu,
 }
-# float8 where the installed torch has it (torch >= 2.1); else uint8 bytes.
-_FLOAT8 = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-           "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu"}
-_REINTERPRET = {"U16": torch.int16, "U32": torch.int32, "U64": torch.int64}
 
 
 def as_torch_dtype(dtype: str) -> torch.dtype:
     """The torch dtype a tensor of sluice dtype `dtype` arrives as."""
-    if dtype in _EXACT:
-        return _EXACT[dtype]
-    if dtype in _FLOAT8 and hasattr(torch, _FLOAT8[dtype]):
-        return getattr(torch, _FLOAT8[dtype])
-    if dtype in _REINTERPRET:
-        return _REINTERPRET[dtype]
-    return torch.uint8  # F8 without torch float8, F6_*, F4: the bytes
+    return _EXACT.get(dtype, torch.uint8)  # F6_*, F4: the packed bytes
 
 
 def arrival_shape(dtype: str, shape):
@@ -47,7 +43,7 @@ def tensor_from(item):
     else:
         t = torch.utils.dlpack.from_dlpack(capsule)
         if t.dtype != target:
-            t = t.view(target)  # BOOL (uint8 on the wire), float8 where torch has it
+            t = t.view(target)  # BOOL, float8 (uint8 on the wire), U16-U64 (signed on the wire)
     if target is not _EXACT.get(dtype, None):
         t.sluice_dtype = dtype  # the dtype torch has no type for
     t.sluice_kind = kind

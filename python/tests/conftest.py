@@ -17,6 +17,22 @@ BUILD_DIR = os.environ.get("SLUICE_BUILD_DIR", os.path.join(SOURCE_DIR, "build",
 PYTHON = sys.executable
 
 
+def _torch_pin():
+    with open(os.path.join(SOURCE_DIR, "python", "requirements.lock")) as f:
+        for line in f:
+            if line.startswith("torch=="):
+                return line.split("==")[1].split()[0]
+    raise RuntimeError("python/requirements.lock pins no torch")
+
+
+def pytest_sessionstart(session):
+    """The tests run under the pinned torch or not at all (never a silent fallback)."""
+    pin = os.environ.get("SLUICE_TORCH_PIN") or _torch_pin()
+    if torch.__version__.split("+")[0] != pin:
+        pytest.exit(f"torch {torch.__version__} at {torch.__file__}, but python/requirements.lock pins {pin}: "
+                    "run under the project's environment (.venv, scripts/python-env.sh)", returncode=3)
+
+
 def tool(name):
     path = os.path.join(BUILD_DIR, "examples", name)
     if not os.path.exists(path):

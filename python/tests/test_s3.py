@@ -1,4 +1,5 @@
-"""sluice.open / iter_weights from S3 (s3rver, started by scripts/test.sh: SLUICE_S3_ENDPOINT)."""
+"""sluice.open / iter_weights from S3 (moto with SigV4 checking, started by scripts/test.sh: SLUICE_S3_ENDPOINT
+and the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY pair it generated)."""
 import os
 import uuid
 
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.skipif(not ENDPOINT or not sluice._sluice.has_s3,
 @pytest.fixture
 def bucket(small, monkeypatch):
     import boto3
-    for k, v in {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER", "AWS_REGION": "us-east-1",
-                 "AWS_ENDPOINT_URL": ENDPOINT}.items():
+    for k, v in {"AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": ENDPOINT}.items():
         monkeypatch.setenv(k, v)
     s3 = boto3.client("s3", endpoint_url=ENDPOINT, region_name="us-east-1")
     name = f"py-{uuid.uuid4().hex[:12]}"

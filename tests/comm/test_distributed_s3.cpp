@@ -1,5 +1,5 @@
 // Tests for include/sluice/s3/distributed.hpp: a generated checkpoint
-// uploaded to the S3 test server (s3rver with SigV4 verification, see
+// uploaded to the S3 test server (moto with SigV4 checking, see
 // tests/source/s3_test_support.hpp), loaded by N forked ranks talking Gloo
 // over loopback, each reading only its planned slices from S3.
 #include <catch2/catch.hpp>
@@ -62,7 +62,7 @@ distributed_options small_options() {
   return o;
 }
 
-// The test server's config: S3RVER credentials, 4 connections (for the node).
+// The test server's config: its IAM key pair, 4 connections (for the node).
 constexpr std::size_t node_connections = 4;
 s3::config s3_config() {
   auto c = sluice_test::test_config(servers().http);
@@ -71,7 +71,7 @@ s3::config s3_config() {
 }
 
 task<void> upload_dir(s3::client& c, std::string bucket, std::string prefix, fs::path dir, bool create) {
-  if (create) co_await c.create_bucket(bucket);  // (s3rver: 409 BucketAlreadyExists the second time)
+  if (create) co_await c.create_bucket(bucket);
   for (const auto& f : fs::directory_iterator(dir)) {
     std::ifstream in(f.path(), std::ios::binary);
     std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -334,10 +334,7 @@ TEST_CASE("a rank among fewer table readers than local ranks reads the tables wi
 TEST_CASE("an S3 object missing on one rank's path makes every rank fail naming the rank and the key",
           "[comm][distributed][s3]") {
   REQUIRE_S3_SERVERS();
-  if (!sluice_test::python_has_module("boto3")) {
-    WARN("SKIPPED: python3 has no boto3 (to delete an object)");
-    return;
-  }
+  REQUIRE(sluice_test::python_has_module("boto3"));  // the project's Python environment
   const auto& b = bucket();
   upload(b, "ck-r1/");  // rank 1's own copy
   auto ck = checkpoint::open(checkpoint_dir());

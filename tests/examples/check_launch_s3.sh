@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sluice-launch -n N -- sluice-load s3://bucket/prefix/ --topology tp1,dpN,epN
-# --offload shared-cooperative, against the S3 test server (s3rver): the ranks'
+# --offload shared-cooperative, against the S3 test server (moto, SigV4 checked): the ranks'
 # owned digests together equal the local load's, every tensor byte is read
 # from S3 once (summed over ranks), each rank's client has the node's 16
 # connections / N (or --connections-per-rank); a rank pointed at a missing
@@ -10,7 +10,9 @@ set -euo pipefail
 launch=$(realpath "$1") load=$(realpath "$2") ck=$(realpath "$3") src=$4
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 if [[ -z "${SLUICE_S3_ENDPOINT:-}" ]]; then eval "$(bash "$src/scripts/s3-server.sh" start)"; fi
-export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1 AWS_ENDPOINT_URL=$SLUICE_S3_ENDPOINT
+# The test server's key pair comes with its env lines (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+export AWS_REGION=us-east-1 AWS_ENDPOINT_URL=$SLUICE_S3_ENDPOINT
+py=${SLUICE_PYTHON:-$src/.venv/bin/python}   # boto3: the project's Python environment
 
 total=$(/usr/bin/python3 -c "
 import os,struct,sys
@@ -20,7 +22,7 @@ for f in os.listdir(d):
     n=struct.unpack('<Q',open(os.path.join(d,f),'rb').read(8))[0]; t+=os.path.getsize(os.path.join(d,f))-8-n
 print(t)" "$ck")
 bucket="sluice-launch-$$-$RANDOM"
-/usr/bin/python3 - "$ck" "$bucket" <<'PY'
+"$py" - "$ck" "$bucket" <<'PY'
 import os, sys, boto3
 d, bucket = sys.argv[1], sys.argv[2]
 s3 = boto3.client("s3", endpoint_url=os.environ["SLUICE_S3_ENDPOINT"], region_name="us-east-1")

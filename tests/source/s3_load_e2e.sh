@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# End to end: a generated checkpoint uploaded to s3rver (SigV4-verifying, HTTP
-# and HTTPS) loads through `sluice-load s3://...` with digests identical to the
+# End to end: a generated checkpoint uploaded to the S3 test server (moto,
+# SigV4-verifying; HTTP, and HTTPS through nginx) loads through `sluice-load s3://...` with digests identical to the
 # local load; a wrong secret fails with one `sluice: error:` line (HTTP 403: a HEAD
 # response carries no S3 error code) naming the
 # object. Usage: s3_load_e2e.sh BUILD_DIR SOURCE_DIR
@@ -9,11 +9,13 @@ build=$1 src=$2
 tools=$build/examples
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 if [[ -z "${SLUICE_S3_ENDPOINT:-}" ]]; then eval "$(bash "$src/scripts/s3-server.sh" start)"; fi
-export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1
+# The test server's key pair comes with its env lines (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+export AWS_REGION=us-east-1
+py=${SLUICE_PYTHON:-$src/.venv/bin/python}   # boto3: the project's Python environment
 
 "$tools/gen-checkpoint" "$work/ck" --size 24MiB >/dev/null
 bucket="sluice-e2e-$$-$RANDOM"
-/usr/bin/python3 - "$work/ck" "$bucket" <<'PY'
+"$py" - "$work/ck" "$bucket" <<'PY'
 import os, sys, boto3
 d, bucket = sys.argv[1], sys.argv[2]
 s3 = boto3.client("s3", endpoint_url=os.environ["SLUICE_S3_ENDPOINT"], region_name="us-east-1")
@@ -37,12 +39,14 @@ echo "ok: --connections 2: digests equal the local load"
 if "$tools/sluice-load" "s3://$bucket/ck/" --connections 0 > /dev/null 2> "$work/c0.err" || ! grep -q "at least 1" "$work/c0.err"; then
   echo "FAIL: --connections 0 was not refused:"; cat "$work/c0.err"; exit 1
 fi
-if AWS_ENDPOINT_URL=$SLUICE_S3_ENDPOINT AWS_SECRET_ACCESS_KEY=wrong \
-   "$tools/sluice-load" "s3://$bucket/ck/" --no-progress > /dev/null 2> "$work/bad.err"; then
-  echo "FAIL: a wrong secret loaded"; exit 1
-fi
-if [[ $(wc -l < "$work/bad.err") -ne 1 ]] || ! grep -Eq "^sluice: error: .*(403|SignatureDoesNotMatch).*$bucket" "$work/bad.err"; then
-  echo "FAIL: unexpected error output:"; cat "$work/bad.err"; exit 1
-fi
-echo "ok: wrong secret -> $(cat "$work/bad.err")"
+for ep in "$SLUICE_S3_ENDPOINT" "$SLUICE_S3_HTTPS_ENDPOINT"; do
+  if AWS_ENDPOINT_URL=$ep AWS_CA_BUNDLE=$SLUICE_S3_CA_BUNDLE AWS_SECRET_ACCESS_KEY=wrong \
+     "$tools/sluice-load" "s3://$bucket/ck/" --no-progress > /dev/null 2> "$work/bad.err"; then
+    echo "FAIL: a wrong secret loaded over $ep"; exit 1
+  fi
+  if [[ $(wc -l < "$work/bad.err") -ne 1 ]] || ! grep -Eq "^sluice: error: .*(403|SignatureDoesNotMatch).*$bucket" "$work/bad.err"; then
+    echo "FAIL: unexpected error output over $ep:"; cat "$work/bad.err"; exit 1
+  fi
+  echo "ok: wrong secret over $ep -> $(cat "$work/bad.err")"
+done
 echo "s3 end-to-end: passed"

@@ -1,6 +1,6 @@
 #pragma once
-// Helpers shared by the S3 tests: running child processes (python3, node,
-// scripts/s3-server.sh), botocore as a signing oracle, and the test servers.
+// Helpers shared by the S3 tests: running child processes (the project's python,
+// node, scripts/s3-server.sh), botocore as a signing oracle, and the test servers.
 #include <sluice/s3/client.hpp>
 #include <sluice/s3/sigv4.hpp>
 
@@ -179,13 +179,14 @@ class child {
   int stdin_ = -1, stdout_ = -1;
 };
 
-/// The S3 test servers (see scripts/s3-server.sh): from SLUICE_S3_ENDPOINT,
-/// SLUICE_S3_HTTPS_ENDPOINT and SLUICE_S3_CA_BUNDLE when set; otherwise started
-/// here with `scripts/s3-server.sh start` (idempotent; they keep running for
-/// the next test, `scripts/s3-server.sh stop` ends them). `error` says why
-/// there are none (the test then prints SKIPPED).
+/// The S3 test servers (see scripts/s3-server.sh: moto with SigV4 checking, nginx
+/// as its HTTPS endpoint): from SLUICE_S3_ENDPOINT, SLUICE_S3_HTTPS_ENDPOINT,
+/// SLUICE_S3_CA_BUNDLE and the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY pair when
+/// set; otherwise started here with `scripts/s3-server.sh start` (idempotent;
+/// they keep running for the next test, `scripts/s3-server.sh stop` ends them).
+/// `error` says why there are none (the test then prints SKIPPED).
 struct s3_servers {
-  std::string http, https, ca_bundle, error;
+  std::string http, https, ca_bundle, access_key_id, secret_access_key, error;
 };
 inline const s3_servers& servers() {
   static const s3_servers s = [] {
@@ -194,10 +195,16 @@ inline const s3_servers& servers() {
     r.http = env("SLUICE_S3_ENDPOINT");
     r.https = env("SLUICE_S3_HTTPS_ENDPOINT");
     r.ca_bundle = env("SLUICE_S3_CA_BUNDLE");
-    if (!r.http.empty()) return r;
+    r.access_key_id = env("AWS_ACCESS_KEY_ID");
+    r.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
+    if (!r.http.empty()) {
+      if (r.access_key_id.empty() || r.secret_access_key.empty())
+        r.error = "SLUICE_S3_ENDPOINT is set but AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are not (eval scripts/s3-server.sh env)";
+      return r;
+    }
     auto [rc, out] = run_capture({"bash", SLUICE_S3_SERVER_SCRIPT, "start"});
     if (rc != 0) {
-      r.error = "scripts/s3-server.sh start failed (run scripts/setup.sh for node and s3rver)";
+      r.error = "scripts/s3-server.sh start failed (run scripts/setup.sh for nginx and the Python environment)";
       return r;
     }
     std::size_t pos = 0;
@@ -212,8 +219,10 @@ inline const s3_servers& servers() {
       if (k == "SLUICE_S3_ENDPOINT") r.http = v;
       if (k == "SLUICE_S3_HTTPS_ENDPOINT") r.https = v;
       if (k == "SLUICE_S3_CA_BUNDLE") r.ca_bundle = v;
+      if (k == "AWS_ACCESS_KEY_ID") r.access_key_id = v;
+      if (k == "AWS_SECRET_ACCESS_KEY") r.secret_access_key = v;
     }
-    if (r.http.empty()) r.error = "scripts/s3-server.sh start printed no endpoint";
+    if (r.http.empty() || r.access_key_id.empty()) r.error = "scripts/s3-server.sh start printed no endpoint or key";
     return r;
   }();
   return s;
@@ -232,20 +241,23 @@ inline const s3_servers& servers() {
 inline bool delete_object(const std::string& bucket, const std::string& key) {
   static const char* script = R"PY(
 import sys, boto3
-endpoint, bucket, key = sys.argv[1:4]
+endpoint, bucket, key, ak, sk = sys.argv[1:6]
 s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                  aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER")
+                  aws_access_key_id=ak, aws_secret_access_key=sk)
 s3.delete_object(Bucket=bucket, Key=key)
 )PY";
-  return run_capture({SLUICE_PYTHON3, "-c", script, servers().http, bucket, key}).first == 0;
+  return run_capture({SLUICE_PYTHON3, "-c", script, servers().http, bucket, key, servers().access_key_id,
+                      servers().secret_access_key})
+             .first == 0;
 }
 
-/// A client config for the test servers: S3RVER/S3RVER, fast retries.
-inline sluice::s3::config test_config(const std::string& endpoint, const std::string& secret = "S3RVER") {
+/// A client config for the test servers: their IAM key pair (or `secret` in place
+/// of theirs, to be refused), fast retries.
+inline sluice::s3::config test_config(const std::string& endpoint, const std::string& secret = {}) {
   sluice::s3::config c;
   c.endpoint = sluice::s3::http_endpoint::parse(endpoint);
   c.custom_endpoint = true;
-  c.creds = {"S3RVER", secret, "", "test"};
+  c.creds = {servers().access_key_id, secret.empty() ? servers().secret_access_key : secret, "", "test"};
   c.ca_bundle = servers().ca_bundle;
   c.max_connections = 4;
   c.retry = {4, std::chrono::milliseconds(10), std::chrono::milliseconds(100)};

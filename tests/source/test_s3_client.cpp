@@ -1,4 +1,4 @@
-// Tests for include/sluice/s3/client.hpp against s3rver with SigV4
+// Tests for include/sluice/s3/client.hpp against the S3 test server (moto) with SigV4
 // verification (scripts/s3-server.sh; see s3_test_support.hpp for how the
 // servers are found or started) and through the fault proxy.
 #include <sluice/s3/client.hpp>
@@ -26,7 +26,7 @@ using sluice_test::servers;
 namespace {
 
 task<void> upload(s3::client& c, std::string bucket, std::string key, std::vector<std::byte> data) {
-  // s3rver answers 409 BucketAlreadyExists (not ...OwnedByYou) for our own buckets: create once.
+  // Each bucket is created once per process (S3 outside us-east-1 answers 409 to a second create).
   static std::set<std::string> created;
   if (created.insert(bucket).second) co_await c.create_bucket(bucket);
   (void)co_await c.put(bucket, key, data);

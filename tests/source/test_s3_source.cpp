@@ -1,5 +1,5 @@
 // Tests for include/sluice/s3/source.hpp (s3_source, s3_catalog) against
-// s3rver with SigV4 verification (see s3_test_support.hpp).
+// the S3 test server (moto, SigV4 checked; see s3_test_support.hpp).
 #include <sluice/s3/load.hpp>
 #include <sluice/s3/source.hpp>
 
@@ -188,8 +188,8 @@ TEST_CASE("the configuration from AWS environment variables reaches the HTTPS se
     return;
   }
   std::map<std::string, std::string> env{{"HOME", "/nonexistent"},
-                                         {"AWS_ACCESS_KEY_ID", "S3RVER"},
-                                         {"AWS_SECRET_ACCESS_KEY", "S3RVER"},
+                                         {"AWS_ACCESS_KEY_ID", servers().access_key_id},
+                                         {"AWS_SECRET_ACCESS_KEY", servers().secret_access_key},
                                          {"AWS_ENDPOINT_URL_S3", servers().https},
                                          {"AWS_CA_BUNDLE", servers().ca_bundle}};
   auto cfg = s3::config::from_environment([&env](const std::string& n) -> std::optional<std::string> {

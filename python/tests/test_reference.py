@@ -1,0 +1,156 @@
+"""HF safetensors, the format's reference library, as an independent oracle.
+
+1. The same checkpoints read through `safetensors.safe_open` and through sluice
+   give the same names, and every tensor the same dtype, shape and bytes.
+2. The bad-input corpus (tests/data/bad) through both: "rejects" means, for
+   sluice, that `sluice.open` or the load raises; for HF, that `safe_open` or any
+   `get_tensor` raises (for a checkpoint directory: those of every shard its
+   index names, the way an engine's HF loader reads one). Both verdicts are
+   printed for every case; a difference fails unless DELIBERATE lists it with
+   its reason, and a listed difference that no longer differs fails too.
+"""
+import json
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import sluice
+
+from conftest import SOURCE_DIR, raw_bytes
+
+BAD = os.path.join(SOURCE_DIR, "tests", "data", "bad")
+
+# Cases where sluice rejects what HF accepts, on purpose (never the other way).
+DELIBERATE = {
+    # Index rules: HF's safe_open reads single files; the index is the engine's to check.
+    "index-total-size-mismatch": "sluice checks metadata.total_size against the shards' tensor bytes",
+    "index-total-size-not-number": "sluice requires metadata.total_size to be a number",
+    "index-tensor-not-in-index": "sluice requires every shard tensor to be in the weight_map (a stale index)",
+    "index-tensor-in-other-shard": "sluice requires each tensor in the shard the index names (a stale index)",
+    "index-duplicate-tensor": "sluice rejects an index that lists a name twice",
+    "index-shard-absolute": "sluice refuses shard paths outside the checkpoint directory",
+    "index-shard-dotdot": "sluice refuses shard paths outside the checkpoint directory",
+    "index-shard-parent-path": "sluice refuses shard paths outside the checkpoint directory",
+    "index-shard-with-slash": "sluice requires shard names without a directory part",
+    "index-shard-not-string": "sluice requires shard names to be strings",
+    "index-no-weight-map": "sluice requires a weight_map",
+    "index-not-object": "sluice requires the index to be a JSON object",
+    # Header rules stricter than HF's.
+    "trailing-garbage": "sluice requires the data section to end with the last tensor (no unaccounted bytes)",
+    "data-past-last-tensor": "sluice requires the data section to end with the last tensor (no unaccounted bytes)",
+    "hole": "sluice requires tensors to tile the data section without holes",
+    "tensor-unknown-field": "sluice rejects tensor entries with fields the format does not define",
+    "padding-newline": "sluice allows only spaces as header padding",
+    "padding-not-spaces": "sluice allows only spaces as header padding",
+    "header-leading-space": "sluice requires the header to start with '{'",
+    "data-without-tensors": "sluice requires an empty data section when there are no tensors",
+    "metadata-not-string": "sluice requires __metadata__ values to be strings",
+}
+
+
+def _tensors_hf(path):
+    out = {}
+    with safe_open(path, framework="pt") as f:
+        for k in f.keys():
+            out[k] = f.get_tensor(k)
+    return out
+
+
+def _tensors_sluice(path):
+    return {name: t.clone() for name, t in sluice.iter_weights(path, staging="16MiB", max_read="1MiB")}
+
+
+def _shards(directory):
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            return [os.path.join(directory, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
+    return sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".safetensors"))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor):
+    return a.dtype == b.dtype and list(a.shape) == list(b.shape) and raw_bytes(a) == raw_bytes(b)
+
+
+@pytest.mark.parametrize("which", ["small", "medium"])
+def test_every_generated_tensor_equals_hf_safetensors_in_dtype_shape_and_bytes(which, request):
+    path, digests = request.getfixturevalue(which)
+    ref = {}
+    for shard in _shards(path):
+        ref.update(_tensors_hf(shard))
+    ours = _tensors_sluice(path)
+    assert sorted(ours) == sorted(ref) == sorted(digests)
+    for name, t in ours.items():
+        assert t.dtype == ref[name].dtype, name
+        assert list(t.shape) == list(ref[name].shape), name
+        assert raw_bytes(t) == raw_bytes(ref[name]), name
+
+
+def test_a_file_hf_writes_with_every_torch_dtype_reads_back_identically(tmp_path):
+    g = torch.Generator().manual_seed(7)
+    bits = torch.randint(0, 256, (6 * 5 * 8,), dtype=torch.uint8, generator=g)
+    tensors = {}
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
+               torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.complex64,
+               torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
+        size = torch.empty((), dtype=dt).element_size()
+        raw = bits[: 6 * 5 * size].clone()
+        if dt == torch.bool:
+            raw = raw % 2
+        tensors[f"t.{str(dt).removeprefix('torch.')}"] = raw.view(dt).reshape(6, 5)
+    tensors["t.scalar"] = torch.tensor(3.5)
+    tensors["t.empty"] = torch.empty(0, 4, dtype=torch.bfloat16)
+    path = str(tmp_path / "all.safetensors")
+    save_file(tensors, path, metadata={"format": "pt"})
+    ref, ours = _tensors_hf(path), _tensors_sluice(path)
+    assert sorted(ours) == sorted(ref) == sorted(tensors)
+    for name in tensors:
+        assert _same(ours[name], ref[name]), (name, ours[name].dtype, ref[name].dtype)
+
+
+def _cases():
+    with open(os.path.join(BAD, "cases.tsv")) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip() and not line.startswith("#")]
+    return [(r[0], os.path.join(BAD, r[2])) for r in rows]
+
+
+def _verdict_hf(path):
+    try:
+        for shard in (_shards(path) if os.path.isdir(path) else [path]):
+            _tensors_hf(shard)
+        return "accepts"
+    except Exception as e:  # noqa: BLE001 - any failure is a rejection
+        return f"rejects ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+
+
+def _verdict_sluice(path):
+    try:
+        ck = sluice.open(path)
+        for _ in sluice.iter_weights(ck, staging="16MiB"):
+            pass
+        return "accepts"
+    except sluice.Error as e:
+        return f"rejects ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+
+
+def test_the_bad_corpus_gets_the_same_verdicts_from_sluice_and_hf_safetensors_but_for_the_listed_ones(capsys):
+    cases = _cases()
+    assert len(cases) >= 50
+    unexpected, stale = [], []
+    with capsys.disabled():
+        print(f"\n{'case':34} {'sluice':50} hf safetensors")
+        for case, path in cases:
+            ours, ref = _verdict_sluice(path), _verdict_hf(path)
+            differ = ours.split()[0] != ref.split()[0]
+            print(f"{case:34} {ours[:50]:50} {ref[:60]}" + (f"   [deliberate: {DELIBERATE[case]}]" if differ and case in DELIBERATE else ""))
+            if differ and case not in DELIBERATE:
+                unexpected.append((case, ours, ref))
+            if not differ and case in DELIBERATE:
+                stale.append(case)
+            if ours.startswith("accepts"):
+                unexpected.append((case, "sluice accepts a file of the bad corpus", ref))
+    assert not unexpected, unexpected
+    assert not stale, f"listed as deliberate differences but the verdicts agree: {stale}"
