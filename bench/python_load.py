@@ -2,7 +2,7 @@
 """bench/python_load.py: the Python package against sluice-load and a
 safetensors-style loader, page cache hot, same checkpoint, same run.
 
-    PYTHONPATH=build/release/python /usr/bin/python3 bench/python_load.py [--checkpoint DIR | --size 1GiB] [--repeat 3]
+    PYTHONPATH=build/release/python .venv/bin/python bench/python_load.py [--checkpoint DIR | --size 1GiB] [--repeat 3]
 
 Rows (best of --repeat; the files are read once more right before every timed
 run, so each run starts with the checkpoint in the page cache):
@@ -121,7 +121,7 @@ def main():
 
     print(f"# {datetime.date.today()}  {ck.location}: {len(ck)} tensors, {ck.tensor_bytes} bytes ({gib:.3f} GiB), "
           f"hot page cache, best of {a.repeat}, {os.cpu_count()} CPUs, torch {torch.__version__}")
-    print(f"# PYTHONPATH=build/release/python /usr/bin/python3 bench/python_load.py --checkpoint {path} "
+    print(f"# PYTHONPATH=build/release/python .venv/bin/python bench/python_load.py --checkpoint {path} "
           f"--repeat {a.repeat} --staging {a.staging}")
     ref = dict(rows)
     for name, s in rows:

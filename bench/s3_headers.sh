@@ -64,7 +64,7 @@ AWS_ENDPOINT_URL=http://127.0.0.1:$port "$bin/sluice-launch" -n "$ranks" --json-
   "$bin/sluice-load" "s3://$bucket/$prefix" --topology "tp1,dp$ranks,ep$ranks" --offload shared-cooperative \
   --json >/dev/null 8>&-
 
-/usr/bin/python3 - "$log" "$bucket" "$prefix" "$work/merged.json" "$ranks" <<'PY'
+"$py" - "$log" "$bucket" "$prefix" "$work/merged.json" "$ranks" <<'PY'
 import collections, json, sys
 log, bucket, prefix, merged, ranks = sys.argv[1:6]
 head, get0, data = collections.Counter(), collections.Counter(), collections.Counter()

@@ -14,27 +14,12 @@
 #include <string_view>
 #include <type_traits>
 
+#include <sluice/core/size.hpp>
 #include <sluice/testing/generator.hpp>
 
 #include "common/args.hpp"
 
-namespace {
-
-std::uint64_t parse_size(std::string_view s) {
-  std::size_t pos = 0;
-  const double v = std::stod(std::string(s), &pos);
-  const auto unit = s.substr(pos);
-  double m = 1;
-  if (unit == "K" || unit == "KiB") m = 1ull << 10;
-  else if (unit == "M" || unit == "MiB") m = 1ull << 20;
-  else if (unit == "G" || unit == "GiB") m = 1ull << 30;
-  else if (unit == "T" || unit == "TiB") m = 1ull << 40;
-  else if (!unit.empty() && unit != "B") throw sluice::config_error(fmt::format("bad size '{}' (use e.g. 512KiB, 2GiB)", s));
-  if (v < 0) throw sluice::config_error(fmt::format("bad size '{}'", s));
-  return static_cast<std::uint64_t>(v * m);
-}
-
-}  // namespace
+using sluice::parse_size;  // the library's one size grammar (sluice/core/size.hpp)
 
 int main(int argc, char** argv) try {
   namespace t = sluice::testing;

@@ -13,27 +13,13 @@
 
 #include <fmt/format.h>
 
+#include <sluice/core/size.hpp>
+
 namespace sluice_cli {
 
-/// "64MiB", "4GiB", "1G", "512k", "1048576" → bytes. Throws std::invalid_argument.
-inline std::uint64_t parse_size(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
-  if (i == 0) throw std::invalid_argument(fmt::format("'{}' is not a size", s));
-  std::uint64_t n = std::stoull(std::string(s.substr(0, i)));
-  std::string unit(s.substr(i));
-  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (unit.ends_with("ib")) unit.resize(unit.size() - 2);
-  else if (unit.ends_with("b")) unit.resize(unit.size() - 1);
-  int shift = 0;
-  if (unit.empty()) shift = 0;
-  else if (unit == "k") shift = 10;
-  else if (unit == "m") shift = 20;
-  else if (unit == "g") shift = 30;
-  else if (unit == "t") shift = 40;
-  else throw std::invalid_argument(fmt::format("'{}' has an unknown size unit", s));
-  return n << shift;
-}
+/// "64MiB", "4GiB", "1G", "1.5GB": the library's one size grammar (sluice/core/size.hpp).
+/// Throws sluice::config_error.
+inline std::uint64_t parse_size(std::string_view s) { return sluice::parse_size(s); }
 
 inline std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

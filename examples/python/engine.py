@@ -4,7 +4,7 @@ metadata, load it through iter_weights with an expert-parallel weight loader
 (it declines the routed experts it does not own), record the load contract,
 then reload an updated checkpoint layer by layer through a ReloadSession.
 
-    PYTHONPATH=build/release/python /usr/bin/python3 examples/python/engine.py CKPT [--update CKPT2] [--ep-size 2 --ep-rank 0]
+    PYTHONPATH=build/release/python .venv/bin/python examples/python/engine.py CKPT [--update CKPT2] [--ep-size 2 --ep-rank 0]
 """
 import argparse
 import re

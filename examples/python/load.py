@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load a checkpoint through sluice into torch tensors and print the load's summary.
 
-    PYTHONPATH=build/release/python /usr/bin/python3 examples/python/load.py .samples/deepseek-2GiB --staging 1GiB
+    PYTHONPATH=build/release/python .venv/bin/python examples/python/load.py .samples/deepseek-2GiB --staging 1GiB
     # as one of N ranks (torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...):
     ... load.py CKPT --topology tp1,dp8,ep8 --offload shared-cooperative
 """

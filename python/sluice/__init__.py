@@ -11,7 +11,15 @@ import re as _re
 import sys as _sys
 from typing import NamedTuple as _NamedTuple
 
-from . import _sluice
+try:
+    from . import _sluice
+except ImportError as _e:  # the .py files without their extension (a build tree that built only the tools)
+    if getattr(_e, "name", None) not in (None, __name__ + "._sluice") and "_sluice" not in str(_e):
+        raise
+    raise ImportError(
+        f"sluice: the extension sluice._sluice is missing next to {_os.path.dirname(__file__)} ({_e}). Build it with "
+        "`cmake --preset release && cmake --build --preset release` (then PYTHONPATH=build/release/python), "
+        "or install the package with `pip install .` from the source tree") from None
 from ._sluice import (  # noqa: F401  (the exception hierarchy, mirroring sluice::error)
     Error, FormatError, IndexError, IOError, TruncatedError, CancelledError, ConfigError, ContractError,
     ResourceError, UsageError, DistributedError, CommError, S3Error, S3NotFoundError, S3AccessError,
@@ -21,27 +29,29 @@ from ._sluice import (  # noqa: F401  (the exception hierarchy, mirroring sluice
 from ._torch import as_torch_dtype, arrival_shape  # noqa: F401
 from ._contract import Recorder, ReloadSession, probe  # noqa: F401
 
-__all__ = ["open", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
+__all__ = ["open", "components", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
            "TensorInfo", "Checkpoint", "WeightIterator", "parse_size", "as_torch_dtype", "Error", "release_memory",
            "memory_stats"]
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
-          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+def components() -> list:
+    """The C++ components this build of the extension has, e.g. ["uring", "s3", "gloo", "cuda", "nccl"]."""
+    return [c for c in _sluice.components.split(",") if c and c != "testing"]
 
 
 def parse_size(size) -> int:
-    """Bytes from an int or a string such as "4GiB", "256MiB", "1.5GB"."""
+    """Bytes from an int or a string such as "4GiB", "256MiB", "1.5GiB", "4GB".
+
+    The grammar is the C++ library's (sluice/core/size.hpp), shared with
+    sluice-load: K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024; KB, MB,
+    GB, TB powers of 1000 (GNU coreutils' units: "4GB" is 4e9 bytes)."""
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ConfigError(f"size {size!r}: expected an int or a string such as '4GiB'")
     if isinstance(size, int):
         if size <= 0:
             raise ConfigError(f"size {size}: must be positive")
         return size
-    m = _re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(size))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"size '{size}': expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB)")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ConfigError(f"size '{size}': must be positive")
-    return n
+    return _sluice.parse_size(size)
 
 
 class TensorInfo(_NamedTuple):

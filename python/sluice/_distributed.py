@@ -45,7 +45,7 @@ def configure(o, topology, offload, store, timeout):
     o.world_size = int(_env("WORLD_SIZE", "1"))
     o.local_rank = int(_env("LOCAL_RANK", str(o.rank)))
     o.local_size = int(_env("LOCAL_WORLD_SIZE", str(o.world_size)))
-    o.topology = topology or f"tp1,dp{o.world_size}"
+    o.topology = topology or f"tp1,dp{o.world_size},ep{o.world_size}"  # as sluice-load under sluice-launch
     o.offload = offload
     o.timeout_ms = int(timeout * 1000)
     if o.world_size > 1:

@@ -26,6 +26,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sluice/core/size.hpp>
 #include <sluice/load_file.hpp>
 #include <sluice/manifest/contract.hpp>
 #include <sluice/manifest/reload.hpp>
@@ -970,6 +971,9 @@ PYBIND11_MODULE(_sluice, m) {
 #else
       false;
 #endif
+  m.attr("components") = std::string(SLUICE_PY_COMPONENTS);
+  m.def("parse_size", [](const std::string& s) { return sluice::parse_size(s); }, py::arg("text"),
+        "Bytes from a size such as '4GiB' (sluice/core/size.hpp: K/KiB... powers of 1024, KB/MB/GB/TB of 1000).");
 
   py::class_<py_checkpoint>(m, "Checkpoint")
       .def_property_readonly("location", [](const py_checkpoint& p) { return p.ck->location(); })

