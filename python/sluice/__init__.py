@@ -30,7 +30,7 @@ from ._torch import as_torch_dtype, arrival_shape  # noqa: F401
 from ._contract import Recorder, ReloadSession, probe  # noqa: F401
 
 __all__ = ["open", "components", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
-           "TensorInfo", "Checkpoint", "WeightIterator", "parse_size", "as_torch_dtype", "Error", "release_memory",
+           "TensorInfo", "World", "Checkpoint", "WeightIterator", "parse_size", "as_torch_dtype", "Error", "release_memory",
            "memory_stats"]
 
 
@@ -52,6 +52,16 @@ def parse_size(size) -> int:
             raise ConfigError(f"size {size}: must be positive")
         return size
     return _sluice.parse_size(size)
+
+
+class World(_NamedTuple):
+    """This rank's place in a distributed load when it is not torchrun's
+    environment (an engine's own groups): global rank, world size, and the
+    rank and count of the ranks on this node."""
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
 
 
 class TensorInfo(_NamedTuple):
@@ -227,7 +237,8 @@ class WeightIterator:
 
 
 def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto", on_exhausted="copy",
-                 queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0) -> WeightIterator:
+                 queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0,
+                 world=None) -> WeightIterator:
     """Streams the checkpoint's tensors as (name, torch.Tensor).
 
     staging: the staging budget (bytes or "4GiB"); memory stays within it.
@@ -238,16 +249,18 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       sluice.ResourceError naming the budget.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
-    topology/offload/store: a distributed load (see sluice.distributed); with
-      torchrun's environment (RANK, WORLD_SIZE, ...) and no topology, every
-      rank loads the whole checkpoint itself.
+    topology/offload/store/world: a distributed load (see sluice._distributed):
+      the ranks from `world` (a sluice.World) or torchrun's environment (RANK,
+      WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); the topology defaults to
+      "tp1,dpN,epN", as sluice-load's. Without any of the four, the load is
+      this process's alone.
     """
     if not isinstance(ck, Checkpoint):
         ck = open(ck)
     o = _options(staging, max_read, queue_depth, threads, io, on_exhausted, queue)
-    if topology is not None or store is not None:
+    if topology is not None or store is not None or world is not None:
         from ._distributed import configure
-        configure(o, topology, offload, store, timeout)
+        configure(o, topology, offload, store, timeout, world)
     return WeightIterator(ck, o, progress)
 
 

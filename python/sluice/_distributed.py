@@ -37,17 +37,24 @@ def default_store(timeout=60.0):
     return _store
 
 
-def configure(o, topology, offload, store, timeout):
-    """Fills a StreamOptions' distributed fields from torchrun's environment."""
+def configure(o, topology, offload, store, timeout, world=None):
+    """Fills a StreamOptions' distributed fields from `world` (a sluice.World),
+    or else from torchrun's environment."""
     global _loads
     import torch.distributed as dist
-    o.rank = int(_env("RANK", "0"))
-    o.world_size = int(_env("WORLD_SIZE", "1"))
-    o.local_rank = int(_env("LOCAL_RANK", str(o.rank)))
-    o.local_size = int(_env("LOCAL_WORLD_SIZE", str(o.world_size)))
+    if world is not None:
+        o.rank, o.world_size, o.local_rank, o.local_size = world.rank, world.size, world.local_rank, world.local_size
+    else:
+        o.rank = int(_env("RANK", "0"))
+        o.world_size = int(_env("WORLD_SIZE", "1"))
+        o.local_rank = int(_env("LOCAL_RANK", str(o.rank)))
+        o.local_size = int(_env("LOCAL_WORLD_SIZE", str(o.world_size)))
     o.topology = topology or f"tp1,dp{o.world_size},ep{o.world_size}"  # as sluice-load under sluice-launch
     o.offload = offload
     o.timeout_ms = int(timeout * 1000)
     if o.world_size > 1:
-        _loads += 1
-        o.set_store(dist.PrefixStore(f"sluice/load-{_loads}", store or default_store(timeout)))
+        if store is not None and world is not None:
+            o.set_store(store)  # the caller agreed on its prefix with its peers
+        else:
+            _loads += 1
+            o.set_store(dist.PrefixStore(f"sluice/load-{_loads}", store or default_store(timeout)))

@@ -36,9 +36,9 @@ are not read: the same rule as vLLM's own filter (`.experts.N.*.weight`; every
 expert's scales are still yielded). The strict check that every parameter was
 loaded is vLLM's own (`DefaultModelLoader.track_weights_loading`).
 
-Multi-rank worlds (TP/DP/PP > 1) are not supported yet: the loader raises
-sluice.ConfigError naming the world rather than loading in a way nobody has
-tested (docs/design.md, "sluice inside vLLM").
+Multi-rank worlds (TP/DP/PP > 1): one sluice load across vLLM's world group,
+each byte read from storage by one rank and sent over Gloo to the ranks that
+keep it (see `SluiceModelLoader._distributed` for the mapping).
 """
 from __future__ import annotations
 
@@ -125,40 +125,90 @@ class SluiceModelLoader(_base_loader()):
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     @staticmethod
-    def _skip_expert(model_config):
-        """vLLM's own EP weight filter for this rank, or None (no expert parallelism)."""
+    def _local_experts(model_config):
+        """The routed experts this rank owns under vLLM's expert parallelism
+        (`compute_local_expert_ids`, its EP rank formula), or None when every
+        rank needs every expert (no EP, or EPLB, whose redundant slots may hold
+        any expert)."""
         if not getattr(model_config, "is_moe", False):
             return None
-        try:
-            from vllm.config import get_current_vllm_config
-            from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
-            from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
-        except ImportError:
+        from vllm.config import get_current_vllm_config
+        from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+        pc = get_current_vllm_config().parallel_config
+        if not pc.enable_expert_parallel or pc.enable_eplb:
             return None
-        get_current_vllm_config()  # (the filter reads the parallel config from it)
-        probe = DefaultModelLoader.__new__(DefaultModelLoader)
-        probe.local_expert_ids = None
-        DefaultModelLoader._init_ep_weight_filter(probe, model_config)
-        local = probe.local_expert_ids
-        if local is None:
+        experts = model_config.get_num_experts()
+        if experts <= 0:
             return None
-        return lambda name: should_skip_weight(name, local)
+        from vllm.distributed import get_dp_group, get_pcp_group, get_tensor_model_parallel_rank
+        dp, tp, pcp = pc.data_parallel_size, pc.tensor_parallel_size, pc.prefill_context_parallel_size
+        dp_rank = get_dp_group().rank_in_group if dp > 1 else 0
+        tp_rank = get_tensor_model_parallel_rank() if tp > 1 else 0
+        pcp_rank = get_pcp_group().rank_in_group if pcp > 1 else 0
+        ep_size, ep_rank = dp * pcp * tp, dp_rank * pcp * tp + pcp_rank * tp + tp_rank  # as FusedMoEParallelConfig
+        return compute_local_expert_ids(experts, ep_size, ep_rank, placement=pc.expert_placement_strategy)
 
     # ---- the loader API
     def get_all_weights(self, model_config, model):
         """(name, tensor) for every tensor this rank needs: what `load_weights`,
         `reload_weights(weights_path=...)` and sleep level 2 call."""
-        world = self._world()
-        if world > 1:
-            raise sluice.ConfigError(
-                f"--load-format sluice: a {world}-rank vLLM world (TP/DP/PP > 1) is not supported yet; "
-                "use one rank, or another load format")
-        skip = self._skip_expert(model_config)
-        ck = self._open(model_config, select=(lambda n: not skip(n)) if skip else None)
+        local = self._local_experts(model_config)
+        if self._world() > 1:
+            yield from self._distributed(model_config, local)
+            return
+        if local is not None:
+            from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+            ck = self._open(model_config, select=lambda n: not should_skip_weight(n, local))
+        else:
+            ck = self._open(model_config)
+        yield from self._stream(ck, {})
+
+    def _distributed(self, model_config, local):
+        """A load across vLLM's world group, each byte read from storage by one rank.
+
+        sluice's topology: every rank is a replica of the dense weights (TP ranks
+        get full tensors: vLLM's weight_loaders narrow them), and with vLLM's
+        expert parallelism (PP = 1, linear placement) EP spans the world, so a
+        rank neither reads nor receives another rank's experts. sluice's EP ranks
+        are vLLM's (world rank = dp * TP + tp = vLLM's ep_rank); the expert
+        split is checked against vLLM's `compute_local_expert_ids` for every rank
+        first, and the load falls back to replicated experts (vLLM then drops
+        the others' in its weight_loaders) when they would differ. PP stages are
+        replicated too for now: a rank also receives other stages' layers,
+        whose parameters vLLM's load_weights skips.
+        """
+        import socket
+        import uuid
+        import torch.distributed as dist
+        from vllm.config import get_current_vllm_config
+        from vllm.distributed import get_world_group
+        from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+        group = get_world_group()
+        size, rank = group.world_size, group.rank_in_group
+        pc = get_current_vllm_config().parallel_config
+        ep = 1
+        if local is not None and pc.pipeline_parallel_size == 1 and pc.expert_placement_strategy == "linear":
+            experts = model_config.get_num_experts()
+            if all(compute_local_expert_ids(experts, size, r) == {e for e in range(experts) if e * size // experts == r}
+                   for r in range(size)):
+                ep = size
+        # One key prefix per load, agreed over the world's CPU group (a per-process
+        # counter diverges when only some ranks load, e.g. a draft model).
+        hosts = [None] * size
+        dist.all_gather_object(hosts, socket.gethostname(), group=group.cpu_group)
+        token = [uuid.uuid4().hex if rank == 0 else None]
+        dist.broadcast_object_list(token, src=group.ranks[0], group=group.cpu_group)
+        mine = [r for r in range(size) if hosts[r] == hosts[rank]]
+        world = sluice.World(rank=rank, size=size, local_rank=mine.index(rank), local_size=len(mine))
+        store = dist.PrefixStore(f"sluice/vllm/{token[0]}", dist.distributed_c10d._get_default_store())
+        ck = self._open(model_config)
+        yield from self._stream(ck, {"topology": f"tp1,dp{size},ep{ep}", "offload": self.options["offload"],
+                                     "store": store, "world": world})
+
+    def _stream(self, ck, distributed):
         from vllm.model_executor.model_loader.weight_utils import enable_tqdm
-        show = enable_tqdm(self.load_config.use_tqdm_on_load)
         bar = None
-        if show:
+        if enable_tqdm(self.load_config.use_tqdm_on_load):
             from tqdm.auto import tqdm
             from vllm.model_executor.model_loader.weight_utils import _BAR_FORMAT
             bar = tqdm(total=ck.tensor_bytes, desc="Loading safetensors through sluice", unit="B", unit_scale=True,
@@ -166,10 +216,13 @@ class SluiceModelLoader(_base_loader()):
         t0 = time.perf_counter()
         it = sluice.iter_weights(ck, staging=self.options["staging"], max_read=self.options["max_read"],
                                  queue_depth=self.options["queue_depth"],
-                                 progress=(lambda done, total: bar.update(done - bar.n)) if bar else False)
+                                 progress=(lambda done, total: bar.update(done - bar.n)) if bar else False,
+                                 **distributed)
         try:
             with it:
                 for name, tensor in it:
+                    if getattr(tensor, "sluice_kind", None) == "placeholder":
+                        continue  # another rank's expert: neither read nor received here
                     yield name, tensor
         finally:
             if bar is not None:
@@ -177,10 +230,13 @@ class SluiceModelLoader(_base_loader()):
         self.last_stats = dict(it.stats or {})
         seconds = max(time.perf_counter() - t0, 1e-9)
         from vllm.logger import init_logger
-        got = self.last_stats.get("bytes_read", 0)
-        init_logger(__name__).info(
-            "sluice: %s: %d tensors, %.2f GiB read, 0.00 GiB received, %.2f GiB/s (%.2f s)", ck.location,
-            self.last_stats.get("tensors", 0), got / 2**30, got / 2**30 / seconds, seconds)
+        read = self.last_stats.get("bytes_read", 0)
+        received = self.last_stats.get("bytes_received", 0)
+        init_logger("vllm.sluice").info(  # under vLLM's logger, so that its handlers print it
+            "sluice: %s%s: %d tensors, %.3f GiB read, %.3f GiB received, %.2f GiB/s (%.2f s)", ck.location,
+            f" (rank {distributed['world'].rank} of {distributed['world'].size}, {distributed['topology']})"
+            if distributed else "", self.last_stats.get("tensors", 0), read / 2**30, received / 2**30,
+            (read + received) / 2**30 / seconds, seconds)
 
     def load_weights(self, model, model_config) -> None:
         loaded = model.load_weights(self.get_all_weights(model_config, model))

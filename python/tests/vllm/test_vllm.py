@@ -14,10 +14,12 @@ import gc
 import hashlib
 import json
 import os
+import sys
 
 import pytest
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -28,35 +30,9 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 import sluice  # noqa: E402
 import sluice.vllm  # noqa: E402
 
+from models import dense as _dense, tensor_bytes as _tensor_bytes  # noqa: E402
+
 PROMPTS = [[1, 2, 3, 4, 5], [7, 100, 31, 9], [300, 3, 3, 400, 12, 5]]
-
-
-def _dense(path, seed):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    m = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    with torch.no_grad():  # random models emit near-constant tokens; spread the logits
-        for p in m.parameters():
-            p.mul_(4.0)
-    m.save_pretrained(path, safe_serialization=True, max_shard_size="400KB")
-    return path
-
-
-def _tensor_bytes(path):
-    from safetensors import safe_open
-    total = 0
-    for f in sorted(os.listdir(path)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(path, f), framework="pt") as st:
-                for k in st.keys():
-                    t = st.get_slice(k)
-                    n = 1
-                    for d in t.get_shape():
-                        n *= d
-                    total += n * {"BF16": 2, "F32": 4, "F16": 2}[t.get_dtype()]
-    return total
 
 
 def _engine(model, load_format, **kw):
@@ -77,21 +53,33 @@ def _param_digests(llm):
     return llm.apply_model(digests)[0]
 
 
-def _close(llm):
-    del llm
-    gc.collect()
+def _with_engine(model, load_format, fn, **kw):
+    """fn(engine) with one engine, shut down before the next starts (vLLM's
+    parallel state is per process: an old engine freed later would tear down
+    the new one's)."""
+    llm = _engine(model, load_format, **kw)
+    try:
+        return fn(llm)
+    finally:
+        del llm
+        gc.collect()
+
+
+def _tokens_and_params(llm):
+    return _tokens(llm), _param_digests(llm)
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory):
+def dense_paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("vllm")
-    orig, upd = _dense(str(d / "dense"), 0), _dense(str(d / "dense-updated"), 1)
-    ref = _engine(orig, "safetensors")
-    tokens, params = _tokens(ref), _param_digests(ref)
-    _close(ref)
-    ref = _engine(upd, "safetensors")
-    tokens_upd, params_upd = _tokens(ref), _param_digests(ref)
-    _close(ref)
+    return _dense(str(d / "dense"), seed=0), _dense(str(d / "dense-updated"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def dense(dense_paths):
+    orig, upd = dense_paths
+    tokens, params = _with_engine(orig, "safetensors", _tokens_and_params)
+    tokens_upd, params_upd = _with_engine(upd, "safetensors", _tokens_and_params)
     return {"orig": orig, "updated": upd, "tokens": tokens, "params": params,
             "tokens_updated": tokens_upd, "params_updated": params_upd}
 
@@ -111,43 +99,45 @@ def test_the_plugin_is_registered_through_its_entry_point():
 
 def test_a_dense_model_loads_through_sluice_with_the_tokens_and_bytes_of_vllms_own_load_and_reloads(dense, caplog):
     assert dense["tokens"] != dense["tokens_updated"], "the updated checkpoint must change the tokens"
-    llm = _engine(dense["orig"], "sluice", model_loader_extra_config={"staging": "8MiB", "max_read": "256KiB"})
-    assert _tokens(llm) == dense["tokens"]
-    assert _param_digests(llm) == dense["params"]  # every parameter bitwise equal
-    llm.collective_rpc("reload_weights", kwargs={"weights_path": dense["updated"]})
-    assert _tokens(llm) == dense["tokens_updated"]
-    assert _param_digests(llm) == dense["params_updated"]
-    _close(llm)
+    def check(llm):
+        assert _tokens(llm) == dense["tokens"]
+        assert _param_digests(llm) == dense["params"]  # every parameter bitwise equal
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": dense["updated"]})
+        assert _tokens(llm) == dense["tokens_updated"]
+        assert _param_digests(llm) == dense["params_updated"]
+    _with_engine(dense["orig"], "sluice", check,
+                 model_loader_extra_config={"staging": "8MiB", "max_read": "256KiB"})
 
 
-def test_the_bytes_read_equal_the_checkpoints_tensor_bytes(dense):
+def test_the_bytes_read_equal_the_checkpoints_tensor_bytes(dense_paths):
     from vllm.config.load import LoadConfig
     loader = sluice.vllm.SluiceModelLoader(LoadConfig(load_format="sluice"))
 
     class _Cfg:
-        model = dense["orig"]
+        model = dense_paths[0]
         model_weights = ""
     names = [n for n, _ in loader.get_all_weights(_Cfg(), None)]
     assert len(names) == len(set(names)) > 10
-    assert loader.last_stats["bytes_read"] == _tensor_bytes(dense["orig"])
+    assert loader.last_stats["bytes_read"] == _tensor_bytes(dense_paths[0])
 
 
-def test_a_checkpoint_missing_one_tensor_fails_naming_it(dense, tmp_path):
+def test_a_checkpoint_missing_one_tensor_fails_naming_it(dense_paths, tmp_path):
     import shutil
     from safetensors.torch import load_file, save_file
     bad = tmp_path / "missing"
-    shutil.copytree(dense["orig"], bad)
+    shutil.copytree(dense_paths[0], bad)
     index = json.loads((bad / "model.safetensors.index.json").read_text())
     victim = "model.layers.1.post_attention_layernorm.weight"
     shard = bad / index["weight_map"].pop(victim)
     tensors = load_file(str(shard))
+    index["metadata"]["total_size"] -= tensors[victim].numel() * tensors[victim].element_size()  # a consistent index
     del tensors[victim]
     save_file(tensors, str(shard), metadata={"format": "pt"})
     (bad / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(Exception, match=r"model\.layers\.1\.post_attention_layernorm\.weight"):
-        _engine(str(bad), "sluice")
+        _with_engine(str(bad), "sluice", lambda llm: None)
 
 
-def test_an_unknown_extra_config_key_fails_naming_it(dense):
+def test_an_unknown_extra_config_key_fails_naming_it(dense_paths):
     with pytest.raises(Exception, match="stagingg"):
-        _engine(dense["orig"], "sluice", model_loader_extra_config={"stagingg": "1GiB"})
+        _with_engine(dense_paths[0], "sluice", lambda llm: None, model_loader_extra_config={"stagingg": "1GiB"})

@@ -1,0 +1,52 @@
+"""Tiny random checkpoints written by the real HF library (`save_pretrained`,
+safetensors, sharded with an index): a dense Llama and a Qwen3-MoE with routed
+experts (`mlp.experts.N.*`). Shapes are the smallest vLLM's CPU kernels take
+(head_dim 64)."""
+import os
+
+import torch
+
+
+def _save(model, path, shard):
+    with torch.no_grad():  # random models emit near-constant tokens; spread the logits
+        for p in model.parameters():
+            p.mul_(4.0)
+    model.save_pretrained(path, safe_serialization=True, max_shard_size=shard)
+    return path
+
+
+def dense(path, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return _save(LlamaForCausalLM(cfg).to(torch.bfloat16), path, "400KB")
+
+
+def moe(path, seed=0):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=256, decoder_sparse_step=1,
+                         mlp_only_layers=[], norm_topk_prob=True)
+    return _save(Qwen3MoeForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+
+
+def tensor_bytes(path, skip=lambda name: False):
+    """The checkpoint's tensor bytes (of the tensors `skip` keeps), through HF safetensors."""
+    from safetensors import safe_open
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "F8_E4M3": 1}
+    total = 0
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(path, f), framework="pt") as st:
+                for k in st.keys():
+                    if skip(k):
+                        continue
+                    s = st.get_slice(k)
+                    n = 1
+                    for d in s.get_shape():
+                        n *= d
+                    total += n * sizes[s.get_dtype()]
+    return total
