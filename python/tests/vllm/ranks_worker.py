@@ -1,23 +1,29 @@
 """One rank of a 2-rank vLLM world over Gloo, at the loader layer (vLLM's own
 `initialize_model`, `init_distributed_environment`, `initialize_model_parallel`):
-loads MODEL with vLLM's default loader and with sluice's, and writes each
-parameter's SHA-256 for both, and sluice's stats, to OUT.
+for each MODEL:EP job, loads MODEL with vLLM's default loader and with sluice's
+(EP: expert parallelism on), and writes each parameter's SHA-256 for both, and
+sluice's stats, to OUT as {MODEL: {"safetensors", "sluice", "stats"}}.
 
-    python ranks_worker.py MODEL OUT RANK WORLD PORT TP EP(0|1)
+    python ranks_worker.py OUT RANK WORLD PORT TP MODEL:EP [MODEL:EP ...]
+
+The parallel state is made once, from the first job's config (put a MoE job
+first: vLLM makes its EP group only for MoE models).
 """
 import hashlib
 import json
 import sys
 
+import torch
+
 
 def digests(model):
-    return {n: hashlib.sha256(p.detach().contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
-            .hexdigest() for n, p in model.named_parameters()}
+    return {n: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+            for n, p in model.named_parameters()}
 
 
 def main():
-    model, out, rank, world, port, tp, ep = sys.argv[1:8]
-    rank, world, tp, ep = int(rank), int(world), int(tp), ep == "1"
+    out, rank, world, port, tp = sys.argv[1:6]
+    rank, world, tp = int(rank), int(world), int(tp)
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
@@ -25,23 +31,28 @@ def main():
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # the entry point registers --load-format sluice
-    result = {}
-    for fmt in ("safetensors", "sluice"):
-        cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, data_parallel_size=world // tp,
-                         enable_expert_parallel=ep, dtype="bfloat16", enforce_eager=True, max_model_len=128,
-                         skip_tokenizer_init=True, model_loader_extra_config={"staging": "8MiB", "max_read": "256KiB"}
-                         if fmt == "sluice" else {}).create_engine_config()
-        with set_current_vllm_config(cfg):
-            if not result:
-                init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
-                                             distributed_init_method=f"tcp://127.0.0.1:{port}")
-                initialize_model_parallel(tensor_model_parallel_size=tp)
-            loader = get_model_loader(cfg.load_config)
-            m = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
-            result[fmt] = digests(m)
-            if fmt == "sluice":
-                result["stats"] = loader.last_stats
-            del m
+    result, initialised = {}, False
+    for job in sys.argv[6:]:
+        model, ep = job.rsplit(":", 1)
+        result[model] = {}
+        for fmt in ("safetensors", "sluice"):
+            extra = {"staging": "8MiB", "max_read": "256KiB"} if fmt == "sluice" else {}
+            cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, data_parallel_size=world // tp,
+                             enable_expert_parallel=ep == "1", dtype="bfloat16", enforce_eager=True,
+                             max_model_len=128, skip_tokenizer_init=True,
+                             model_loader_extra_config=extra).create_engine_config()
+            with set_current_vllm_config(cfg):
+                if not initialised:
+                    init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+                                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
+                    initialize_model_parallel(tensor_model_parallel_size=tp)
+                    initialised = True
+                loader = get_model_loader(cfg.load_config)
+                m = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
+                result[model][fmt] = digests(m)
+                if fmt == "sluice":
+                    result[model]["stats"] = loader.last_stats
+                del m
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -30,25 +30,31 @@ def _port():
     return port
 
 
-def _run(model, tmp_path, tp, ep):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Both models loaded by two ranks (TP2; the MoE with expert parallelism):
+    ({model: per-rank results}, the ranks' logs, the two paths)."""
+    d = tmp_path_factory.mktemp("ranks")
+    moe, dense = models.moe(str(d / "moe")), models.dense(str(d / "dense"))
     port, procs, outs = _port(), [], []
     # VLLM_DIST_IDENT: the shared-memory group name vLLM's CPU communicator needs (its executor sets it).
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
     for rank in range(2):
-        out = tmp_path / f"rank{rank}.json"
+        out = d / f"rank{rank}.json"
         outs.append(out)
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), model, str(out),
-                                       str(rank), "2", str(port), str(tp), "1" if ep else "0"],
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(out), str(rank), "2",
+                                       str(port), "2", f"{moe}:1", f"{dense}:0"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, p in enumerate(procs):
         assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n" + logs[rank][-4000:]
-    return [json.loads(o.read_text()) for o in outs], logs
+    results = [json.loads(o.read_text()) for o in outs]
+    return {m: [r[m] for r in results] for m in (moe, dense)}, logs, moe, dense
 
 
-def test_tp2_dense_every_parameter_equals_vllms_load_and_each_byte_is_read_once(tmp_path):
-    path = models.dense(str(tmp_path / "dense"))
-    ranks, logs = _run(path, tmp_path, tp=2, ep=False)
+def test_tp2_dense_every_parameter_equals_vllms_load_and_each_byte_is_read_once(two_ranks):
+    by_model, logs, _, path = two_ranks
+    ranks = by_model[path]
     for rank, r in enumerate(ranks):
         assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
     total = models.tensor_bytes(path)
@@ -59,9 +65,9 @@ def test_tp2_dense_every_parameter_equals_vllms_load_and_each_byte_is_read_once(
     assert any("sluice:" in log and "rank 1 of 2" in log for log in logs)
 
 
-def test_ep2_moe_each_rank_reads_and_receives_only_its_own_experts(tmp_path):
-    path = models.moe(str(tmp_path / "moe"))
-    ranks, _ = _run(path, tmp_path, tp=2, ep=True)
+def test_ep2_moe_each_rank_reads_and_receives_only_its_own_experts(two_ranks):
+    by_model, _, path, _ = two_ranks
+    ranks = by_model[path]
     for rank, r in enumerate(ranks):
         assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
     from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids, parse_expert_id
