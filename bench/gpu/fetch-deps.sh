@@ -18,6 +18,9 @@ dest=${1:-$root/.gpudeps}
 source "$root/bench/gpu/lib.sh"
 cache=${SLUICE_GPUDEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/gpudeps}
 mkdir -p "$cache/debs" "$cache/wheels" "$dest/debs" "$dest/wheels"
+# One fetch at a time into the cache (clones run the rehearsal side by side).
+exec 9>"$cache/.lock"
+flock 9
 
 for p in "${gpu_debs[@]}"; do
   if ! ls "$cache/debs/${p}"_*.deb >/dev/null 2>&1; then
