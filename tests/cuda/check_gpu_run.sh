@@ -14,6 +14,9 @@ src=$1
 py=${2:-/usr/bin/python3}
 # shellcheck source=../../bench/gpu/lib.sh
 source "$src/bench/gpu/lib.sh"
+# Run under run.sh (ctest -L cuda), whose settings of `bounded` are exported:
+# these checks set their own.
+unset T0 DEADLINE KILL_GRACE BUDGET_SCALE
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
