@@ -36,6 +36,7 @@
 #include <sluice/cuda/device_sink.hpp>
 #include <sluice/cuda/staging.hpp>
 #include <sluice/cuda/device_buffer.hpp>
+#include <sluice/cuda/host_register.hpp>
 #include <sluice/cuda/pinned.hpp>
 #include <sluice/sluice.hpp>
 #include <sluice/testing/generator.hpp>
@@ -154,7 +155,7 @@ int main(int argc, char** argv) try {
 
   // ---- ceiling 1: pinned H2D
   constexpr std::size_t probe = std::size_t{1} << 30;
-  double h2d_alloc = 0, h2d_reg = 0, h2d_pageable = 0;
+  double h2d_alloc = 0, h2d_reg = 0, h2d_pageable = 0, host_register_gibs = 0;
   {
     auto dev = memory::device_buffer::allocate(probe, 0, "h2d probe");
     {
@@ -171,6 +172,11 @@ int main(int argc, char** argv) try {
     auto pageable = sluice::lease::allocate(probe);
     std::memset(pageable.bytes().data(), 1, probe);
     h2d_pageable = h2d(pageable.bytes().data(), dev.data(), probe, 3);
+    // What pinning costs: cudaHostRegister (mapped, as the node's shared
+    // segment is registered) of 1 GiB already faulted in, once.
+    const auto t0 = clk::now();
+    auto reg = cuda::host_registration::register_mapped(pageable.bytes());
+    host_register_gibs = static_cast<double>(probe) / gib / since(t0);
   }
   const double h2d_best = std::max(h2d_alloc, h2d_reg);
 
@@ -268,6 +274,7 @@ int main(int argc, char** argv) try {
   std::printf("  pinned (cudaHostAlloc)                       %7.2f\n", h2d_alloc);
   std::printf("  pinned (mmap + cudaHostRegister, the pool's) %7.2f\n", h2d_reg);
   std::printf("  pageable (reference)                         %7.2f\n", h2d_pageable);
+  std::printf("cudaHostRegister, 1 GiB pre-faulted (mapped)   %7.2f GiB/s\n", host_register_gibs);
   std::printf("\nstorage read (best of %d)                        GiB/s\n", repeat);
   std::printf("  page cache: sluice -> discard (pinned pool)  %7.2f\n", disc_hot.gibs(data));
   std::printf("  page cache: pread loop                       %7.2f\n", pread_hot.gibs(data));

@@ -185,8 +185,9 @@ struct device_sink::impl {
     if (host_resident(v)) return accept_on_host(std::move(v));
     const tensor_ref& t = *v.tensor;
     bind();
+    if (!device_sink::takes(v.part_size(), caller.count(t.name) || placed.count(t.name), opt.allocate)) return false;
     auto dst = destination(t, v.part_size());
-    if (!dst.data && v.part_size()) return false;  // neither given nor allocated: declined
+    if (!dst.data && v.part_size()) return false;  // a caller destination without memory: declined
     if (v.kind == view_kind::placed || v.bytes.empty()) return true;
     if (v.offset + v.bytes.size() > dst.size)
       throw config_error(fmt::format("piece [{}, {}) exceeds the {}-byte device destination", v.offset,

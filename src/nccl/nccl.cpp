@@ -459,6 +459,11 @@ void nccl::exchange(std::span<const send_message> sends, std::span<const recv_me
 void nccl::barrier() {
   // An all-reduce of one int in device memory: returns when every rank reached it.
   impl_->usable("barrier");
+  // The stream and the allocation are this rank's device's, whatever thread
+  // calls: on a thread whose current device is another (0 by default), the
+  // stream is an invalid handle there and a first call makes a context on GPU 0.
+  cuda::check(::cudaSetDevice(impl_->opt.device), "cudaSetDevice",
+              {fmt::format("device {} for the NCCL barrier", impl_->opt.device)});
   void* d = nullptr;
   cuda::check(::cudaMallocAsync(&d, sizeof(int), impl_->stream), "cudaMallocAsync", {"NCCL barrier"});
   cuda::check(::cudaMemsetAsync(d, 0, sizeof(int), impl_->stream), "cudaMemsetAsync", {"NCCL barrier"});

@@ -107,6 +107,9 @@ void nccl_lane::release() noexcept {
 
 lease nccl_lane::host_buffer(unsigned slot, std::size_t n) {
   check_slot(slot);
+  // cudaHostRegister runs in the current device's context: on a helper
+  // thread (current device 0) it would make one on GPU 0 and pin there.
+  if (n) bind(c_->device());
   return reuse_or_make(host_[slot], n, stats_.host_allocations, [](std::size_t cap) {
     auto p = memory::pinned::allocate(cap, memory::pin_mode::host_register);
     return std::pair(p.keep(), p.data());

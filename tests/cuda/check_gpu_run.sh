@@ -3,13 +3,20 @@
 # otherwise exercise (bench/gpu/lib.sh), without a GPU:
 #   1. the digest comparison does not depend on the locale's collation;
 #   2. pip's NCCL is found although the wheel makes nvidia.nccl a namespace
-#      package (__file__ is None).
+#      package (__file__ is None);
+#   3. run.sh ends in time whatever hangs: `bounded` stops a step at its budget
+#      and at the run's deadline, and run.sh's budgets sum to under 300 s;
+#   4. the header check looks in the multiarch folder too, and a carried
+#      pybind11 wheel gives its CMake folder.
 # Usage: check_gpu_run.sh SOURCE_DIR [PYTHON]. Exit 77: nothing could be checked.
 set -uo pipefail
 src=$1
 py=${2:-/usr/bin/python3}
 # shellcheck source=../../bench/gpu/lib.sh
 source "$src/bench/gpu/lib.sh"
+# Run under run.sh (ctest -L cuda), whose settings of `bounded` are exported:
+# these checks set their own.
+unset T0 DEADLINE KILL_GRACE BUDGET_SCALE
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
@@ -40,25 +47,71 @@ printf '%s\n' "ab.weight F32 [2] dd" "a_b.weight F32 [2] cc" "A.weight F32 [2] a
   digests_match "$tmp/expected" "$tmp/loaded" && { echo "FAIL: digests_match accepts an extra line"; exit 1; }
   exit 0
 ) || fail=1
-grep -q 'digests_match "\$DCK.digests" "\$OUT/device-digests.txt"' "$src/bench/gpu/run.sh" ||
+grep -q 'digests_match "\$DCK.digests" "\$LOG/device-digests.txt"' "$src/bench/gpu/run.sh" ||
   bad "run.sh does not compare the device digests with digests_match"
 
 # ---- 2. pip's NCCL as the wheel lays it out: nvidia/ and nvidia/nccl/ without __init__.py.
 if [ -x "$py" ]; then
+  # Without site-packages (-S): the project's environment has pip's NCCL
+  # itself (torch's CUDA build); PYTHONPATH alone decides here.
+  mkdir -p "$tmp/pybin"
+  printf '#!/bin/sh\nexec "%s" -S "$@"\n' "$py" > "$tmp/pybin/python"
+  chmod +x "$tmp/pybin/python"
+  py_s=$tmp/pybin/python
   site=$tmp/site
   mkdir -p "$site/nvidia/nccl/include" "$site/nvidia/nccl/lib"
   : > "$site/nvidia/nccl/include/nccl.h"
   : > "$site/nvidia/nccl/lib/libnccl.so.2"
-  file=$(PYTHONPATH=$site "$py" -c 'import nvidia.nccl as m; print(m.__file__)' 2>&1)
+  file=$(PYTHONPATH=$site "$py_s" -c 'import nvidia.nccl as m; print(m.__file__)' 2>&1)
   [ "$file" = None ] || bad "the fake wheel is not a namespace package (__file__: $file)"
-  got=$(PYTHONPATH=$site pip_nccl_dir "$py")
+  got=$(PYTHONPATH=$site pip_nccl_dir "$py_s")
   [ "$got" = "$site/nvidia/nccl" ] && echo "ok: pip's NCCL found at its __path__: $got" ||
     bad "pip_nccl_dir gave '$got', expected $site/nvidia/nccl"
-  got=$(PYTHONPATH=$tmp/none pip_nccl_dir "$py")
+  got=$(PYTHONPATH=$tmp/none pip_nccl_dir "$py_s")
   [ -z "$got" ] || bad "pip_nccl_dir without the wheel gave '$got'"
   grep -q 'pip_nccl_dir' "$src/bench/gpu/run.sh" || bad "run.sh does not look for pip's NCCL with pip_nccl_dir"
 else
   echo "note: no $py: the pip NCCL check did not run"
+fi
+
+# ---- 3. time bounds
+t=$(date +%s)
+( T0=$t DEADLINE=100 KILL_GRACE=1 bounded hang 2 sleep 30 ); rc=$?
+el=$(( $(date +%s) - t ))
+[ $rc -eq 124 ] && [ $el -le 4 ] && echo "ok: bounded stops a hung step at its budget (${el}s, rc $rc)" ||
+  bad "bounded: a 2 s budget on sleep 30 gave rc $rc after ${el}s"
+t=$(date +%s)
+( T0=$((t - 97)) DEADLINE=100 KILL_GRACE=1 bounded late 60 sleep 30 ); rc=$?
+el=$(( $(date +%s) - t ))
+[ $rc -eq 124 ] && [ $el -le 4 ] && echo "ok: bounded stops a step at the run's deadline (${el}s)" ||
+  bad "bounded: 3 s before the deadline a 60 s step gave rc $rc after ${el}s"
+( T0=$(( $(date +%s) - 200 )) DEADLINE=100 bounded over 60 true ) 2>/dev/null && bad "bounded ran a step past the deadline"
+( T0=$(date +%s) DEADLINE=100 bounded fine 10 sh -c 'exit 5' ); rc=$?
+[ $rc -eq 5 ] || bad "bounded did not return the step's status (5): $rc"
+# Every step of run.sh is bounded, and the budgets (plus the kill grace each)
+# leave the run under 300 s even if every step hangs.
+budgets=$(grep -o 'bounded [a-z-]* [0-9]*' "$src/bench/gpu/run.sh" | awk '{s += $3 + 3} END {print s}')
+[ -n "$budgets" ] && [ "$budgets" -lt 300 ] && echo "ok: run.sh's step budgets with kill grace: ${budgets}s" ||
+  bad "run.sh's step budgets with kill grace sum to ${budgets}s, not under 300"
+for step in preflight deps configure build tests device python bench; do
+  grep -q "bounded $step [0-9]" "$src/bench/gpu/run.sh" || bad "run.sh's $step step is not bounded"
+done
+
+# ---- 4. headers and the pybind11 wheel
+pre=$tmp/prefix
+mkdir -p "$pre/include/boost" "$pre/include/$(multiarch)/openssl" "$pre/include/openssl"
+: > "$pre/include/boost/asio.hpp"; : > "$pre/include/openssl/evp.h"; : > "$pre/include/$(multiarch)/openssl/opensslconf.h"
+got=$(missing_headers "$pre" | tr '\n' ' ')
+want="fmt/format.h nlohmann/json.hpp liburing.h catch2/catch.hpp CLI/CLI.hpp dlpack/dlpack.h "
+[ "$got" = "$want" ] && echo "ok: missing_headers finds the multiarch opensslconf.h and lists CLI11 and dlpack" ||
+  bad "missing_headers gave '$got', expected '$want'"
+if [ -x "$py" ]; then
+  mkdir -p "$tmp/whl/pybind11/share/cmake/pybind11"
+  : > "$tmp/whl/pybind11/share/cmake/pybind11/pybind11Config.cmake"
+  (cd "$tmp/whl" && "$py" -m zipfile -c "$tmp/pybind11-9.9-py3-none-any.whl" pybind11)
+  got=$(pybind11_from_wheel "$tmp/pybind11-9.9-py3-none-any.whl" "$tmp/unpacked" "$py")
+  [ "$got" = "$tmp/unpacked/pybind11/share/cmake/pybind11" ] && echo "ok: pybind11's CMake folder from the wheel" ||
+    bad "pybind11_from_wheel gave '$got'"
 fi
 
 [ $fail -eq 0 ] && echo "gpu run.sh checks: passed"

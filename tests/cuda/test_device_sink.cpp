@@ -20,6 +20,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "device_or_skip.hpp"
+#include "lane_checkpoint.hpp"
 
 using namespace sluice;
 
@@ -181,6 +182,34 @@ TEST_CASE("a distributed rank reserves only its device tensors, at the sizes of 
       CHECK(res.bytes < ck.tensor_bytes());
     }
   }
+}
+
+TEST_CASE("the arena of a one-rank load pads each device tensor to 256 bytes", "[cuda][device_sink]") {
+  // The NCCL lane test's checkpoint and plan (test_nccl_lane.cpp expects
+  // sink.stats().allocated to be this reservation on a GPU).
+  temp_checkpoint ck_files(sluice_test::lane_generator_options());
+  auto ck = checkpoint::open(ck_files.dir);
+  const auto plan = sluice_test::lane_plan(ck);
+  std::uint64_t device_bytes = 0, padded = 0;
+  for (const auto& e : plan.entries)
+    if (e.owner_destination == policy::destination::device) {
+      device_bytes += e.info.size;
+      padded += (plan.kept_bytes(e) + 255) / 256 * 256;
+    }
+  REQUIRE(device_bytes > 0);
+  const auto res = cuda::device_sink::plan_reservation(plan, 0);
+  CHECK(res.bytes == padded);
+  // Not a multiple of 256 everywhere: the padding is what this checks.
+  CHECK(res.bytes > device_bytes);
+}
+
+TEST_CASE("without allocation a tensor with no destination is declined, a zero-size one too", "[cuda][device_sink]") {
+  CHECK_FALSE(cuda::device_sink::takes(0, /*has_destination=*/false, /*allocate=*/false));
+  CHECK_FALSE(cuda::device_sink::takes(1024, false, false));
+  CHECK(cuda::device_sink::takes(0, true, false));
+  CHECK(cuda::device_sink::takes(1024, true, false));
+  CHECK(cuda::device_sink::takes(0, false, true));
+  CHECK(cuda::device_sink::takes(1024, false, true));
 }
 
 namespace {

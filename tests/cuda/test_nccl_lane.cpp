@@ -21,6 +21,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "device_or_skip.hpp"
+#include "lane_checkpoint.hpp"
 
 using namespace sluice;
 
@@ -34,16 +35,11 @@ TEST_CASE("a one-rank distributed load through the NCCL lane lands every tensor 
   SLUICE_REQUIRE_DEVICE();
   const auto dir = std::filesystem::temp_directory_path() / ("sluice-nccl-lane-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  testing::generator_options g;
-  g.experts = 8, g.layers = 3, g.engram_rows = 4096, g.max_shard_bytes = 1u << 20;
-  const auto written = testing::write_checkpoint(dir, g);
+  const auto written = testing::write_checkpoint(dir, sluice_test::lane_generator_options());
   {
     auto ck = checkpoint::open(dir);
-    distributed_options o;
-    o.load.register_buffers = false;
-    o.plan.window_bytes = 256u << 10;  // several windows: buffers reused and replaced
-    o.plan.split_bytes = 64u << 10;
-    const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", o);
+    const auto o = sluice_test::lane_distributed_options();
+    const auto plan = sluice_test::lane_plan(ck);
     comm::local host;
     auto dev = comm::nccl::connect(host, {.device = 0});
     comm::nccl_lane lane(dev);
@@ -60,9 +56,12 @@ TEST_CASE("a one-rank distributed load through the NCCL lane lands every tensor 
     REQUIRE(lane.stats().exchanges == plan.windows);
     REQUIRE(st.windows > 2);
     // The per-rank tables stay in host memory: the sink copies only the
-    // device views, and takes device memory only for them.
+    // device views, and takes device memory only for them: the arena
+    // load_distributed reserves from the plan, each tensor padded to the
+    // sink's alignment (256 bytes), so more than device_bytes (checked
+    // without a GPU in test_device_sink.cpp).
     REQUIRE(sink.stats().bytes == device_bytes);
-    REQUIRE(sink.stats().allocated == device_bytes);
+    REQUIRE(sink.stats().allocated == cuda::device_sink::plan_reservation(plan, 0).bytes);
     REQUIRE(sink.stats().on_host == ck.tensors().size() - device_tensors);
     // Every tensor (device views copied device-to-device, host tables from
     // the sink's host copies) copied back and hashed against the generator.

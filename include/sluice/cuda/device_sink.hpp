@@ -126,8 +126,18 @@ class device_sink {
 
   /// Enqueues the copy of `v`'s bytes; keeps `v` until the copy is done.
   /// Returns false (declined) for a tensor with no destination when
-  /// allocation is off. Rethrows a failure of an earlier copy.
+  /// allocation is off (`takes`). Rethrows a failure of an earlier copy.
   bool accept(tensor_view v);
+  /// accept's decision for a view bound for device memory, without CUDA: a
+  /// tensor of `part_size` bytes (its rank's part under TP) is taken when it
+  /// has a destination (the caller's, or one the sink placed it at before) or
+  /// the sink may allocate one (`allocate`); otherwise it is declined,
+  /// whatever its size — a zero-size tensor too: having nothing to copy does
+  /// not give it a place in device memory, and the loader must know that
+  /// this sink did not take it.
+  [[nodiscard]] static constexpr bool takes(std::uint64_t /*part_size*/, bool has_destination, bool allocate) noexcept {
+    return has_destination || allocate;
+  }
   /// Waits until every copy has completed and every view is released; rethrows the first failure.
   void finish();
 
