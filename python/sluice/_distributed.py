@@ -58,3 +58,24 @@ def configure(o, topology, offload, store, timeout, world=None):
         else:
             _loads += 1
             o.set_store(dist.PrefixStore(f"sluice/load-{_loads}", store or default_store(timeout)))
+
+
+def torch_world(group=None, prefix="sluice/group"):
+    """(sluice.World, store) for one load across a torch.distributed group (the
+    default group when None): this rank's place in the group, the ranks on its
+    host (an all-gather of host names), and the default store under a key
+    prefix that the group's rank 0 draws and broadcasts, so that every load gets
+    keys of its own even when only some processes load (a per-process counter
+    would diverge there). A collective over `group`: every rank calls it."""
+    import socket
+    import uuid
+    import torch.distributed as dist
+    from . import World
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    hosts = [None] * size
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    token = [uuid.uuid4().hex if rank == 0 else None]
+    dist.broadcast_object_list(token, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    mine = [r for r in range(size) if hosts[r] == hosts[rank]]
+    store = dist.PrefixStore(f"{prefix}/{token[0]}", dist.distributed_c10d._get_default_store())
+    return World(rank=rank, size=size, local_rank=mine.index(rank), local_size=len(mine)), store

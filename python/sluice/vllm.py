@@ -177,9 +177,6 @@ class SluiceModelLoader(_base_loader()):
         replicated too for now: a rank also receives other stages' layers,
         whose parameters vLLM's load_weights skips.
         """
-        import socket
-        import uuid
-        import torch.distributed as dist
         from vllm.config import get_current_vllm_config
         from vllm.distributed import get_world_group
         from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
@@ -194,13 +191,8 @@ class SluiceModelLoader(_base_loader()):
                 ep = size
         # One key prefix per load, agreed over the world's CPU group (a per-process
         # counter diverges when only some ranks load, e.g. a draft model).
-        hosts = [None] * size
-        dist.all_gather_object(hosts, socket.gethostname(), group=group.cpu_group)
-        token = [uuid.uuid4().hex if rank == 0 else None]
-        dist.broadcast_object_list(token, src=group.ranks[0], group=group.cpu_group)
-        mine = [r for r in range(size) if hosts[r] == hosts[rank]]
-        world = sluice.World(rank=rank, size=size, local_rank=mine.index(rank), local_size=len(mine))
-        store = dist.PrefixStore(f"sluice/vllm/{token[0]}", dist.distributed_c10d._get_default_store())
+        from sluice._distributed import torch_world
+        world, store = torch_world(group.cpu_group, prefix="sluice/vllm")
         ck = self._open(model_config)
         yield from self._stream(ck, {"topology": f"tp1,dp{size},ep{ep}", "offload": self.options["offload"],
                                      "store": store, "world": world})

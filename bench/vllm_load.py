@@ -1,0 +1,130 @@
+"""bench/vllm_load.py: the weight-load time vLLM itself reports ("Loading weights
+took X seconds"), sluice against vLLM's own safetensors loader and Run:ai's
+streamer, on one generated model, page cache hot and cold, in one run.
+
+    PYTHONPATH=build/py/lib/python3.11/site-packages .venv/bin/python bench/vllm_load.py \\
+        [--model DIR | --size 2GiB] [--formats sluice,safetensors,runai_streamer] [--repeat 2] [--no-cold]
+
+The model is a random Llama written by transformers (save_pretrained, 5 GB
+shards), at least --size of bf16 weights; it is kept in .samples/ between runs.
+Each load is its own process (vLLM's engine in-process, VLLM_ENABLE_V1_MULTIPROCESSING=0)
+running LLM(model, load_format=F, enforce_eager=True) and generating one token;
+the figure is the time vLLM logs for the weights, best of --repeat. Hot: the
+files are read once right before (this VM reclaims idle page cache after ~60 s).
+Cold: `echo 3 > /proc/sys/vm/drop_caches` before each load (root). sluice is
+the package `pip install .` put on PYTHONPATH (a Release build).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+CHILD = r"""
+import sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+def main():
+    llm = LLM(model=sys.argv[1], load_format=sys.argv[2], skip_tokenizer_init=True, enforce_eager=True,
+              max_model_len=128, dtype="bfloat16", max_num_seqs=1, gpu_memory_utilization=0.3, seed=0,
+              **({"model_loader_extra_config": {"staging": sys.argv[3]}} if sys.argv[2] == "sluice" else {}))
+    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=1, detokenize=False),
+                 use_tqdm=False)
+if __name__ == "__main__":
+    main()
+"""
+
+
+def make_model(path, size):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hidden, inter, vocab = 2048, 5632, 32000
+    per_layer = 4 * hidden * hidden + 3 * hidden * inter
+    layers = max(1, -(-(size // 2 - 2 * vocab * hidden) // per_layer))
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=256)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    m.save_pretrained(path, safe_serialization=True, max_shard_size="2GB")
+
+
+def warm(path):
+    for f in sorted(os.listdir(path)):
+        with open(os.path.join(path, f), "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def load_seconds(model, fmt, staging):
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHILD, model, fmt, staging], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    out = p.stdout + p.stderr
+    m = re.findall(r"Loading weights took ([0-9.]+) seconds", out)
+    if p.returncode != 0 or not m:
+        tail = "\n".join(out.splitlines()[-8:])
+        raise RuntimeError(f"{fmt}: exit {p.returncode}, no load time in its log:\n{tail}")
+    return float(m[-1]), wall
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model")
+    ap.add_argument("--size", default="2GiB")
+    ap.add_argument("--formats", default="sluice,safetensors,runai_streamer")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--staging", default="1GiB")
+    ap.add_argument("--no-cold", action="store_true")
+    a = ap.parse_args()
+    import sluice
+    size = sluice.parse_size(a.size)
+    model = a.model or os.path.join(ROOT, ".samples", f"vllm-llama-{a.size}")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        print(f"# writing {model} (random Llama, >= {a.size} of bf16 weights)", flush=True)
+        make_model(model, size)
+    total = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
+    import vllm
+    print(f"# {' '.join(sys.argv)}")
+    print(f"# model {model}: {total / 2**30:.2f} GiB of safetensors; vllm {vllm.__version__}, sluice {sluice.__file__}")
+    modes = ["hot"] + ([] if a.no_cold or os.geteuid() != 0 else ["cold"])
+    formats = a.formats.split(",")
+    rows = {}
+    for mode in modes:
+        for fmt in formats:
+            best = None
+            for _ in range(a.repeat):
+                warm(model) if mode == "hot" else drop_caches()
+                try:
+                    s, wall = load_seconds(model, fmt, a.staging)
+                except RuntimeError as e:
+                    print(f"# {mode} {fmt}: {e}")
+                    best = None
+                    break
+                best = s if best is None else min(best, s)
+            rows[(mode, fmt)] = best
+    print(f"\n{'page cache':10} {'load format':16} {'weights s':>10} {'GiB/s':>7} {'sluice speed':>14}")
+    for mode in modes:
+        ours = rows.get((mode, "sluice"))
+        for fmt in formats:
+            s = rows.get((mode, fmt))
+            if s is None:
+                print(f"{mode:10} {fmt:16} {'failed':>10}")
+                continue
+            ratio = f"{s / ours:.2f}x" if ours else "-"
+            print(f"{mode:10} {fmt:16} {s:10.2f} {total / 2**30 / s:7.2f} {ratio:>14}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Drop-in replacements for other loaders' Python APIs, over sluice (sluice.compat.runai)."""
