@@ -140,8 +140,13 @@ PROGRESS = textwrap.dedent("""
 
 def run_with_stderr_on_a_terminal(args):
     """Runs `args` with stderr on a pseudo-terminal (stdout a pipe); returns (stdout, terminal output)."""
+    import fcntl
     import pty
+    import struct
+    import termios
     main_fd, term_fd = pty.openpty()
+    # A terminal has a size (openpty's is 0 x 0, on which tqdm >= 4.66 draws nothing).
+    fcntl.ioctl(term_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=term_fd, text=True)
     os.close(term_fd)
     seen = b""

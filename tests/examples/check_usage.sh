@@ -36,7 +36,7 @@ help_ok "$load" "--contract-out FILE"
 error_ok 1 "^sluice: error: no SOURCE given (see --help)$" "$load"
 error_ok 1 "^sluice: error: unknown argument '--bogus' (see --help)$" "$load" "$work" --bogus
 error_ok 1 "^sluice: error: --staging: 1 required SIZE missing" "$load" "$work" --staging
-error_ok 1 "^sluice: error: '12q' has an unknown size unit$" "$load" "$work" --staging 12q
+error_ok 1 "^sluice: error: size '12q': unknown unit 'q' " "$load" "$work" --staging 12q
 error_ok 1 "^sluice: error: --connections must be at least 1$" "$load" "$work" --connections 0
 error_ok 1 "^sluice: error: --contract-out needs --probe$" "$load" "$work" --contract-out f
 
