@@ -1,6 +1,8 @@
 // The compiled part of sluice::gloo: everything that includes Gloo's headers.
 #include <sluice/gloo/communicator.hpp>
 
+#include <sluice/distributed/fault.hpp>
+
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -424,6 +426,8 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
           tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
           tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
         }
+        // The test fault of phase "exchange" lands here: with messages in flight.
+        ::sluice::detail::fault_point("exchange", rank_);
         const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
         auto left = [&] {
           return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(

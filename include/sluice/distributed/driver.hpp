@@ -41,6 +41,7 @@
 #include <sluice/core/run.hpp>
 #include <sluice/distributed/deliver_window.hpp>
 #include <sluice/distributed/exchange_window.hpp>
+#include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/file_reader.hpp>
 #include <sluice/distributed/load_context.hpp>
 #include <sluice/distributed/options.hpp>
@@ -110,6 +111,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
 
   std::exception_ptr failure;
   // Every rank must have computed the same plan.
+  fault_point("plan", me);
   {
     const std::uint64_t d = plan_digest(plan);
     std::vector<std::byte> all(8 * c.size());
@@ -191,6 +193,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
     segment.close_handle();  // only mappings hold it now: nothing to clean up after a crash
     st.setup_seconds += since(setup0);
     // This rank's slices of the shared tables, straight into the segment.
+    fault_point("tables", me);
     const auto r0 = clock::now();
     try {
       planned_reads reads;
