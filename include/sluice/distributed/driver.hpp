@@ -115,7 +115,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   {
     const std::uint64_t d = plan_digest(plan);
     std::vector<std::byte> all(8 * c.size());
-    c.all_gather(std::as_bytes(std::span(&d, 1)), all);
+    in_phase("comparing load plans", [&] { c.all_gather(std::as_bytes(std::span(&d, 1)), all); });
     for (std::size_t r = 0; r < c.size(); ++r)
       if (std::memcmp(all.data() + 8 * r, &d, 8) != 0 && !failure)
         failure = std::make_exception_ptr(config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r)));
@@ -179,7 +179,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
       }
     }
     check_peers(c, failure, "creating the shared segment");
-    c.all_gather(mine, all);
+    in_phase("sharing the segment's handle", [&] { c.all_gather(mine, all); });
     if (st.local_rank != 0) {
       try {
         const auto leader = me - st.local_rank;

@@ -64,7 +64,7 @@ distributed_stats in_world(const comm::rank_info& who, F&& f) {
     comm::local c;
     return f(c);
   }
-  const auto c = comm::join_world(who);
+  const auto c = in_phase("joining the world", [&] { return comm::join_world(who); });
   return f(*c);
 }
 
