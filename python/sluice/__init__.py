@@ -14,7 +14,7 @@ from typing import NamedTuple as _NamedTuple
 from . import _sluice
 from ._sluice import (  # noqa: F401  (the exception hierarchy, mirroring sluice::error)
     Error, FormatError, IndexError, IOError, TruncatedError, CancelledError, ConfigError, ContractError,
-    ResourceError, UsageError, DistributedError, CommError, S3Error, S3NotFoundError, S3AccessError,
+    ResourceError, UsageError, DistributedError, CommError, PeerLostError, S3Error, S3NotFoundError, S3AccessError,
     S3ObjectChangedError, CudaError, Contract,
     release_memory, memory_stats,
 )
