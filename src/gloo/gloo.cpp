@@ -55,7 +55,7 @@ struct gloo::impl {
   std::shared_ptr<::gloo::rendezvous::Context> context;
   // The peers' liveness (peer_watch.hpp). Declared after the context: it
   // goes first, saying its last word before the pairs close.
-  std::unique_ptr<detail::peer_watch> watch;
+  std::shared_ptr<detail::peer_watch> watch;  // shared only with liveness()'s weak references
   std::chrono::milliseconds timeout{};
   std::uint64_t exchanges = 0;  // exchange() calls so far: the same count on every rank
   std::uint64_t calls = 0;      // collectives so far: the same count on every rank
@@ -539,6 +539,12 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
         for (auto* v : {&rx, &tx})
           for (auto& b : *v) to.push_back(std::move(b));
       });
+}
+
+std::function<void()> gloo::liveness() const {
+  return [w = std::weak_ptr<detail::peer_watch>(impl_->watch)] {
+    if (const auto watch = w.lock()) watch->check();
+  };
 }
 
 void gloo::barrier() {

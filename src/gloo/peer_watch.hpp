@@ -218,6 +218,11 @@ class peer_watch {
     armed_.insert(armed_.end(), buffers.begin(), buffers.end());
     if (lost_) interrupt();
   }
+  /// Throws peer_lost if a peer is known dead.
+  void check() {
+    std::lock_guard lock(m_);
+    if (lost_) throw peer_lost(*lost_, how_);
+  }
   /// Ends the collective's watch: returns what is known now (a lost peer
   /// means its waits may have been interrupted: its result is void).
   [[nodiscard]] verdict disarm() noexcept {

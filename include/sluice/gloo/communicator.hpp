@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -76,6 +77,12 @@ class gloo {
   /// receive is posted before any send, all are waited for with the timeout).
   void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs);
   void barrier();
+
+  /// The peer watch's word, for another communicator among the same ranks
+  /// (nccl_options::liveness): throws comm::peer_lost once a peer is known
+  /// dead, else does nothing; also after this communicator is gone. Cheap
+  /// (a lock), callable from any thread.
+  [[nodiscard]] std::function<void()> liveness() const;
 
  private:
   struct impl;
