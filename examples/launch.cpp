@@ -2,7 +2,8 @@
 // and merges their JSON summaries (see --help).
 //
 //   sluice-launch -n 8 [--store DIR | --store redis://HOST:PORT/RUN] [--nnodes M --node-rank K]
-//                 [--host ADDR] [--timeout SECONDS] [--json-out FILE] -- sluice-load ...
+//                 [--host ADDR] [--comm-timeout SECONDS] [--grace SECONDS] [--no-teardown]
+//                 [--json-out FILE] -- sluice-load ...
 //
 // Each rank gets RANK (K*N + local rank), WORLD_SIZE (M*N), LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, SLUICE_JSON_OUT (where the rank
@@ -10,8 +11,12 @@
 // empty Gloo file-store directory, or --store DIR on a filesystem every node
 // shares) or SLUICE_STORE (--store redis://..., for nodes without one; run it
 // on every node with the same URL), and SLUICE_GLOO_HOST (--host: this node's
-// address that the other nodes reach). When a rank fails, the others get
-// --timeout seconds to fail too, then are killed.
+// address that the other nodes reach), and SLUICE_COMM_TIMEOUT_MS
+// (--comm-timeout). As torchrun's agent does, the first rank that exits
+// non-zero or by a signal ends the group: the others get SIGTERM at once and
+// SIGKILL --grace seconds later, and the launcher says which rank failed
+// first and how (--no-teardown: wait for every rank, for tests of the
+// library's own detection of a dead peer).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -34,7 +40,8 @@ namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
   std::size_t n = 1, nnodes = 1, node_rank = 0;
-  double timeout = 60;
+  double timeout = 60, grace = 5;
+  bool no_teardown = false;
   std::string store, json_out, host = "127.0.0.1";
   // The command is everything after the first "--"; CLI11 sees only what precedes it.
   int i = 1;
@@ -57,8 +64,13 @@ int main(int argc, char** argv) {
   app.add_option("--node-rank", node_rank, "this node's index, below --nnodes (default 0)")->type_name("K");
   app.add_option("--host", host, "this node's address that the other nodes reach (default 127.0.0.1)")
       ->type_name("ADDR");
-  app.add_option("--timeout", timeout, "seconds the other ranks get to fail once one has (default 60)")
+  app.add_option("--comm-timeout,--timeout", timeout,
+                 "every rank's communicator timeout, SLUICE_COMM_TIMEOUT_MS (default 60;\n"
+                 "--timeout is its older name)")
       ->type_name("SECONDS");
+  app.add_option("--grace", grace, "once a rank has failed: seconds between SIGTERM and SIGKILL to the others (default 5)")
+      ->type_name("SECONDS");
+  app.add_flag("--no-teardown", no_teardown, "do not signal the other ranks when one fails: wait for every rank");
   app.add_option("--json-out", json_out, "write the merged summary to FILE (default: stdout)")->type_name("FILE");
   if (auto rc = sluice_cli::parse_args(app, options_end, argv, 2)) return *rc;
   if (nnodes == 0 || node_rank >= nnodes) {
@@ -113,7 +125,7 @@ int main(int argc, char** argv) {
   std::vector<int> codes(n, -1);
   std::size_t left = n;
   std::chrono::steady_clock::time_point first_failure{};
-  bool failed = false;
+  bool failed = false, killed = false;
   while (left) {
     int st = 0;
     const pid_t p = ::waitpid(-1, &st, WNOHANG);
@@ -122,13 +134,27 @@ int main(int argc, char** argv) {
         if (pids[r] == p) {
           codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
           --left;
-          if (codes[r] != 0 && !failed) failed = true, first_failure = std::chrono::steady_clock::now();
+          if (codes[r] != 0 && !failed) {
+            failed = true, first_failure = std::chrono::steady_clock::now();
+            if (WIFSIGNALED(st))
+              std::fprintf(stderr, "sluice-launch: rank %zu failed first: killed by signal %d (%s)%s\n", node_rank * n + r,
+                           WTERMSIG(st), ::strsignal(WTERMSIG(st)), no_teardown ? "" : "; ending the other ranks");
+            else
+              std::fprintf(stderr, "sluice-launch: rank %zu failed first: exit status %d%s\n", node_rank * n + r,
+                           WEXITSTATUS(st), no_teardown ? "" : "; ending the other ranks");
+            // Our own children, by pid: SIGTERM now, SIGKILL after --grace.
+            if (!no_teardown)
+              for (std::size_t q = 0; q < n; ++q)
+                if (codes[q] < 0) ::kill(pids[q], SIGTERM);
+          }
         }
       continue;
     }
-    if (failed && std::chrono::steady_clock::now() - first_failure > std::chrono::duration<double>(timeout)) {
+    if (failed && !no_teardown && !killed &&
+        std::chrono::steady_clock::now() - first_failure > std::chrono::duration<double>(grace)) {
+      killed = true;
       for (std::size_t r = 0; r < n; ++r)
-        if (codes[r] < 0) ::kill(pids[r], SIGKILL);  // our own children, by pid
+        if (codes[r] < 0) ::kill(pids[r], SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -148,6 +149,61 @@ namespace comm {
 class comm_error : public error {
  public:
   using error::error;
+};
+
+/// A peer died (its process ended without a word: killed, crashed): every
+/// survivor throws it within seconds, in whatever phase the load was, naming
+/// the rank and, once the load has added it, the phase. A peer that hangs
+/// without dying (stopped) is never reported as lost: see comm_timeout.
+class peer_lost : public comm_error {
+ public:
+  peer_lost(std::size_t lost_rank, std::string detail, std::string phase = {})
+      : comm_error(compose(lost_rank, detail, phase)), lost_rank_(lost_rank), what_(std::move(detail)), phase_(std::move(phase)) {}
+  /// The rank that died.
+  [[nodiscard]] std::size_t lost_rank() const noexcept { return lost_rank_; }
+  /// The phase of the load that saw it ("exchanging window 2 of 5"); empty when unknown.
+  [[nodiscard]] const std::string& phase() const noexcept { return phase_; }
+  /// How the loss was seen, without the rank and the phase.
+  [[nodiscard]] const std::string& reason() const noexcept { return what_; }
+  /// The same loss, in `phase` (kept when a phase is already known).
+  [[nodiscard]] peer_lost in_phase(std::string phase) const {
+    return phase_.empty() ? peer_lost(lost_rank_, what_, std::move(phase)) : *this;
+  }
+
+ private:
+  static std::string compose(std::size_t r, const std::string& detail, const std::string& phase) {
+    return phase.empty() ? fmt::format("peer rank {} lost: {}", r, detail)
+                         : fmt::format("peer rank {} lost while {}: {}", r, phase, detail);
+  }
+  std::size_t lost_rank_;
+  std::string what_, phase_;
+};
+
+/// A collective ran out of the communicator's timeout: a peer hangs without
+/// dying (stopped, stuck), or the machine is too slow for the timeout.
+/// Names the ranks that had not reached the collective, where known.
+class comm_timeout : public comm_error {
+ public:
+  comm_timeout(std::vector<std::size_t> lagging, std::string detail, std::string phase = {})
+      : comm_error(compose(lagging, detail, phase)), lagging_(std::move(lagging)), what_(std::move(detail)), phase_(std::move(phase)) {}
+  /// The ranks that had not reached the collective that timed out (empty: unknown).
+  [[nodiscard]] const std::vector<std::size_t>& lagging() const noexcept { return lagging_; }
+  [[nodiscard]] const std::string& phase() const noexcept { return phase_; }
+  [[nodiscard]] comm_timeout in_phase(std::string phase) const {
+    return phase_.empty() ? comm_timeout(lagging_, what_, std::move(phase)) : *this;
+  }
+
+ private:
+  static std::string compose(const std::vector<std::size_t>& lagging, const std::string& detail, const std::string& phase) {
+    std::string who;
+    for (auto r : lagging) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    std::string s = "timed out";
+    if (!phase.empty()) s += " while " + phase;
+    if (!who.empty()) s += fmt::format(" (rank{} {} did not get there)", lagging.size() > 1 ? "s" : "", who);
+    return s + ": " + detail;
+  }
+  std::vector<std::size_t> lagging_;
+  std::string what_, phase_;
 };
 }  // namespace comm
 

@@ -22,7 +22,7 @@ except ImportError as _e:  # the .py files without their extension (a build tree
         "or install the package with `pip install .` from the source tree") from None
 from ._sluice import (  # noqa: F401  (the exception hierarchy, mirroring sluice::error)
     Error, FormatError, IndexError, IOError, TruncatedError, CancelledError, ConfigError, ContractError,
-    ResourceError, UsageError, DistributedError, CommError, S3Error, S3NotFoundError, S3AccessError,
+    ResourceError, UsageError, DistributedError, CommError, PeerLostError, S3Error, S3NotFoundError, S3AccessError,
     S3ObjectChangedError, CudaError, Contract,
     release_memory, memory_stats,
 )

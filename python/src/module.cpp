@@ -208,7 +208,7 @@ namespace {
 
 struct exception_types {
   py::object error, format, index, io, truncated, cancelled, config, contract, resource, usage, distributed, comm, s3,
-      s3_not_found, s3_access, s3_changed, cuda;
+      s3_not_found, s3_access, s3_changed, cuda, peer_lost;
 };
 exception_types* types = nullptr;  // created once at import, kept for the process (never freed)
 
@@ -239,6 +239,10 @@ void set_python_error(const py::object& type, const error& e) {
   if (const auto* f = dynamic_cast<const format_error*>(&e)) exc.attr("rule") = lenient_str(f->rule());
   if (const auto* d = dynamic_cast<const distributed_error*>(&e)) exc.attr("failed_rank") = d->failed_rank();
   if (const auto* io = dynamic_cast<const io_error*>(&e)) exc.attr("code") = io->code();
+  if (const auto* l = dynamic_cast<const comm::peer_lost*>(&e)) {
+    exc.attr("lost_rank") = l->lost_rank();
+    exc.attr("phase") = lenient_str(l->phase());
+  }
 #if defined(SLUICE_HAS_S3)
   if (const auto* s = dynamic_cast<const s3_error*>(&e)) {
     exc.attr("http_status") = s->http_status();
@@ -285,6 +289,8 @@ void translate(std::exception_ptr p) {
     set_python_error(types->usage, e);
   } catch (const distributed_error& e) {
     set_python_error(types->distributed, e);
+  } catch (const comm::peer_lost& e) {
+    set_python_error(types->peer_lost, e);
   } catch (const comm::comm_error& e) {
     set_python_error(types->comm, e);
   } catch (const error& e) {
@@ -940,6 +946,7 @@ PYBIND11_MODULE(_sluice, m) {
   t.usage = make_exception(m, "UsageError", {t.error}, "The API was used out of order, or the caller failed.");
   t.distributed = make_exception(m, "DistributedError", {t.error}, "A rank failed (.failed_rank); raised on every rank.");
   t.comm = make_exception(m, "CommError", {t.error}, "A communicator or rendezvous failed or timed out.");
+  t.peer_lost = make_exception(m, "PeerLostError", {t.comm}, "A peer rank died (.lost_rank) while this one was in .phase.");
   t.s3 = make_exception(m, "S3Error", {t.io}, "An S3 request failed (.http_status, .s3_code).");
   t.s3_not_found = make_exception(m, "S3NotFoundError", {t.s3}, "An S3 bucket or object does not exist.");
   t.s3_access = make_exception(m, "S3AccessError", {t.s3}, "S3 refused the credentials.");

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -167,3 +168,35 @@ def test_ctrl_c_at_the_terminal_stops_every_rank(ck, tmp_path):
         assert int(n) < len(digests), (r, out)
         assert rest in ([], ["True"]), (r, out)
     assert any(o.split("\n")[-2].startswith("interrupted") for o in outs)
+
+
+def test_rank_0_killed_during_the_exchange_fails_every_survivor_naming_it(ck, tmp_path):
+    """torchrun-shaped, 4 ranks: rank 0, which serves the TCPStore, raises
+    SIGKILL on itself once its first exchange's messages are posted (the test
+    fault hook, SLUICE_TEST_FAULT). Every survivor raises PeerLostError naming
+    rank 0 within a quarter of the communicator's timeout (a bound derived from
+    the timeout: a hang would take all of it), although the store died too."""
+    path, digests_path, _ = ck
+    timeout = 300
+    port = free_port()
+    procs = []
+    t0 = time.monotonic()
+    for r in range(4):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="4", LOCAL_WORLD_SIZE="4",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLUICE_COMM_TIMEOUT_MS=str(timeout * 1000),
+                   SLUICE_TEST_FAULT="exchange:0:KILL")
+        args = [PYTHON, os.path.join(HERE, "dist_worker.py"), path, digests_path, str(tmp_path), "tp1,dp4,ep4",
+                "shared-cooperative"]
+        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs, took = [], []
+    for p in procs:
+        outs.append(p.communicate(timeout=900)[0])
+        took.append(time.monotonic() - t0)
+    assert procs[0].returncode == -9, outs[0]
+    for r in (1, 2, 3):
+        f = tmp_path / f"rank-{r}.json"
+        assert f.exists(), f"rank {r} wrote no result (exit {procs[r].returncode}):\n{outs[r]}"
+        kind, message, _ = json.loads(f.read_text())["error"]
+        assert kind == "PeerLostError", (r, kind, message)
+        assert "peer rank 0 lost" in message, (r, message)
+        assert took[r] < timeout / 4, (r, took[r], message)

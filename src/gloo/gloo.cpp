@@ -1,6 +1,10 @@
 // The compiled part of sluice::gloo: everything that includes Gloo's headers.
 #include <sluice/gloo/communicator.hpp>
 
+#include <sluice/distributed/fault.hpp>
+
+#include "peer_watch.hpp"
+
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -45,10 +49,16 @@ struct gloo::impl {
   // Buffers of failed collectives (see fail()): declared first, freed last.
   unbound_buffers failed;
   std::string broken;  // why an earlier collective failed; empty while the communicator works
+  std::optional<std::size_t> broken_lost;   // ... because this peer died
+  std::optional<std::vector<std::size_t>> broken_lagging;  // ... because it timed out (these had not arrived)
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
+  // The peers' liveness (peer_watch.hpp). Declared after the context: it
+  // goes first, saying its last word before the pairs close.
+  std::shared_ptr<detail::peer_watch> watch;  // shared only with liveness()'s weak references
   std::chrono::milliseconds timeout{};
   std::uint64_t exchanges = 0;  // exchange() calls so far: the same count on every rank
+  std::uint64_t calls = 0;      // collectives so far: the same count on every rank
 };
 
 namespace {
@@ -177,6 +187,17 @@ std::string tcp_unreachable(const std::string& host, int port, std::chrono::mill
 template <class Options>
 struct holding : Options {
   using Options::Options;
+  // The unbound buffers the collective waits on (for the peer watch).
+  std::vector<::gloo::transport::UnboundBuffer*> buffers() {
+    std::vector<::gloo::transport::UnboundBuffer*> v;
+    if constexpr (std::is_same_v<Options, ::gloo::BarrierOptions>) {
+      if (this->buffer) v.push_back(this->buffer.get());
+    } else {
+      if (this->in) v.push_back(this->in.get());
+      if (this->out) v.push_back(this->out.get());
+    }
+    return v;
+  }
   void hand_over(unbound_buffers& to) {
     if constexpr (std::is_same_v<Options, ::gloo::BarrierOptions>) {
       to.push_back(std::move(this->buffer));
@@ -200,29 +221,84 @@ void translated(const char* what, std::size_t rank, F&& f) {
   }
 }
 
+// Whether a Gloo error is its application-side timeout.
+bool is_timeout(std::string_view why) {
+  return why.find("Timed out") != std::string_view::npos || why.find("timeout") != std::string_view::npos;
+}
+
 // Runs a collective (its errors as translated() makes them). A failure
 // breaks the communicator: every pair is closed at once (a peer still up can
 // no longer write into the caller's buffers after we return), and the
 // collective's unbound buffers are kept until the communicator goes — Gloo's
 // device thread may still be signalling them, and freeing them then races it
 // (TSan, killed-rank test: a buffer's mutex destroyed while the device thread
-// held it). Later calls throw at once.
-// `hand_over(to)` moves the collective's unbound buffers into `to`. (Impl is
-// gloo::impl, deduced: a private type.)
+// held it). Later calls throw at once, the same kind of error.
+//
+// The failure's cause comes from the peer watch: a dead peer (directly, or
+// by a survivor's last word) makes it comm::peer_lost; a Gloo timeout, or a
+// survivor's last word "timeout", comm::comm_timeout naming the peers that
+// had not started this collective. Before its pairs close, this rank says
+// its own last word, so the peers that see them close know why.
+// `f(arm)`: runs the collective, calling arm(buffers) once its unbound
+// buffers exist and before it waits on them. `hand_over(to)` moves the
+// collective's unbound buffers into `to`. (Impl is gloo::impl, deduced: a
+// private type.)
 template <class Impl, class F, class HandOver>
 void guarded(Impl& m, std::size_t rank, const char* what, F&& f, HandOver&& hand_over) {
-  if (!m.broken.empty())
-    throw comm_error(fmt::format("gloo {} on rank {}: the communicator failed earlier ({})", what, rank, m.broken));
+  if (!m.broken.empty()) {
+    const auto again = fmt::format("gloo {} on rank {}: the communicator failed earlier ({})", what, rank, m.broken);
+    if (m.broken_lost) throw peer_lost(*m.broken_lost, again);
+    if (m.broken_lagging) throw comm_timeout(*m.broken_lagging, again);
+    throw comm_error(again);
+  }
+  const auto seq = ++m.calls;
+  bool armed = false;
+  auto arm = [&](std::span<::gloo::transport::UnboundBuffer* const> buffers) {
+    if (!m.watch) return;
+    if (!armed) m.watch->arm(seq, buffers);
+    else m.watch->arm_more(buffers);
+    armed = true;
+  };
   std::string why;
+  bool failed = true;
+  std::optional<std::size_t> lost;
   try {
-    f();
-    return;
+    f(arm);
+    failed = false;
+  } catch (const peer_lost& e) {
+    why = fmt::format("gloo {} on rank {}: {}", what, rank, e.reason());
+    lost = e.lost_rank();
   } catch (const comm_error& e) {
     why = e.what();
   } catch (const std::exception& e) {
     why = fmt::format("gloo {} failed on rank {}: {}", what, rank, e.what());
   }
+  if (!m.watch) {
+    if (!failed) return;
+  }
+  std::optional<std::vector<std::size_t>> lagging;
+  if (m.watch) {
+    auto v = m.watch->disarm();
+    // Gloo may see a closed socket before the watch does: give it a moment
+    // to tell a death (or a peer's last word) from anything else. A timeout
+    // of this rank's own needs no wait.
+    const bool own_timeout = failed && is_timeout(why);
+    if (failed && !lost && !v.lost && !own_timeout) v = m.watch->settle(std::chrono::milliseconds(2000));
+    if (!lost && v.lost) {
+      // The collective's waits were interrupted (or it failed because of
+      // the death): whatever it returned is void.
+      lost = v.lost;
+      why = failed ? fmt::format("gloo {} on rank {}: {} (Gloo: {})", what, rank, v.how, why)
+                   : fmt::format("gloo {} on rank {}: {}", what, rank, v.how);
+    } else if (!lost && failed && (own_timeout || v.timeout)) {
+      lagging = v.lagging;
+    }
+    if (!failed && !lost) return;
+    m.watch->last_word(lost ? fmt::format("lost {}", *lost) : lagging ? "timeout" : "failed");
+  }
   m.broken = why;
+  m.broken_lost = lost;
+  m.broken_lagging = lagging;
   try {
     if (m.context) m.context->closeConnections();
   } catch (...) {  // closing what already failed: nothing more to do
@@ -231,6 +307,8 @@ void guarded(Impl& m, std::size_t rank, const char* what, F&& f, HandOver&& hand
   hand_over(held);
   for (auto& b : held)
     if (b) m.failed.push_back(std::move(b));
+  if (lost) throw peer_lost(*lost, why);
+  if (lagging) throw comm_timeout(*lagging, why);
   throw comm_error(why);
 }
 // Gloo's TCP transport writes to its peers with plain writev: once a peer has
@@ -274,8 +352,20 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
                   std::function<void(const std::string&)> erase) {
     key_tracking_store store(base, std::move(erase));
     try {
+      // The peer watch meets through the same store: its address is set
+      // before Gloo's keys, so every peer's is there once the mesh is up.
+      auto watch = std::make_unique<detail::peer_watch>(rank, size, opt.hostname);
+      const auto& a = watch->address();
+      store.set(fmt::format("sluice-watch-{}", rank), std::vector<char>(a.begin(), a.end()));
       ctx->connectFullMesh(store, impl_->device);
+      std::vector<std::string> addresses(size);
+      for (std::size_t p = 0; p < rank; ++p) {
+        const auto v = store.get(fmt::format("sluice-watch-{}", p));
+        addresses[p].assign(v.begin(), v.end());
+      }
+      watch->connect(addresses, opt.timeout);
       impl_->context = std::move(ctx);
+      impl_->watch = std::move(watch);
       barrier();
     } catch (...) {
       store.erase_all();
@@ -349,10 +439,11 @@ void gloo::broadcast(std::span<std::byte> buf, std::size_t root) {
   holding<::gloo::BroadcastOptions> o(impl_->context);
   guarded(
       *impl_, rank_, "broadcast",
-      [&] {
+      [&](auto& arm) {
         o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), buf.size());
         o.setRoot(static_cast<int>(root));
         o.setTimeout(impl_->timeout);
+        arm(o.buffers());
         ::gloo::broadcast(o);
       },
       [&](unbound_buffers& to) { o.hand_over(to); });
@@ -369,10 +460,11 @@ void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
   holding<::gloo::AllgatherOptions> o(impl_->context);
   guarded(
       *impl_, rank_, "all_gather",
-      [&] {
+      [&](auto& arm) {
         o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(in.data())), in.size());
         o.setOutput(reinterpret_cast<std::uint8_t*>(out.data()), out.size());
         o.setTimeout(impl_->timeout);
+        arm(o.buffers());
         ::gloo::allgather(o);
       },
       [&](unbound_buffers& to) { o.hand_over(to); });
@@ -387,10 +479,11 @@ void gloo::all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> c
   holding<::gloo::AllgathervOptions> o(impl_->context);
   guarded(
       *impl_, rank_, "all_gather_v",
-      [&] {
+      [&](auto& arm) {
         // No input: this rank's part is already in place in the output.
         o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), std::vector<std::size_t>(counts.begin(), counts.end()));
         o.setTimeout(impl_->timeout);
+        arm(o.buffers());
         ::gloo::allgatherv(o);
       },
       [&](unbound_buffers& to) { o.hand_over(to); });
@@ -410,7 +503,7 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
   unbound_buffers rx, tx;
   guarded(
       *impl_, rank_, "exchange",
-      [&] {
+      [&](auto& arm) {
         auto& ctx = *impl_->context;
         rx.reserve(recvs.size()), tx.reserve(sends.size());
         for (const auto& m : recvs) {
@@ -424,15 +517,23 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
           tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
           tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
         }
+        std::vector<::gloo::transport::UnboundBuffer*> waited;
+        for (auto* v : {&rx, &tx})
+          for (auto& b : *v) waited.push_back(b.get());
+        arm(waited);
+        // The test fault of phase "exchange" lands here: with messages in flight.
+        ::sluice::detail::fault_point("exchange", rank_);
         const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
         auto left = [&] {
           return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
                                                             deadline - std::chrono::steady_clock::now()));
         };
+        // A wait that returns false was interrupted by the peer watch (a
+        // lost peer: guarded() says which).
         for (auto& b : rx)
-          if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was aborted", rank_));
+          if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was interrupted", rank_));
         for (auto& b : tx)
-          if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was aborted", rank_));
+          if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was interrupted", rank_));
       },
       [&](unbound_buffers& to) {
         for (auto* v : {&rx, &tx})
@@ -440,14 +541,21 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
       });
 }
 
+std::function<void()> gloo::liveness() const {
+  return [w = std::weak_ptr<detail::peer_watch>(impl_->watch)] {
+    if (const auto watch = w.lock()) watch->check();
+  };
+}
+
 void gloo::barrier() {
   if (size_ == 1) return;
   std::optional<holding<::gloo::BarrierOptions>> o;
   guarded(
       *impl_, rank_, "barrier",
-      [&] {
+      [&](auto& arm) {
         o.emplace(impl_->context);
         o->setTimeout(impl_->timeout);
+        arm(o->buffers());
         ::gloo::barrier(*o);
       },
       [&](unbound_buffers& to) {

@@ -178,6 +178,17 @@ struct nccl::impl {
     throw std::move(e);
   }
 
+  // Asks nccl_options::liveness; what it throws aborts first.
+  void alive() {
+    if (!opt.liveness) return;
+    try {
+      opt.liveness();
+    } catch (...) {
+      abort();
+      throw;
+    }
+  }
+
   void usable(const char* call) const {
     if (aborted)
       throw comm_error(fmt::format("{}: the NCCL communicator was aborted after an earlier failure (make a new one)", call));
@@ -196,6 +207,7 @@ struct nccl::impl {
       if (st != ncclInProgress) fail(nccl_error(call, static_cast<int>(st), describe(st, comm)));
       if (clk::now() > deadline)
         fail(comm_error(fmt::format("{}: no completion within {} ms (a peer is gone or stalled)", call, opt.timeout.count())));
+      alive();
       b.pause();
     }
   }
@@ -224,6 +236,7 @@ struct nccl::impl {
       }
       if (clk::now() > deadline)
         fail(comm_error(fmt::format("NCCL {}: not complete within {} ms (a peer is gone or stalled)", what, opt.timeout.count())));
+      alive();
       b.pause();
     }
   }
@@ -242,6 +255,13 @@ struct nccl::impl {
           ncclResult_t st = ncclSuccess;
           (void)::ncclCommGetAsyncError(comm, &st);
           if (st != ncclSuccess && st != ncclInProgress) abort();
+        }
+        if (comm && opt.liveness) {
+          try {
+            opt.liveness();
+          } catch (...) {  // a dead peer: its kernels will not finish
+            abort();
+          }
         }
         b.pause();
       }

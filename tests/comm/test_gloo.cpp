@@ -285,6 +285,47 @@ TEST_CASE("a dead peer makes the others' collective throw, not hang; later ones 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("liveness() throws peer_lost naming a peer once it died, and nothing before", "[comm][gloo]") {
+  // What nccl_options::liveness gets from the host communicator: the peer
+  // watch's word, without a collective. The timeout (300 s) is far beyond
+  // the test's deadline: only the watch can end the survivors' wait.
+  const auto dir = sluice_test::fresh_dir("gloolive");
+  auto res = sluice_test::run_ranks(
+      3,
+      [&](std::size_t rank) {
+        auto c = connect(rank, 3, dir, 300s);
+        const auto alive = c.liveness();
+        c.barrier();
+        try {
+          alive();
+        } catch (const comm::peer_lost&) {
+          return 41;  // a peer taken for dead while every one is up
+        }
+        if (rank == 1) {
+          c.barrier();
+          ::_exit(9);  // dies without a word
+        }
+        try {
+          c.barrier();  // may end before rank 1 dies, or throw when it has
+        } catch (const comm::peer_lost& e) {
+          if (e.lost_rank() != 1) return 43;
+        }
+        for (;;) {
+          try {
+            alive();
+          } catch (const comm::peer_lost& e) {
+            return e.lost_rank() == 1 ? 42 : 43;
+          }
+          std::this_thread::sleep_for(10ms);
+        }
+      },
+      60s);
+  REQUIRE(res[1].code == 9);
+  REQUIRE(res[0].code == 42);  // 41: a live peer taken for dead; 43: another rank named
+  REQUIRE(res[2].code == 42);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a missing peer makes rendezvous time out with comm_error", "[comm][gloo]") {
   const auto dir = sluice_test::fresh_dir("gloomissing");
   REQUIRE_THROWS_AS(connect(0, 2, dir, 1s), comm::comm_error);

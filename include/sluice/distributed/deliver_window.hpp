@@ -21,6 +21,7 @@
 #include <sluice/core/channel.hpp>
 #include <sluice/core/lease.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/load_context.hpp>
 #include <sluice/distributed/window.hpp>
 #include <sluice/stages/concepts.hpp>
@@ -53,6 +54,7 @@ class deliver_window : public pipeable {
     auto& c = *ctx_;
     const auto& plan = c.plan;
     auto& st = c.st;
+    fault_point("delivery", c.me);
     if (c.failure) return;  // the load fails at the next status exchange: the sink is not called again
     const auto d0 = std::chrono::steady_clock::now();
     try {

@@ -41,6 +41,7 @@
 #include <sluice/core/run.hpp>
 #include <sluice/distributed/deliver_window.hpp>
 #include <sluice/distributed/exchange_window.hpp>
+#include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/file_reader.hpp>
 #include <sluice/distributed/load_context.hpp>
 #include <sluice/distributed/options.hpp>
@@ -110,10 +111,11 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
 
   std::exception_ptr failure;
   // Every rank must have computed the same plan.
+  fault_point("plan", me);
   {
     const std::uint64_t d = plan_digest(plan);
     std::vector<std::byte> all(8 * c.size());
-    c.all_gather(std::as_bytes(std::span(&d, 1)), all);
+    in_phase("comparing load plans", [&] { c.all_gather(std::as_bytes(std::span(&d, 1)), all); });
     for (std::size_t r = 0; r < c.size(); ++r)
       if (std::memcmp(all.data() + 8 * r, &d, 8) != 0 && !failure)
         failure = std::make_exception_ptr(config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r)));
@@ -177,7 +179,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
       }
     }
     check_peers(c, failure, "creating the shared segment");
-    c.all_gather(mine, all);
+    in_phase("sharing the segment's handle", [&] { c.all_gather(mine, all); });
     if (st.local_rank != 0) {
       try {
         const auto leader = me - st.local_rank;
@@ -191,6 +193,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
     segment.close_handle();  // only mappings hold it now: nothing to clean up after a crash
     st.setup_seconds += since(setup0);
     // This rank's slices of the shared tables, straight into the segment.
+    fault_point("tables", me);
     const auto r0 = clock::now();
     try {
       planned_reads reads;

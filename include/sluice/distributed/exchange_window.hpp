@@ -86,14 +86,16 @@ class exchange_window : public pipeable {
   double travel(window_state& ws, std::exception_ptr failure, const std::string& phase) {
     check_peers(*c_, failure, phase);
     const auto x0 = std::chrono::steady_clock::now();
-    for (auto& L : ws.lanes) {
-      if (L.which != window_lane::device) {
-        c_->exchange(L.sends, L.recvs);
-        continue;
+    in_phase(fmt::format("exchanging window {} of {}", ws.window + 1, ctx_->plan.windows), [&] {
+      for (auto& L : ws.lanes) {
+        if (L.which != window_lane::device) {
+          c_->exchange(L.sends, L.recvs);
+          continue;
+        }
+        for (const auto& [dst, src] : L.uploads) ctx_->lane.upload(dst, src);
+        ctx_->lane.exchange(L.sends, L.recvs);
       }
-      for (const auto& [dst, src] : L.uploads) ctx_->lane.upload(dst, src);
-      ctx_->lane.exchange(L.sends, L.recvs);
-    }
+    });
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - x0).count();
   }
 

@@ -34,6 +34,19 @@ namespace detail {
 
 inline constexpr std::size_t status_bytes = 1024;
 
+/// Runs `f` (calls on the communicator) in `phase` of the load: a lost peer
+/// or a timeout it throws names the phase.
+template <class F>
+decltype(auto) in_phase(std::string_view phase, F&& f) {
+  try {
+    return f();
+  } catch (const comm::peer_lost& e) {
+    throw e.in_phase(std::string(phase));
+  } catch (const comm::comm_timeout& e) {
+    throw e.in_phase(std::string(phase));
+  }
+}
+
 template <comm::communicator Comm>
 void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
   std::vector<std::byte> mine(status_bytes), all(status_bytes * c.size());
@@ -49,7 +62,7 @@ void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
     mine[0] = std::byte{1};
     std::memcpy(mine.data() + 1, msg.data(), std::min(msg.size(), status_bytes - 2));
   }
-  c.all_gather(mine, all);
+  in_phase(phase, [&] { c.all_gather(mine, all); });
   for (std::size_t r = 0; r < c.size(); ++r) {
     if (all[r * status_bytes] == std::byte{0}) continue;
     const char* m = reinterpret_cast<const char*>(all.data() + r * status_bytes + 1);

@@ -22,6 +22,7 @@
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/load_context.hpp>
 #include <sluice/distributed/window.hpp>
 #include <sluice/stages/concepts.hpp>
@@ -55,6 +56,7 @@ class read_window : public pipeable {
     auto& c = *ctx_;
     const auto& plan = c.plan;
     const auto me = c.me;
+    fault_point("reads", me);
     window_state ws;
     ws.window = w;
     ws.begin = next_entry_;

@@ -30,6 +30,7 @@
 #include <sluice/comm/local.hpp>
 #include <sluice/comm/store.hpp>
 #include <sluice/distributed/driver.hpp>
+#include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/options.hpp>
 #include <sluice/distributed/peers.hpp>
 #include <sluice/error.hpp>
@@ -63,7 +64,7 @@ distributed_stats in_world(const comm::rank_info& who, F&& f) {
     comm::local c;
     return f(c);
   }
-  const auto c = comm::join_world(who);
+  const auto c = in_phase("joining the world", [&] { return comm::join_world(who); });
   return f(*c);
 }
 
@@ -86,6 +87,7 @@ std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std
   std::exception_ptr failure;
   std::optional<checkpoint> ck;
   std::optional<policy::load_plan> plan;
+  fault_point("open", c.rank());
   try {
     ck.emplace(open());
     plan.emplace(tool_plan(*ck, topology, offload, who, opt));

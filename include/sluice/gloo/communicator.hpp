@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -35,6 +36,14 @@ struct gloo_options {
 };
 
 /// A Gloo full-mesh context among `size` ranks. Move-only.
+///
+/// Dead peers: beside Gloo's pairs each rank keeps one more TCP connection to
+/// every peer and one thread watching them (met through the same store, its
+/// keys removed with Gloo's). A peer whose process ends (killed, crashed)
+/// makes the call in progress, or the next one, throw comm::peer_lost naming
+/// it within moments, on every rank; a peer that hangs without dying
+/// (stopped) is left to `timeout`: comm::comm_timeout, naming the ranks that
+/// had not started the call. See docs/design.md, "Failure protocol".
 ///
 /// SIGPIPE: Gloo writes to its peers with plain writev, so a dead peer would
 /// kill this process with SIGPIPE instead of failing the collective. Each
@@ -68,6 +77,12 @@ class gloo {
   /// receive is posted before any send, all are waited for with the timeout).
   void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs);
   void barrier();
+
+  /// The peer watch's word, for another communicator among the same ranks
+  /// (nccl_options::liveness): throws comm::peer_lost once a peer is known
+  /// dead, else does nothing; also after this communicator is gone. Cheap
+  /// (a lock), callable from any thread.
+  [[nodiscard]] std::function<void()> liveness() const;
 
  private:
   struct impl;

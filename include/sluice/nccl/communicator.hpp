@@ -28,6 +28,7 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -54,6 +55,12 @@ struct nccl_options {
   int device = 0;                               ///< this rank's CUDA device
   std::chrono::milliseconds timeout{60000};     ///< rendezvous, init and every collective
   std::size_t chunk_bytes = std::size_t{64} << 20;  ///< broadcast piece size
+  /// The peers' liveness, asked between the polls of a pending operation:
+  /// an exception it throws aborts the communicator (its kernels exit) and
+  /// is rethrown, so a dead peer ends a wait within moments instead of at
+  /// `timeout`. E.g. comm::gloo::liveness() of the ranks' host communicator
+  /// (comm::peer_lost). Empty: only the timeout.
+  std::function<void()> liveness;
 };
 
 class nccl {
