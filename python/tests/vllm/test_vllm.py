@@ -8,7 +8,9 @@ the plugin found through its entry point, as an operator's `pip install` has it.
 The checkpoints are tiny random models written by the real HF library in the
 test (`save_pretrained`, safetensors, sharded with an index); nothing is
 downloaded. One engine per model and load, in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0).
+(VLLM_ENABLE_V1_MULTIPROCESSING=0). The S3 case reads the weights from the
+SigV4-checking test server (scripts/s3-server.sh), the config from a local
+directory, as `vllm serve DIR --model-loader-extra-config '{"weights": "s3://..."}'`.
 """
 import gc
 import hashlib
@@ -141,3 +143,40 @@ def test_a_checkpoint_missing_one_tensor_fails_naming_it(dense_paths, tmp_path):
 def test_an_unknown_extra_config_key_fails_naming_it(dense_paths):
     with pytest.raises(Exception, match="stagingg"):
         _with_engine(dense_paths[0], "sluice", lambda llm: None, model_loader_extra_config={"stagingg": "1GiB"})
+
+
+def _s3_servers():
+    """The S3 test servers' env lines (scripts/s3-server.sh start: idempotent, as the C++ tests do)."""
+    if os.environ.get("SLUICE_S3_ENDPOINT") and os.environ.get("AWS_ACCESS_KEY_ID"):
+        return {k: os.environ[k] for k in ("SLUICE_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    import subprocess
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    out = subprocess.run(["bash", os.path.join(root, "scripts", "s3-server.sh"), "start"], check=True,
+                         capture_output=True, text=True).stdout
+    env = {}
+    for line in out.splitlines():
+        k, _, v = line.removeprefix("export ").partition("=")
+        env[k] = v
+    return env
+
+
+def test_the_same_model_from_the_s3_test_server_gives_the_same_tokens(dense, monkeypatch):
+    import uuid
+    import boto3
+    env = _s3_servers()
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", env["SLUICE_S3_ENDPOINT"])
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    s3 = boto3.client("s3", endpoint_url=env["SLUICE_S3_ENDPOINT"], region_name="us-east-1")
+    bucket = f"vllm-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    for f in sorted(os.listdir(dense["orig"])):
+        if f.endswith(".safetensors") or f == "model.safetensors.index.json":
+            s3.upload_file(os.path.join(dense["orig"], f), bucket, f"dense/{f}")
+    # The model argument stays the local directory with the config; the weights come from S3 (SigV4 checked).
+    tokens = _with_engine(dense["orig"], "sluice", _tokens,
+                          model_loader_extra_config={"weights": f"s3://{bucket}/dense/", "staging": "8MiB",
+                                                     "max_read": "1MiB"})
+    assert tokens == dense["tokens"]
