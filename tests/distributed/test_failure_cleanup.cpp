@@ -37,6 +37,7 @@
 
 #include "comm/multiprocess.hpp"
 #include "comm/recording_sink.hpp"
+#include "distributed/small_load.hpp"
 #include "support/footprint.hpp"
 
 using namespace sluice;
@@ -46,29 +47,11 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path& checkpoint_dir() {
-  static const fs::path dir = [] {
-    testing::generator_options o;
-    o.experts = 8;
-    o.layers = 3;
-    o.engram_rows = 4096;  // shared tables: the load makes a segment
-    o.max_shard_bytes = 128u << 10;
-    auto d = sluice_test::fresh_dir("cleanup-ckpt");
-    testing::write_checkpoint(d, o);
-    return d;
-  }();
+  static const fs::path dir = sluice_test::write_small_checkpoint("cleanup-ckpt");
   return dir;
 }
 
-distributed_options small_options(std::string segment_name) {
-  distributed_options o;
-  o.load.staging_budget = 8u << 20;
-  o.load.max_read = 1u << 20;
-  o.load.register_buffers = false;
-  o.plan.window_bytes = 96u << 10;  // many windows: a failure lands mid-load
-  o.plan.split_bytes = 64u << 10;
-  o.segment_name = std::move(segment_name);
-  return o;
-}
+using sluice_test::small_options;
 
 // A rank's world for one load: its own store directory.
 comm::rank_info world(std::size_t rank, std::size_t n, const fs::path& store) {
