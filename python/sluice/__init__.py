@@ -264,13 +264,16 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
     return WeightIterator(ck, o, progress)
 
 
-def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto") -> dict:
+def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto",
+              progress=None) -> dict:
     """Reads the named tensors into preallocated tensors (dtype, shape and size
     checked first). CPU tensors: large ones are read straight into place. CUDA
     tensors (where sluice was built with its cuda component, `sluice.has_cuda`):
     through pinned staging and asynchronous copies, complete on return, one
     load per device. Returns the load's stats (summed over devices: a dict per
-    device under "devices" when there are several)."""
+    device under "devices" when there are several). `progress`, a callable,
+    is called as progress(bytes_done, bytes_total) while CPU destinations fill
+    (every 50 ms and at the end; CUDA destinations report once, when done)."""
     import torch
     if not isinstance(ck, Checkpoint):
         ck = open(ck)
@@ -303,10 +306,13 @@ def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4
     runs = {}
     for device, dst in by_device.items():
         if device is None:
-            runs["cpu"] = _sluice.load_into(ck._core, dst, options)
+            runs["cpu"] = _sluice.load_into(ck._core, dst, options, progress)
         else:
             torch.cuda.synchronize(device)  # the destinations' pending work (their allocation, a zero fill) first
             runs[f"cuda:{device}"] = _sluice.load_into_cuda(ck._core, dst, device, options)
+            if progress is not None:
+                done = sum(n for _, _, n in dst)
+                progress(done, done)
     if len(runs) == 1:
         return next(iter(runs.values()))
     if not runs:

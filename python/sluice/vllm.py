@@ -24,6 +24,10 @@ error naming it, raised before anything is read:
     queue_depth  reads in flight per reader
     offload      none | per-rank | shared-single | shared-cooperative (shared
                  tables, distributed loads)
+    direct       true (default) | false: in a one-process load, read each tensor
+                 that a dry run of the model's load_weights proves lands whole
+                 and unconverted in one parameter straight into it (see
+                 sluice._direct); false streams every tensor through load_weights
 
 S3 endpoints and credentials come from the usual AWS environment and profile
 chain (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ~/.aws, ...), never from here.
@@ -51,7 +55,7 @@ import sluice
 
 __all__ = ["register", "SluiceModelLoader", "EXTRA_CONFIG_KEYS"]
 
-EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload")
+EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct")
 _OFFLOADS = ("none", "per-rank", "shared-single", "shared-cooperative")
 _registered = False
 
@@ -75,7 +79,8 @@ def _options(extra) -> dict:
     if unknown:
         raise sluice.ConfigError(f"--model-loader-extra-config: unknown key(s) {', '.join(map(repr, unknown))} for "
                                  f"--load-format sluice (known: {', '.join(EXTRA_CONFIG_KEYS)})")
-    o = {"staging": "4GiB", "max_read": "32MiB", "queue_depth": 4, "offload": "none", "weights": None, "index": None}
+    o = {"staging": "4GiB", "max_read": "32MiB", "queue_depth": 4, "offload": "none", "weights": None, "index": None,
+         "direct": True}
     o.update(extra)
     for k in ("staging", "max_read"):
         o[k] = sluice.parse_size(o[k])
@@ -83,6 +88,8 @@ def _options(extra) -> dict:
         raise sluice.ConfigError(f"--model-loader-extra-config: queue_depth must be a positive integer, got {o['queue_depth']!r}")
     if o["offload"] not in _OFFLOADS:
         raise sluice.ConfigError(f"--model-loader-extra-config: offload {o['offload']!r} is not one of {', '.join(_OFFLOADS)}")
+    if not isinstance(o["direct"], bool):
+        raise sluice.ConfigError(f"--model-loader-extra-config: direct must be true or false, got {o['direct']!r}")
     for k in ("weights", "index"):
         if o[k] is not None and not isinstance(o[k], str):
             raise sluice.ConfigError(f"--model-loader-extra-config: {k} must be a string, got {o[k]!r}")
@@ -156,12 +163,16 @@ class SluiceModelLoader(_base_loader()):
         if self._world() > 1:
             yield from self._distributed(model_config, local)
             return
-        if local is not None:
-            from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
-            ck = self._open(model_config, select=lambda n: not should_skip_weight(n, local))
-        else:
-            ck = self._open(model_config)
-        yield from self._stream(ck, {})
+        yield from self._stream(self._open(model_config, select=self._ep_filter(local)), {})
+
+    @staticmethod
+    def _ep_filter(local):
+        """The select that drops other ranks' routed-expert weights (vLLM's own
+        EP weight filter), or None."""
+        if local is None:
+            return None
+        from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+        return lambda n: not should_skip_weight(n, local)
 
     def _distributed(self, model_config, local):
         """A load across vLLM's world group, each byte read from storage by one rank.
@@ -197,18 +208,30 @@ class SluiceModelLoader(_base_loader()):
         yield from self._stream(ck, {"topology": f"tp1,dp{size},ep{ep}", "offload": self.options["offload"],
                                      "store": store, "world": world})
 
-    def _stream(self, ck, distributed):
+    def _bar(self, total):
         from vllm.model_executor.model_loader.weight_utils import enable_tqdm
-        bar = None
-        if enable_tqdm(self.load_config.use_tqdm_on_load):
-            from tqdm.auto import tqdm
-            from vllm.model_executor.model_loader.weight_utils import _BAR_FORMAT
-            bar = tqdm(total=ck.tensor_bytes, desc="Loading safetensors through sluice", unit="B", unit_scale=True,
-                       unit_divisor=1024, bar_format=_BAR_FORMAT)
+        if not enable_tqdm(self.load_config.use_tqdm_on_load):
+            return None
+        from tqdm.auto import tqdm
+        from vllm.model_executor.model_loader.weight_utils import _BAR_FORMAT
+        return tqdm(total=total, desc="Loading safetensors through sluice", unit="B", unit_scale=True,
+                    unit_divisor=1024, bar_format=_BAR_FORMAT)
+
+    @staticmethod
+    def _log():
+        from vllm.logger import init_logger
+        return init_logger("vllm.sluice")  # under vLLM's logger, so that its handlers print it
+
+    def _stream(self, ck, distributed, bar=None, base=0, log=True):
+        """Yields the load's tensors; `bar` (made here when None and log is
+        True) advances from `base`; `log` prints the one-line summary."""
+        own = bar is None and log
+        if own:
+            bar = self._bar(ck.tensor_bytes)
         t0 = time.perf_counter()
         it = sluice.iter_weights(ck, staging=self.options["staging"], max_read=self.options["max_read"],
                                  queue_depth=self.options["queue_depth"],
-                                 progress=(lambda done, total: bar.update(done - bar.n)) if bar else False,
+                                 progress=(lambda done, total: bar.update(base + done - bar.n)) if bar else False,
                                  **distributed)
         try:
             with it:
@@ -217,21 +240,68 @@ class SluiceModelLoader(_base_loader()):
                         continue  # another rank's expert: neither read nor received here
                     yield name, tensor
         finally:
-            if bar is not None:
+            if own and bar is not None:
                 bar.close()
         self.last_stats = dict(it.stats or {})
+        if not log:
+            return
         seconds = max(time.perf_counter() - t0, 1e-9)
-        from vllm.logger import init_logger
         read = self.last_stats.get("bytes_read", 0)
         received = self.last_stats.get("bytes_received", 0)
-        init_logger("vllm.sluice").info(  # under vLLM's logger, so that its handlers print it
+        self._log().info(
             "sluice: %s%s: %d tensors, %.3f GiB read, %.3f GiB received, %.2f GiB/s (%.2f s)", ck.location,
             f" (rank {distributed['world'].rank} of {distributed['world'].size}, {distributed['topology']})"
             if distributed else "", self.last_stats.get("tensors", 0), read / 2**30, received / 2**30,
             (read + received) / 2**30 / seconds, seconds)
 
     def load_weights(self, model, model_config) -> None:
-        loaded = model.load_weights(self.get_all_weights(model_config, model))
+        if self.options["direct"] and self._world() == 1:
+            loaded = self._load_direct(model, model_config)
+        else:
+            loaded = model.load_weights(self.get_all_weights(model_config, model))
         if model_config.quantization is None and loaded is not None:
             from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
             DefaultModelLoader.track_weights_loading(self, model, loaded, quantized=False)
+
+    def _load_direct(self, model, model_config):
+        """One process: a dry run of `model.load_weights` (sluice._direct) finds
+        the tensors whose bytes land whole in one parameter; sluice reads those
+        straight into their parameters, and streams the rest through
+        `model.load_weights` as usual. Returns the parameters loaded."""
+        from sluice._direct import dry_run
+        ck = self._open(model_config, select=self._ep_filter(self._local_experts(model_config)))
+        t0 = time.perf_counter()
+        plan = dry_run(model, ck.tensors)
+        dry = time.perf_counter() - t0
+        log = self._log()
+        if plan.failure:
+            log.info("sluice: the dry run of load_weights failed (%s); streaming every tensor", plan.failure)
+        else:
+            for name, why in plan.streamed.items():
+                log.debug("sluice: %s goes through load_weights: %s", name, why)
+        bar = self._bar(ck.tensor_bytes)
+        stats = {}
+        if plan.direct:
+            stats = sluice.load_into(ck, plan.direct, staging=self.options["staging"], max_read=self.options["max_read"],
+                                     queue_depth=self.options["queue_depth"],
+                                     progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
+        loaded = set(plan.loaded or ())
+        streamed_stats = {}
+        if plan.streamed:
+            keep = set(plan.streamed)
+            rest = self._open(model_config, select=lambda n: n in keep)
+            base = bar.n if bar else 0
+            got = model.load_weights(self._stream(rest, {}, bar=bar, base=base, log=False))
+            loaded |= set(got or ())
+            streamed_stats = self.last_stats or {}
+        if bar is not None:
+            bar.close()
+        self.last_stats = {k: stats.get(k, 0) + streamed_stats.get(k, 0) for k in ("bytes_read", "tensors")}
+        self.last_stats.update(direct_tensors=len(plan.direct), streamed_tensors=len(plan.streamed),
+                               dry_run_seconds=dry)
+        seconds = max(time.perf_counter() - t0, 1e-9)
+        read = self.last_stats["bytes_read"]
+        log.info("sluice: %s: %d tensors (%d straight into their parameters, %d through load_weights), "
+                 "%.3f GiB read, %.2f GiB/s (%.2f s, dry run %.2f s)", ck.location, len(plan.direct) + len(plan.streamed),
+                 len(plan.direct), len(plan.streamed), read / 2**30, read / 2**30 / seconds, seconds, dry)
+        return loaded if plan.loaded is not None else None  # None: the model does not say (no strict check)

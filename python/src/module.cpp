@@ -304,8 +304,9 @@ void translate(std::exception_ptr p) {
 // GIL released, waking every 50 ms to run Python's signal handlers: a
 // KeyboardInterrupt requests `stop`, waits for f to end (it ends promptly
 // with cancelled_error, every slot returned) and is re-raised.
+// `tick`, where given, runs with the GIL held at each wake (a progress callback).
 template <class F>
-auto run_interruptible(std::stop_source& stop, F f) -> decltype(f()) {
+auto run_interruptible(std::stop_source& stop, F f, const std::function<void()>& tick = {}) -> decltype(f()) {
   using R = decltype(f());
   std::mutex mu;
   std::condition_variable cv;
@@ -328,6 +329,7 @@ auto run_interruptible(std::stop_source& stop, F f) -> decltype(f()) {
       std::unique_lock l(mu);
       if (cv.wait_for(l, 50ms, [&] { return done; })) break;
     }
+    if (tick) tick();
     if (PyErr_CheckSignals() != 0) {
       py::error_already_set interrupted;  // fetched now; restored when it propagates
       stop.request_stop();
@@ -772,8 +774,11 @@ class stream {
 
 // ---- load_into --------------------------------------------------------------------------------
 
+// `progress`, where not None, is called as progress(bytes_done, bytes_total)
+// from this thread (the GIL held) every 50 ms while the load runs, and once at
+// the end.
 py::object load_into(const py_checkpoint& p, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& dst,
-                     const stream_options& o) {
+                     const stream_options& o, const py::object& progress) {
   std::set<std::string> names;
   for (const auto& [name, ptr, size] : dst) names.insert(name);
   auto sub = std::make_shared<py_checkpoint>(p);
@@ -788,11 +793,21 @@ py::object load_into(const py_checkpoint& p, const std::vector<std::tuple<std::s
   auto lopt = make_load_options(o);
   std::stop_source stop;
   lopt.stop = stop.get_token();
+  load_progress live;
+  std::function<void()> tick;
+  if (!progress.is_none()) {
+    lopt.progress = &live;
+    tick = [&] { progress(live.bytes_done.load(), sub->ck->tensor_bytes()); };
+  }
   const double cpu0 = cpu_seconds();
-  auto st = run_interruptible(stop, [&] {
-    staging_pool pool(staging_options{.budget = lopt.staging_budget, .slot_size = slot_size_for(lopt.max_read)});
-    return run_local(*sub, sink, pool, lopt);
-  });
+  auto st = run_interruptible(
+      stop,
+      [&] {
+        staging_pool pool(staging_options{.budget = lopt.staging_budget, .slot_size = slot_size_for(lopt.max_read)});
+        return run_local(*sub, sink, pool, lopt);
+      },
+      tick);
+  if (tick) tick();
   return to_py(local_stats(*sub->ck, st, lopt, cpu_seconds() - cpu0));
 }
 
@@ -1064,7 +1079,7 @@ PYBIND11_MODULE(_sluice, m) {
       .def("staging_region", &stream::staging_region)
       .def("slots", &stream::slots);
 
-  m.def("load_into", &load_into);
+  m.def("load_into", &load_into, py::arg("ck"), py::arg("dst"), py::arg("options"), py::arg("progress") = py::none());
 #if SLUICE_PY_CUDA
   m.def("load_into_cuda", &load_into_cuda);
   m.attr("has_cuda") = true;

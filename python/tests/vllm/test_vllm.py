@@ -32,7 +32,7 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 import sluice  # noqa: E402
 import sluice.vllm  # noqa: E402
 
-from models import dense as _dense, tensor_bytes as _tensor_bytes  # noqa: E402
+from models import dense as _dense, moe as _moe, tensor_bytes as _tensor_bytes  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 100, 31, 9], [300, 3, 3, 400, 12, 5]]
 
@@ -99,7 +99,20 @@ def test_the_plugin_is_registered_through_its_entry_point():
     assert "s3" in sluice.components() and "gloo" in sluice.components()
 
 
-def test_a_dense_model_loads_through_sluice_with_the_tokens_and_bytes_of_vllms_own_load_and_reloads(dense, caplog):
+@pytest.fixture
+def loads(monkeypatch):
+    """The stats of every SluiceModelLoader.load_weights in this test (the engine runs in this process)."""
+    seen = []
+    inner = sluice.vllm.SluiceModelLoader.load_weights
+
+    def load_weights(self, model, model_config):
+        inner(self, model, model_config)
+        seen.append(dict(self.last_stats))
+    monkeypatch.setattr(sluice.vllm.SluiceModelLoader, "load_weights", load_weights)
+    return seen
+
+
+def test_a_dense_model_loads_through_sluice_with_the_tokens_and_bytes_of_vllms_own_load_and_reloads(dense, loads):
     assert dense["tokens"] != dense["tokens_updated"], "the updated checkpoint must change the tokens"
     def check(llm):
         assert _tokens(llm) == dense["tokens"]
@@ -109,6 +122,23 @@ def test_a_dense_model_loads_through_sluice_with_the_tokens_and_bytes_of_vllms_o
         assert _param_digests(llm) == dense["params_updated"]
     _with_engine(dense["orig"], "sluice", check,
                  model_loader_extra_config={"staging": "8MiB", "max_read": "256KiB"})
+    # Read once, most of it straight into the parameters (the dry run's verdict): the
+    # embedding and lm_head pad the vocabulary and go through load_weights.
+    [st] = loads
+    assert st["bytes_read"] == _tensor_bytes(dense["orig"])
+    assert st["direct_tensors"] + st["streamed_tensors"] == 21 and st["direct_tensors"] >= 19
+
+
+def test_a_moe_model_loads_its_experts_straight_into_their_parameters_or_through_load_weights_alike(
+        tmp_path, loads):
+    path = _moe(str(tmp_path / "moe"))
+    want = _with_engine(path, "safetensors", _tokens_and_params)
+    assert _with_engine(path, "sluice", _tokens_and_params) == want
+    assert _with_engine(path, "sluice", _tokens_and_params, model_loader_extra_config={"direct": False}) == want
+    direct, streamed = loads
+    assert direct["bytes_read"] == streamed["bytes_read"] == _tensor_bytes(path)
+    assert direct["direct_tensors"] == direct["tensors"] > 0 and direct["streamed_tensors"] == 0
+    assert "direct_tensors" not in streamed
 
 
 def test_the_bytes_read_equal_the_checkpoints_tensor_bytes(dense_paths):
@@ -180,3 +210,9 @@ def test_the_same_model_from_the_s3_test_server_gives_the_same_tokens(dense, mon
                           model_loader_extra_config={"weights": f"s3://{bucket}/dense/", "staging": "8MiB",
                                                      "max_read": "1MiB"})
     assert tokens == dense["tokens"]
+
+
+def test_extra_config_values_of_the_wrong_kind_fail_naming_the_key():
+    for bad, key in (({"direct": "yes"}, "direct"), ({"queue_depth": 0}, "queue_depth"), ({"offload": "x"}, "offload")):
+        with pytest.raises(sluice.ConfigError, match=key):
+            sluice.vllm._options(bad)

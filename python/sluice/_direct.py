@@ -1,0 +1,192 @@
+"""Where a model's `load_weights` puts each checkpoint tensor, found by a dry run.
+
+An engine's loader (vLLM's `model.load_weights`) gets full tensors and copies
+each, through its parameters' `weight_loader`s, into parameter memory: one
+copy of every byte after the loader itself has put them somewhere. When a
+tensor's whole bytes land unchanged in one contiguous range of one parameter,
+sluice can read them from storage straight into that range instead (one copy
+from the page cache, none for O_DIRECT), which is what `dry_run` proves:
+
+- it calls `model.load_weights` once, exactly as the real load does, with a
+  *probe* for every tensor: an empty tensor on the meta device of the
+  checkpoint's dtype and shape, so no byte is read or written;
+- a `TorchDispatchMode` watches every aten op in between. Views of a probe
+  (narrow, view, t, ...) stay probes. `copy_(dst, probe)` is recorded and not
+  run;
+- a tensor is *direct* when its load did exactly one such copy, of the whole
+  probe, unconverted (same dtype and shape, both contiguous), into memory of
+  one of the model's parameters or buffers, while that tensor was the one
+  being loaded, nothing else touched its probe, and nothing wrote over that
+  range afterwards (a loader's own writes elsewhere, such as the zero fill of
+  a padded vocabulary, run in the dry run as they would in the real one).
+
+Everything else is *streamed*: any other op on a probe (a dtype conversion, a
+transpose copied out, arithmetic, a slice of it for TP), a copy made later
+(a loader that buffers tensors), no copy at all (a tensor the loader skips),
+or a loader that writes over the copied range later (scaling it, say). Streamed tensors go through `model.load_weights` again, as real
+tensors: their dry-run calls did nothing to parameter memory except what the
+real call redoes. A dry run that raises (a loader reading a value, say) makes
+every tensor streamed.
+
+The weight_loaders' Python-side bookkeeping (which shards of a fused
+parameter were loaded, and the names `load_weights` returns) happens in the
+dry run, as for a real load; the direct tensors' bytes then arrive through
+`sluice.load_into`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ._torch import arrival_shape, as_torch_dtype
+
+__all__ = ["Plan", "dry_run"]
+
+
+@dataclass
+class Plan:
+    direct: dict = field(default_factory=dict)   # name -> the parameter memory (a tensor view) it fills
+    streamed: dict = field(default_factory=dict)  # name -> why it is not direct
+    loaded: set | None = None                    # what model.load_weights returned in the dry run
+    failure: str | None = None                   # why the dry run gave up (everything streamed)
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _span(t: torch.Tensor):
+    """The bytes [start, end) a tensor view covers in its storage's memory."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, targets: set):
+        super().__init__()
+        self.targets = targets     # storages of the model's parameters and buffers
+        self.owner = {}            # probe storage -> tensor name (views share it)
+        self.tainted = {}          # storage of a tensor computed from probes -> their names
+        self.size = {}             # name -> its probe's element count
+        self.current = None        # the name being loaded
+        self.dst = {}              # name -> the one destination recorded
+        self.why = {}              # name -> why it is streamed
+        self.spans = []            # (start, end, name) of the copies recorded
+
+    def bad(self, name, why):
+        self.why.setdefault(name, why)
+
+    def _names(self, tensors):
+        out = set()
+        for t in tensors:
+            k = _key(t)
+            if k in self.owner:
+                out.add(self.owner[k])
+            elif k in self.tainted:
+                out |= self.tainted[k]
+        return out
+
+    def _copy(self, dst, src, names):
+        if len(names) != 1 or _key(src) not in self.owner:
+            for n in names:
+                self.bad(n, "copied after an op on its bytes")
+            return
+        name = next(iter(names))
+        if name != self.current:
+            self.bad(name, "copied while another tensor was loading (buffered by the loader)")
+        elif name in self.dst:
+            self.bad(name, "copied more than once")
+        elif _key(dst) not in self.targets:
+            self.bad(name, "copied into memory that is not a parameter's")
+        elif dst.dtype != src.dtype:
+            self.bad(name, f"converted from {src.dtype} to {dst.dtype}")
+        elif tuple(dst.shape) != tuple(src.shape) or src.numel() != self.size[name] or src.storage_offset() != 0:
+            self.bad(name, "only part of it is copied")
+        elif not (dst.is_contiguous() and src.is_contiguous()):
+            self.bad(name, "copied with strides")
+        else:
+            self.dst[name] = dst
+            self.spans.append((*_span(dst), name))
+
+    def _written(self, func, v):
+        """A parameter's memory written by an op of the loader's own (a zero
+        fill of padding, a scale): harmless before the direct bytes land, so
+        only a write over a copy already recorded makes that tensor streamed."""
+        start, end = _span(v)
+        for s, e, name in self.spans:
+            if s < end and start < e:
+                self.bad(name, f"its loader writes over it after the copy ({func})")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        names = self._names(tensors)
+        if func is torch.ops.aten.copy_.default and names:
+            dst, src = args[0], args[1]
+            if self._names([dst]):
+                for n in names:
+                    self.bad(n, "written into")
+            else:
+                self._copy(dst, src, self._names([src]))
+            return dst
+        if not names:
+            if func._schema.is_mutable and self.spans:
+                for i, a in enumerate(func._schema.arguments):
+                    v = args[i] if i < len(args) else kwargs.get(a.name)
+                    if (a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor)
+                            and _key(v) in self.targets):
+                        self._written(func, v)
+            return func(*args, **kwargs)
+        if func.is_view:
+            return func(*args, **kwargs)  # a view of a probe is a probe
+        for n in names:
+            self.bad(n, f"its bytes go through {func}")
+        # Run it on the meta device, so that the loader carries on; what it
+        # computes is tainted by the probes' names.
+        meta = tree_map(lambda v: v.to("meta") if isinstance(v, torch.Tensor) and v.device.type != "meta" else v,
+                        (args, kwargs))
+        out = func(*meta[0], **meta[1])
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.tainted.setdefault(_key(t), set()).update(names)
+        return out
+
+
+def dry_run(model, tensors) -> Plan:
+    """Runs `model.load_weights` over probes of `tensors` (sluice tensor
+    infos: name, dtype, shape) and says which are direct (see the module)."""
+    targets = {_key(t) for t in model.parameters()} | {_key(t) for t in model.buffers()}
+    rec = _Recorder(targets)
+    tensors = list(tensors)
+
+    def probes():
+        for info in tensors:
+            probe = torch.empty(arrival_shape(info.dtype, info.shape), dtype=as_torch_dtype(info.dtype), device="meta")
+            rec.owner[_key(probe)] = info.name
+            rec.size[info.name] = probe.numel()
+            rec.current = info.name
+            yield info.name, probe
+            rec.current = None
+
+    plan = Plan()
+    try:
+        with rec, torch.no_grad():
+            loaded = model.load_weights(probes())
+    except Exception as e:  # the loader needs real values: nothing is direct
+        plan.failure = f"{type(e).__name__}: {e}"
+        plan.streamed = {t.name: "the dry run failed" for t in tensors}
+        return plan
+    plan.loaded = set(loaded) if loaded is not None else None
+    for info in tensors:
+        if info.name in rec.why:
+            plan.streamed[info.name] = rec.why[info.name]
+        elif info.name not in rec.dst:
+            plan.streamed[info.name] = "not copied anywhere"
+        else:
+            plan.direct[info.name] = rec.dst[info.name]
+    return plan

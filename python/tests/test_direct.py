@@ -1,0 +1,177 @@
+"""sluice._direct: the dry run of a model's load_weights that finds the tensors
+sluice may read straight into their parameters. Each loader pattern below is
+one that engines' weight_loaders use (vLLM's fused QKV and gate/up narrows,
+MoE expert slices, TP slices, dtype casts, transposes); only the whole,
+unconverted, contiguous copies may be direct, and a direct load must leave the
+parameters bitwise equal to the model's own load of real tensors."""
+from collections import namedtuple
+
+import pytest
+import torch
+
+import sluice
+from sluice._direct import dry_run
+
+Info = namedtuple("Info", "name dtype shape")
+
+
+class Model(torch.nn.Module):
+    """A toy engine model: each checkpoint name has its own loading rule."""
+
+    def __init__(self):
+        super().__init__()
+        z = lambda *s, dtype=torch.bfloat16: torch.nn.Parameter(torch.zeros(*s, dtype=dtype), requires_grad=False)
+        self.whole = z(4, 8)
+        self.fused = z(6, 8)            # q (4 rows) and k (2 rows), as QKVParallelLinear
+        self.experts = z(2, 4, 8)       # two experts' slices, as FusedMoE's w13
+        self.tp_half = z(2, 8)          # rows 2..3 of a 4x8 tensor: this TP rank's part
+        self.cast = z(4, 8, dtype=torch.float32)
+        self.transposed = z(8, 4)
+        self.scaled = z(4, 8)
+        self.padded = z(6, 8)
+        self.buffered = z(4, 8)
+        self.register_buffer("table", torch.zeros(3, 8, dtype=torch.bfloat16))
+        self.pending = None
+        self.fail_on = None
+
+    def load_weights(self, weights):
+        loaded = set()
+        for name, w in weights:
+            if name == self.fail_on:
+                float(w.sum())  # needs a value: a meta probe cannot give one
+            if name == "whole":
+                self.whole.data.copy_(w)
+            elif name in ("q", "k"):
+                off, n = (0, 4) if name == "q" else (4, 2)
+                self.fused.data.narrow(0, off, n).copy_(w)
+                name = "fused"
+            elif name.startswith("expert."):
+                self.experts.data[int(name.split(".")[1])].copy_(w)
+                name = "experts"
+            elif name == "tp":
+                self.tp_half.data.copy_(w.narrow(0, 2, 2))
+                name = "tp_half"
+            elif name == "cast":
+                self.cast.data.copy_(w)
+            elif name == "transposed":
+                self.transposed.data.copy_(w.t())
+            elif name == "scaled":
+                self.scaled.data.copy_(w)
+                self.scaled.data.mul_(2)
+            elif name == "padded":  # as a vocabulary embedding padded past the checkpoint's rows
+                self.padded.data[:4].copy_(w)
+                self.padded.data[4:].fill_(0.5)
+            elif name == "renorm":  # normalises the whole fused parameter once its last part arrives
+                self.fused.data.narrow(0, 4, 2).zero_()
+                self.fused.data.mul_(1)
+                name = "fused"
+            elif name == "buffered":
+                self.pending = w
+                continue
+            elif name == "table":
+                self.table.copy_(w)
+            elif name == "skipped":
+                continue
+            loaded.add(name)
+        if self.pending is not None:
+            self.buffered.data.copy_(self.pending)
+            self.pending = None
+            loaded.add("buffered")
+        return loaded
+
+
+def _checkpoint():
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16)
+    return {"whole": r(4, 8), "q": r(4, 8), "k": r(2, 8), "expert.0": r(4, 8), "expert.1": r(4, 8), "tp": r(4, 8),
+            "cast": r(4, 8), "transposed": r(4, 8), "scaled": r(4, 8), "padded": r(4, 8), "buffered": r(4, 8), "table": r(3, 8),
+            "skipped": r(2, 2)}
+
+
+def _infos(ck):
+    return [Info(n, "BF16", tuple(t.shape)) for n, t in ck.items()]
+
+
+def test_only_whole_unconverted_contiguous_copies_into_parameters_are_direct():
+    model = Model()
+    plan = dry_run(model, _infos(_checkpoint()))
+    assert plan.failure is None
+    assert set(plan.direct) == {"whole", "q", "k", "expert.0", "expert.1", "table", "padded"}
+    assert set(plan.streamed) == {"tp", "cast", "transposed", "scaled", "buffered", "skipped"}
+    assert "only part" in plan.streamed["tp"] or "go through" in plan.streamed["tp"]
+    assert "float32" in plan.streamed["cast"]
+    assert "writes over it" in plan.streamed["scaled"]
+    assert "another tensor" in plan.streamed["buffered"]
+    assert plan.streamed["skipped"] == "not copied anywhere"
+    assert plan.loaded == {"whole", "fused", "experts", "tp_half", "cast", "transposed", "scaled", "padded", "table", "buffered"}
+    # The dry run copied nothing: only the loader's own fill ran.
+    assert all(int(torch.count_nonzero(p)) == 0 for n, p in model.named_parameters() if n != "padded")
+    assert torch.equal(model.padded[4:], torch.full((2, 8), 0.5, dtype=torch.bfloat16))
+    # The destinations are the parameters' own memory.
+    assert plan.direct["q"].data_ptr() == model.fused.data_ptr()
+    assert plan.direct["k"].data_ptr() == model.fused.data_ptr() + 4 * 8 * 2
+    assert plan.direct["expert.1"].data_ptr() == model.experts.data_ptr() + 4 * 8 * 2
+
+
+def test_a_direct_load_equals_the_models_own_load_bitwise(tmp_path):
+    from safetensors.torch import save_file
+    ck = _checkpoint()
+    path = str(tmp_path / "m.safetensors")
+    save_file(ck, path)
+    reference = Model()
+    reference.load_weights(iter(ck.items()))
+
+    model = Model()
+    opened = sluice.open(path)
+    plan = dry_run(model, opened.tensors)
+    stats = sluice.load_into(opened, plan.direct, staging="1MiB", max_read="256KiB")
+    assert stats["tensors"] == len(plan.direct)
+    rest = {n: ck[n] for n in plan.streamed}
+    model.load_weights(iter(rest.items()))
+    for (n, a), (_, b) in zip(reference.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), n
+
+
+def test_a_later_write_over_an_earlier_tensors_copy_makes_that_tensor_streamed():
+    infos = [Info("q", "BF16", (4, 8)), Info("k", "BF16", (2, 8)), Info("renorm", "BF16", (1,))]
+    plan = dry_run(Model(), infos)
+    assert set(plan.direct) == set()
+    assert "writes over it" in plan.streamed["q"] and "writes over it" in plan.streamed["k"]
+
+
+def test_a_loader_that_needs_values_makes_every_tensor_streamed():
+    model = Model()
+    model.fail_on = "table"
+    plan = dry_run(model, _infos(_checkpoint()))
+    assert plan.direct == {}
+    assert "meta" in plan.failure.lower() or "Tensor" in plan.failure
+    assert set(plan.streamed) == set(_checkpoint())
+    assert all(int(torch.count_nonzero(p)) == 0 for n, p in model.named_parameters() if n != "padded")
+
+
+def test_copies_into_memory_that_is_not_a_parameters_are_streamed():
+    class Scratch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.bfloat16), requires_grad=False)
+
+        def load_weights(self, weights):
+            for _, w in weights:
+                tmp = torch.empty(4, 8, dtype=torch.bfloat16)
+                tmp.copy_(w)  # a scratch buffer, gone once the loader returns
+            return {"w"}
+    plan = dry_run(Scratch(), [Info("w", "BF16", (4, 8))])
+    assert plan.direct == {} and "not a parameter" in plan.streamed["w"]
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", "I64"])
+def test_probes_carry_the_checkpoints_dtype(dtype):
+    seen = {}
+
+    class Probe(torch.nn.Module):
+        def load_weights(self, weights):
+            for n, w in weights:
+                seen[n] = (w.dtype, w.device.type, tuple(w.shape))
+            return set()
+    dry_run(Probe(), [Info("t", dtype, (3, 5))])
+    assert seen["t"] == (sluice.as_torch_dtype(dtype), "meta", (3, 5))
