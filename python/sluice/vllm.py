@@ -53,11 +53,22 @@ import torch
 
 import sluice
 
-__all__ = ["register", "SluiceModelLoader", "EXTRA_CONFIG_KEYS"]
+__all__ = ["register", "SluiceModelLoader", "EXTRA_CONFIG_KEYS", "LOADS", "last_load"]
 
 EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct")
 _OFFLOADS = ("none", "per-rank", "shared-single", "shared-cooperative")
 _registered = False
+#: The stats of this process's `load_weights` calls, oldest first (the last 16):
+#: bytes read and received, tensors, and for one-process loads how many went
+#: straight into their parameters. `llm.collective_rpc(sluice.vllm.last_load)`
+#: asks every worker of an engine.
+LOADS: list = []
+
+
+def last_load(worker=None) -> dict:
+    """The stats of this process's last `--load-format sluice` load ({} before
+    any); `worker` is there so that vLLM's `collective_rpc` can call it."""
+    return LOADS[-1] if LOADS else {}
 
 
 def register() -> None:
@@ -259,6 +270,8 @@ class SluiceModelLoader(_base_loader()):
             loaded = self._load_direct(model, model_config)
         else:
             loaded = model.load_weights(self.get_all_weights(model_config, model))
+        LOADS.append(dict(self.last_stats or {}))
+        del LOADS[:-16]
         if model_config.quantization is None and loaded is not None:
             from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
             DefaultModelLoader.track_weights_loading(self, model, loaded, quantized=False)
