@@ -4,7 +4,13 @@ engine loading with vLLM's safetensors loader.
 
 vLLM's CPU backend binds each worker's OpenMP threads to a NUMA node and
 refuses two workers on a one-node machine unless told where to bind
-(VLLM_CPU_OMP_THREADS_BIND="0|1": one core each)."""
+(VLLM_CPU_OMP_THREADS_BIND="0|1": one core each).
+
+Expert parallelism is tested at the loader layer (test_vllm_ranks.py): vLLM
+0.32's CPU engine itself fails it here. `LLM(moe, tensor_parallel_size=2,
+enable_expert_parallel=True, distributed_executor_backend="mp")` with
+`load_format="safetensors"` loads, then at the first generate: "Worker proc
+VllmWorker-1 died unexpectedly (exit code: -11)"."""
 import gc
 import hashlib
 import os
@@ -26,12 +32,12 @@ def _digests(model):  # module level: vLLM pickles it by reference to its forked
             for n, p in model.named_parameters()}
 
 
-def _run(model, load_format):
+def _run(model, load_format, **kw):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     llm = LLM(model=model, load_format=load_format, skip_tokenizer_init=True, enforce_eager=True, max_model_len=128,
               dtype="bfloat16", max_num_seqs=2, gpu_memory_utilization=0.2, seed=0, tensor_parallel_size=2,
-              distributed_executor_backend="mp")
+              distributed_executor_backend="mp", **kw)
     try:
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS],
                             SamplingParams(max_tokens=8, temperature=0, detokenize=False), use_tqdm=False)
@@ -60,3 +66,4 @@ def test_two_tensor_parallel_workers_load_through_sluice_reading_each_byte_once(
     assert len(stats) == 2
     assert sum(s["bytes_read"] for s in stats) == _tensor_bytes(path)  # each byte read by one rank
     assert all(0 < s["bytes_read"] < _tensor_bytes(path) for s in stats)
+
