@@ -118,6 +118,42 @@ def loadavg():
         return " ".join(f.read().split()[:3])
 
 
+TRACE = "/sys/kernel/tracing"
+
+
+def uring_trace(on):
+    """io_uring's reads are not in /proc/PID/io's rchar (measured on this
+    kernel: a 62 MiB io_uring load left rchar at 126 KiB), so the ranks row adds
+    what io_uring returned: the io_uring_complete tracepoint's positive results,
+    summed per process (tracefs, root; record-tgid names the process of io-wq
+    workers). on=True clears and enables; on=False disables and returns {tgid: bytes}."""
+    def w(path, value):
+        with open(os.path.join(TRACE, path), "w") as f:
+            f.write(value)
+    ev = "events/io_uring/io_uring_complete/"
+    if not os.path.exists(os.path.join(TRACE, ev)):
+        subprocess.run(["mount", "-t", "tracefs", "nodev", TRACE], check=False)
+    if on:
+        w(ev + "enable", "0")
+        w("trace", "")
+        w("options/record-tgid", "1")
+        w("buffer_size_kb", "16384")
+        w(ev + "filter", "res > 0")
+        w(ev + "enable", "1")
+        w("tracing_on", "1")
+        return None
+    w(ev + "enable", "0")
+    sums = {}
+    with open(os.path.join(TRACE, "trace")) as f:
+        for ln in f:
+            m = re.search(r"\(\s*(\d+)\)\s.*io_uring_complete: .*result (\d+)", ln)
+            if m:
+                sums[int(m.group(1))] = sums.get(int(m.group(1)), 0) + int(m.group(2))
+    w(ev + "filter", "0")
+    w("trace", "")
+    return sums
+
+
 # ---------------------------------------------------------------- the sampler process
 def sampler_main(pid):
     """--sample PID: peaks of RssAnon and RssFile every 10 ms. stdin 'r' resets
@@ -324,9 +360,12 @@ def contender_env(contender, backend):
     return env
 
 
-def run_worker(spec, ranks=1, timeout=1800):
-    """Runs one worker (or `ranks` of them, torchrun's environment); returns its RESULT records."""
+def run_worker(spec, ranks=1, timeout=1800, trace=False):
+    """Runs one worker (or `ranks` of them, torchrun's environment); returns its RESULT records
+    (with trace: each with "uring", the bytes its io_uring reads returned)."""
     env = contender_env(spec["contender"], spec["backend"])
+    if trace:
+        uring_trace(True)
     port = free_port()
     procs = []
     for r in range(ranks):
@@ -354,6 +393,11 @@ def run_worker(spec, ranks=1, timeout=1800):
             recs = [{"contender": spec["contender"], "backend": spec["backend"], "error": f"exit {p.returncode}: {tail}",
                      "conc": c, "mem": m} for c, m in spec["grid"]]
         out.append(recs)
+    if trace:
+        sums = uring_trace(False)
+        for p, recs in zip(procs, out):
+            for r in recs:
+                r["uring"] = sums.get(p.pid, 0)  # the worker's whole life: only its loader uses io_uring
     if ranks == 1:
         return out[0]
     return [list(rs) for rs in zip(*out)]  # per grid point: the ranks' records
@@ -391,6 +435,10 @@ def main():
     ap.add_argument("--mem", default="256MiB,1GiB,4GiB")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--s3-check-size", default="64MiB", help="checkpoint for the moto correctness check")
+    ap.add_argument("--results", default=os.path.join(tempfile.gettempdir(), "peers-results.json"),
+                    help="where to write every record as JSON")
+    ap.add_argument("--settings-from", help="take the best hot settings from an earlier run's results JSON "
+                    "(its sweep) instead of sweeping again")
     a = ap.parse_args()
     rows = a.rows.split(",")
     if ("cold" in rows or "ranks" in rows) and os.geteuid() != 0:
@@ -456,7 +504,14 @@ def main():
     best_hot = {}
     results = {"checkpoint": ck, "total": total, "versions": versions}
 
-    if "hot" in rows or "cold" in rows or "ranks" in rows:
+    if a.settings_from:
+        with open(a.settings_from) as f:
+            for r in json.load(f)["sweep"]:
+                if "error" not in r and (r["contender"] not in best_hot or r["seconds"] < best_hot[r["contender"]]["seconds"]):
+                    best_hot[r["contender"]] = r
+        print(f"\n## best hot settings from the sweep in {a.settings_from}: "
+              + "; ".join(f"{c}: {settings(r)}" for c, r in best_hot.items()))
+    elif "hot" in rows or "cold" in rows or "ranks" in rows:
         print(f"\n## hot: sweep (one worker per contender and backend; conc x mem = {len(grid)} loads each; "
               f"best of the sweep, then re-measured in a fresh process)", flush=True)
         sweep = []
@@ -530,8 +585,11 @@ def main():
                     continue
                 b = best_hot[src]
                 backend = b["backend"]
-                spec = dict(base, contender=c, backend=backend, mode=mode, grid=[(b["conc"], b["mem"])])
-                recs = run_worker(spec, ranks=n)[0]
+                m = b["mem"]
+                if c == "fastsafetensors":  # its broadcast loader cannot fit a shard's group in a 1 GiB budget
+                    m = 0                   # (BudgetInfeasibleError): whole-file batches, its default
+                spec = dict(base, contender=c, backend=backend, mode=mode, grid=[(b["conc"], m)])
+                recs = run_worker(spec, ranks=n, trace=True)[0]
                 ranks_res[f"{mode} {c}"] = recs
                 errs = [r for r in recs if "error" in r]
                 if errs:
@@ -539,14 +597,16 @@ def main():
                     continue
                 mx = max(r["seconds"] for r in recs)
                 consumed = sum(r["bytes"] for r in recs)
-                asked = sum(r["rchar"] + r["rss_file_growth"] for r in recs)
+                asked = sum(r["rchar"] + r.get("uring", 0) + r["rss_file_growth"] for r in recs)
                 print(f"  {mode}: {label:<40} {mx:6.2f} {consumed / mx / GiB:9.2f} {sum(r['cpu'] for r in recs):9.2f} "
                       f"{max(r['rss_anon'] for r in recs) / 2**20:9.0f}/{sum(r['rss_anon'] for r in recs) / 2**20:<9.0f} "
                       f"{max(r['rss_file'] for r in recs) / 2**20:11.0f} "
                       f"{consumed / n / GiB:17.2f} {asked / GiB:9.2f} {sum(r['read_bytes'] for r in recs) / GiB:14.2f}",
                       flush=True)
-        print("  asked = sum over ranks of rchar (/proc/PID/io) + growth of RssFile (checkpoint pages mapped by mmap "
-              "faults); read_bytes = block-layer reads (/proc/PID/io), meaningful cold")
+        print("  asked = sum over ranks of rchar (/proc/PID/io: read, pread) + io_uring's read results (tracepoint "
+              "io_uring_complete: rchar leaves io_uring out) + growth of RssFile (checkpoint pages mapped by mmap faults; "
+              "fault-around maps up to 16 pages per fault, so faults x 4 KiB would undercount); "
+              "read_bytes = block-layer reads (/proc/PID/io), meaningful cold")
         results["ranks"] = ranks_res
 
     if "s3" in rows:
@@ -554,7 +614,7 @@ def main():
 
     end_load = loadavg()
     print(f"\n# load average at start {start_load}, at end {end_load}; wall {time.time() - t_start:.0f} s")
-    with open(os.path.join(tempfile.gettempdir(), "peers-results.json"), "w") as f:
+    with open(a.results, "w") as f:
         json.dump(results, f, indent=1)
 
 
