@@ -522,7 +522,8 @@ def main():
                 sweep += recs
                 ok = [r for r in recs if "error" not in r]
                 fails = [r for r in recs if "error" in r]
-                msg = f"  {c:<16} {b:<18} " + " ".join(f"{rate(r, total):.2f}" for r in recs)
+                msg = f"  {c:<16} {b:<18} " + " ".join(f"{rate(r, total):.2f}" if "error" not in r else "  -  "
+                                                          for r in recs)
                 if fails:
                     msg += f"   ({len(fails)} failed: {fails[0]['error'][:160]})"
                 print(msg, flush=True)
@@ -597,15 +598,19 @@ def main():
                     continue
                 mx = max(r["seconds"] for r in recs)
                 consumed = sum(r["bytes"] for r in recs)
-                asked = sum(r["rchar"] + r.get("uring", 0) + r["rss_file_growth"] for r in recs)
+                # mmap: every byte it served is a page of the mapping the consumer faulted in (safe_open's
+                # tensors are views of it); RssFile's growth would count only the peak, as it unmaps each file
+                mapped = [r["bytes"] if c == "safetensors" and backend == "mmap" else r["rss_file_growth"] for r in recs]
+                asked = sum(r["rchar"] + r.get("uring", 0) + m for r, m in zip(recs, mapped))
                 print(f"  {mode}: {label:<40} {mx:6.2f} {consumed / mx / GiB:9.2f} {sum(r['cpu'] for r in recs):9.2f} "
                       f"{max(r['rss_anon'] for r in recs) / 2**20:9.0f}/{sum(r['rss_anon'] for r in recs) / 2**20:<9.0f} "
                       f"{max(r['rss_file'] for r in recs) / 2**20:11.0f} "
                       f"{consumed / n / GiB:17.2f} {asked / GiB:9.2f} {sum(r['read_bytes'] for r in recs) / GiB:14.2f}",
                       flush=True)
         print("  asked = sum over ranks of rchar (/proc/PID/io: read, pread) + io_uring's read results (tracepoint "
-              "io_uring_complete: rchar leaves io_uring out) + growth of RssFile (checkpoint pages mapped by mmap faults; "
-              "fault-around maps up to 16 pages per fault, so faults x 4 KiB would undercount); "
+              "io_uring_complete: rchar leaves io_uring out) + for mmap the bytes of the tensors it served (pages of the "
+              "mapping faulted in; fault-around maps up to 16 pages per fault, so faults x 4 KiB would undercount), "
+              "else the growth of RssFile; "
               "read_bytes = block-layer reads (/proc/PID/io), meaningful cold")
         results["ranks"] = ranks_res
 
