@@ -26,8 +26,10 @@ Rows:
          replicated tensor and a quarter of the routed experts, in contiguous
          blocks), hot and cold, each contender at its best hot setting.
          Beside it, what the ranks asked of the kernel, summed: rchar
-         (/proc/PID/io: read, pread, io_uring) plus the checkpoint bytes they
-         mapped (growth of RssFile: mmap faults), and cold block-layer read_bytes.
+         (/proc/PID/io: read, pread), io_uring's read results (the
+         io_uring_complete tracepoint: rchar leaves io_uring out), the pages an
+         mmap reader faulted in (the bytes of the tensors it served), and cold
+         block-layer read_bytes.
   s3     runai-model-streamer-s3 against sluice, 16 connections each (sluice's
          fixed pool size), from nginx serving the files path-style (throughput),
          and the same objects from moto with SigV4 checking (correctness: equal
