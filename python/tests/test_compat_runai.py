@@ -69,3 +69,63 @@ def test_a_truncated_file_raises_the_same_error_type_as_runai(tmp_path, small):
     assert isinstance(ours.value, sluice.Error), type(ours.value).__mro__
     assert "truncated.safetensors" in str(ours.value)
     assert type(theirs.value) is ValueError
+
+
+def test_is_distributed_gives_every_rank_every_tensor_read_once_across_the_ranks(small, tmp_path):
+    """Two ranks (torchrun's environment, a Gloo group, no LOCAL_WORLD_SIZE):
+    each gets every tensor with Run:ai's own distributed mode's names, dtypes,
+    shapes and bytes; sluice reads each byte from storage once across the
+    ranks, and divides the node's memory limit by the group's ranks on this host."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    from conftest import HERE
+    path, digests = small
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    world, limit = 2, 64 << 20
+    procs = []
+    for r in range(world):
+        env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_WORLD_SIZE", "LOCAL_RANK")}
+        env.update(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   RUNAI_STREAMER_DIST="1", RUNAI_STREAMER_MEMORY_LIMIT=str(limit), RUNAI_STREAMER_LOG_LEVEL="WARNING",
+                   RUNAI_STREAMER_DIST_BUFFER_MIN_BYTESIZE=str(8 << 20))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "compat_runai_worker.py"), path, str(tmp_path)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    res = []
+    for r in range(world):
+        f = tmp_path / f"rank-{r}.json"
+        assert f.exists(), f"rank {r} wrote no result (exit {procs[r].returncode}):\n{outs[r]}"
+        res.append(json.loads(f.read_text()))
+    for r in res:
+        assert "error" not in r, r["error"]
+        assert r["distributed"]
+        assert r["ours"] == r["theirs"], r["rank"]
+        assert {n: v[2] for n, v in r["ours"].items()} == {n: d[2] for n, d in digests.items()}
+        assert r["staging"] == [limit // world]
+    assert sum(r["bytes_read"] for r in res) == res[0]["tensor_bytes"] > 0
+
+
+def test_is_distributed_without_a_process_group_loads_locally_as_runai_does(small):
+    path, digests = small
+    files = sorted(compat.list_safetensors(path))
+    ours = _stream(compat, files, is_distributed=True)
+    theirs = _stream(runai, files, is_distributed=True)
+    assert sorted(ours) == sorted(theirs) == sorted(digests)
+
+
+def test_the_memory_limit_is_a_node_total_divided_by_the_local_ranks(monkeypatch):
+    monkeypatch.setenv("RUNAI_STREAMER_MEMORY_LIMIT", str(8 << 30))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert compat._staging() == 2 << 30            # torchrun's count of the ranks on this node
+    assert compat._staging(local_ranks=8) == 1 << 30  # a distributed load: the group's ranks on this host
+    monkeypatch.setenv("RUNAI_STREAMER_MEMORY_LIMIT", "-1")  # Run:ai's "unlimited": sluice's default per node
+    assert compat._staging() == compat._DEFAULT_NODE_LIMIT // 4
+    monkeypatch.setenv("RUNAI_STREAMER_MEMORY_LIMIT", "1000")
+    assert compat._staging() == 1 << 20               # the floor: one MiB
+    monkeypatch.delenv("RUNAI_STREAMER_MEMORY_LIMIT")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert compat._staging() == 40_000_000_000        # Run:ai's default, 40 GB, one rank

@@ -22,12 +22,22 @@ purpose:
   memory of their own (sluice's on_exhausted="copy") instead of waiting.
 - The memory limit (RUNAI_STREAMER_MEMORY_LIMIT, bytes, a node total; Run:ai's
   default 40 GB) becomes sluice's staging budget divided by the ranks on this
-  node, as Run:ai >= 0.16 divides it. Run:ai's modes -1 (unlimited) and 0
+  node, as Run:ai >= 0.16 divides it: in a distributed load, by the ranks of the
+  process group on this host (an all-gather of host names, as Run:ai counts
+  them). Differences: Run:ai floors a rank's share at its largest tensor; sluice
+  keeps the share (at least 1 MiB), reads a tensor larger than a slot into
+  memory of its own, and shortens its reads below 32 MiB where the share could
+  not hold one 32 MiB read slot; a load that is not distributed still divides by LOCAL_WORLD_SIZE
+  where torchrun sets it (Run:ai gives each process the whole limit there), so
+  that the node's total stays bounded. Run:ai's modes -1 (unlimited) and 0
   (largest range) take sluice's default budget, 4 GiB per node: sluice's
   memory is always bounded.
-- `is_distributed=True` (torch.distributed initialised): every rank gets every
-  tensor, as with Run:ai, and each byte is read from storage by one rank and
-  sent to the others over Gloo.
+- `is_distributed=True` with torch.distributed initialised and more than one
+  rank: every rank gets every tensor, as with Run:ai, and each byte is read
+  from storage by one rank and sent to the others over Gloo, whatever the
+  process group's backend (Run:ai distributes over NCCL by default, over Gloo
+  only with RUNAI_STREAMER_DIST=1). Without torch.distributed initialised, or
+  with one rank, the load is this process's alone, as Run:ai falls back.
 - `device="cuda..."`: each tensor is copied to the device after it arrives.
 - Errors are sluice's (sluice.Error subclasses, naming file, tensor and bytes)
   that are also ValueError, the type Run:ai raises for a corrupt or truncated
@@ -100,10 +110,12 @@ def list_safetensors(path: str, s3_credentials=None) -> List[str]:
     return glob.glob(os.path.join(path, "*.safetensors"))
 
 
-def _staging() -> int:
+def _staging(local_ranks: Optional[int] = None) -> int:
+    """This rank's staging budget: the node's limit over `local_ranks` (a
+    distributed load's ranks on this host), else over LOCAL_WORLD_SIZE."""
     limit = int(os.environ.get("RUNAI_STREAMER_MEMORY_LIMIT", "40000000000"))
     node = limit if limit > 0 else _DEFAULT_NODE_LIMIT
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    ranks = local_ranks if local_ranks is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     return max(node // max(ranks, 1), 1 << 20)
 
 
@@ -162,19 +174,21 @@ class SafetensorsStreamer:
 
     def get_tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """(name, tensor) for every tensor of the files streamed, each owning its bytes."""
-        dist = {}
+        dist, local_ranks = {}, None
         if self._distributed:
             import torch.distributed as tdist
-            if not (tdist.is_available() and tdist.is_initialized()):
-                raise ValueError("is_distributed=True needs torch.distributed to be initialised")
-            if tdist.get_world_size() > 1:
+            if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
                 from sluice._distributed import torch_world
                 world, store = torch_world(None, prefix="sluice/runai")
                 dist = {"topology": f"tp1,dp{world.size}", "store": store, "world": world}
-        staging = _staging()
+                local_ranks = world.local_size
+        staging = _staging(local_ranks)
+        # One read slot is max_read rounded up to 4 KiB plus 8 KiB of O_DIRECT
+        # room (sluice's slot_size_for): reads shrink until one fits the share.
+        max_read = min(32 << 20, (staging - 8192) // 4096 * 4096)
         for ck in self._files:
             with _errors():
-                self._running = sluice.iter_weights(ck, staging=staging, progress=False, **dist)
+                self._running = sluice.iter_weights(ck, staging=staging, max_read=max_read, progress=False, **dist)
                 with self._running as it:
                     for name, tensor in it:
                         if self._device != "cpu":
