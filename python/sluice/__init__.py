@@ -30,7 +30,7 @@ from ._torch import as_torch_dtype, arrival_shape  # noqa: F401
 from ._contract import Recorder, ReloadSession, probe  # noqa: F401
 
 __all__ = ["open", "components", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
-           "TensorInfo", "World", "Checkpoint", "WeightIterator", "parse_size", "as_torch_dtype", "Error", "release_memory",
+           "TensorInfo", "World", "Checkpoint", "WeightIterator", "parse_size", "plan_owners", "as_torch_dtype", "Error", "release_memory",
            "memory_stats"]
 
 
@@ -112,11 +112,31 @@ class Checkpoint:
         return f"<sluice.Checkpoint {self.location!r}: {len(self.tensors)} tensors, {self.tensor_bytes} bytes>"
 
 
-def open(path, select=None, rename=None) -> Checkpoint:  # noqa: A001  (sluice.open, as the issue names it)
+def open(path, select=None, rename=None, index=None, collective=None, world=None, store=None,  # noqa: A001
+         timeout=60.0) -> Checkpoint:
     """Opens a checkpoint directory, a .safetensors file or s3://bucket/prefix/ (headers only).
 
     select: a regular expression (searched in the file's tensor names) or a callable name -> bool.
     rename: {prefix: replacement}, applied in order, first match wins.
+    index: a local model.safetensors.index.json to open `path` through instead
+      of its own index (e.g. the weights in S3, the index beside the config).
+      The shards it names are checked against what `path` lists before any
+      header is read: a shard it names that is not there (or whose size or
+      ETag differs from what the index's metadata records) raises
+      sluice.IndexError naming it; then a tensor it lists that its shard lacks,
+      or one the shard has that it does not list, raises IndexError naming the
+      tensor.
+    collective/world/store/timeout: a collective open by the ranks of a
+      distributed load (every rank calls it, with the same arguments): rank 0
+      reads the index and the headers from storage and the other ranks replay
+      what it read (no metadata request of theirs), through the same parsing
+      and checks, so a corrupt shard is the same typed error on every rank; a
+      rank that fails alone fails every rank (sluice.DistributedError naming
+      it). The ranks are `world` (a sluice.World) with `store` (a
+      torch.distributed store whose key prefix the ranks agreed on; the open
+      uses the keys under "open/"), or, with collective=True, torchrun's
+      environment and the default store (as iter_weights). `header_bytes_read`
+      is then what this rank read: everything on rank 0, nothing elsewhere.
     """
     regex = fn = None
     if isinstance(select, (str, _re.Pattern)):
@@ -127,7 +147,15 @@ def open(path, select=None, rename=None) -> Checkpoint:  # noqa: A001  (sluice.o
         fn = select
     rules = list((rename or {}).items())
     where = _os.fspath(path)
-    return Checkpoint(_sluice.open_checkpoint(where, regex, fn, rules), where)
+    if index is not None:
+        index = _os.fspath(index)
+        if not _os.path.isfile(index):
+            raise ConfigError(f"index: '{index}' is not a file (a local model.safetensors.index.json)")
+    who = None
+    if collective or world is not None or store is not None:
+        from ._distributed import collective_open_options
+        who = collective_open_options(world, store, timeout)
+    return Checkpoint(_sluice.open_checkpoint(where, regex, fn, rules, index or "", who), where)
 
 
 def inspect(ck) -> dict:
@@ -238,7 +266,7 @@ class WeightIterator:
 
 def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto", on_exhausted="copy",
                  queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0,
-                 world=None) -> WeightIterator:
+                 world=None, pp_stage_layers=None, pp_first_pattern=None, pp_last_pattern=None) -> WeightIterator:
     """Streams the checkpoint's tensors as (name, torch.Tensor).
 
     staging: the staging budget (bytes or "4GiB"); memory stays within it.
@@ -254,6 +282,12 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); the topology defaults to
       "tp1,dpN,epN", as sluice-load's. Without any of the four, the load is
       this process's alone.
+    pp_stage_layers/pp_first_pattern/pp_last_pattern: a topology with PP > 1:
+      the layers of each stage, in stage order (default: sluice's even split,
+      which is vLLM's get_pp_indices without VLLM_PP_LAYER_PARTITION), and the
+      patterns of the layer-less tensors that go with the first stage only
+      (default: embed_tokens) and the last only (default: the final norm and
+      lm_head); "" puts them on every stage. See plan_owners.
     """
     if not isinstance(ck, Checkpoint):
         ck = open(ck)
@@ -261,7 +295,37 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
     if topology is not None or store is not None or world is not None:
         from ._distributed import configure
         configure(o, topology, offload, store, timeout, world)
+    _pp_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern)
     return WeightIterator(ck, o, progress)
+
+
+def _pp_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern):
+    if pp_stage_layers:
+        layers = list(pp_stage_layers)
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
+            raise ConfigError(f"pp_stage_layers: expected positive layer counts, got {layers!r}")
+        o.pp_stage_layers = layers
+    if pp_first_pattern is not None:
+        o.pp_first_pattern = str(pp_first_pattern)
+    if pp_last_pattern is not None:
+        o.pp_last_pattern = str(pp_last_pattern)
+
+
+def plan_owners(ck, topology, offload="none", local_size=None, pp_stage_layers=None, pp_first_pattern=None,
+                pp_last_pattern=None) -> list:
+    """The tensors each rank of a distributed load would own, from sluice's
+    plan alone (no process, no read): a list over the topology's ranks (in
+    sluice's order: PP x DP x TP) of tensor names in file order. The plan is
+    the one iter_weights computes for the same topology, offload and PP
+    options; an inconsistent request raises ConfigError (e.g. stage layer
+    counts that do not add up to the checkpoint's layers)."""
+    if not isinstance(ck, Checkpoint):
+        ck = open(ck)
+    o = _sluice.StreamOptions()
+    o.topology, o.offload = topology, offload
+    o.local_size = int(local_size) if local_size else 0
+    _pp_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern)
+    return _sluice.plan_owners(ck._core, o)
 
 
 def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto",

@@ -12,6 +12,7 @@ import os
 
 _store = None
 _loads = 0
+_opens = 0
 
 
 def _env(name, default=None):
@@ -60,22 +61,63 @@ def configure(o, topology, offload, store, timeout, world=None):
             o.set_store(dist.PrefixStore(f"sluice/load-{_loads}", store or default_store(timeout)))
 
 
-def torch_world(group=None, prefix="sluice/group"):
+def collective_open_options(world, store, timeout):
+    """The ranks of a collective sluice.open, as a StreamOptions: `world` with
+    `store` (under the key prefix "open/"), or torchrun's environment and the
+    default store (under "sluice/open-N", N counting this process's collective
+    opens, as load-N counts its loads)."""
+    global _opens
+    import torch.distributed as dist
+    from . import ConfigError, _sluice
+    if (world is None) != (store is None):
+        raise ConfigError("a collective open takes both world= and store=, or neither (torchrun's environment)")
+    o = _sluice.StreamOptions()
+    o.timeout_ms = int(timeout * 1000)
+    if world is not None:
+        o.rank, o.world_size, o.local_rank, o.local_size = world.rank, world.size, world.local_rank, world.local_size
+        if o.world_size > 1:
+            o.set_store(dist.PrefixStore("open", store))
+        return o
+    o.rank = int(_env("RANK", "0"))
+    o.world_size = int(_env("WORLD_SIZE", "1"))
+    o.local_rank = int(_env("LOCAL_RANK", str(o.rank)))
+    o.local_size = int(_env("LOCAL_WORLD_SIZE", str(o.world_size)))
+    if o.world_size > 1:
+        _opens += 1
+        o.set_store(dist.PrefixStore(f"sluice/open-{_opens}", default_store(timeout)))
+    return o
+
+
+def torch_world(group=None, prefix="sluice/group", rank=None):
     """(sluice.World, store) for one load across a torch.distributed group (the
-    default group when None): this rank's place in the group, the ranks on its
-    host (an all-gather of host names), and the default store under a key
-    prefix that the group's rank 0 draws and broadcasts, so that every load gets
-    keys of its own even when only some processes load (a per-process counter
-    would diverge there). A collective over `group`: every rank calls it."""
+    default group when None): this rank's place (`rank`, default its rank in
+    the group: an engine whose ranks are ordered otherwise than sluice's plan
+    passes its sluice rank), the ranks on its host (an all-gather of host
+    names), and the default store under a key prefix that the group's rank 0
+    draws and broadcasts, so that every load gets keys of its own even when
+    only some processes load (a per-process counter would diverge there). The
+    plan groups a node's ranks contiguously: where a host's ranks are not
+    contiguous in that order, every rank is its own node (local_size 1). A
+    collective over `group`: every rank calls it."""
     import socket
     import uuid
     import torch.distributed as dist
-    from . import World
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    from . import ConfigError, World
+    size = dist.get_world_size(group)
+    mine = dist.get_rank(group) if rank is None else int(rank)
+    places = [None] * size
+    dist.all_gather_object(places, (mine, socket.gethostname()), group=group)
+    if sorted(p[0] for p in places) != list(range(size)):
+        raise ConfigError(f"torch_world: the ranks given are {[p[0] for p in places]}, not each of 0..{size - 1} once")
     hosts = [None] * size
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
-    token = [uuid.uuid4().hex if rank == 0 else None]
+    for r, h in places:
+        hosts[r] = h
+    token = [uuid.uuid4().hex if dist.get_rank(group) == 0 else None]
     dist.broadcast_object_list(token, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    mine = [r for r in range(size) if hosts[r] == hosts[rank]]
     store = dist.PrefixStore(f"{prefix}/{token[0]}", dist.distributed_c10d._get_default_store())
-    return World(rank=rank, size=size, local_rank=mine.index(rank), local_size=len(mine)), store
+    blocks = [[r for r in range(size) if hosts[r] == h] for h in dict.fromkeys(hosts)]
+    contiguous = all(b == list(range(b[0], b[0] + len(b))) and len(b) == len(blocks[0]) for b in blocks)
+    if not contiguous:
+        return World(rank=mine, size=size, local_rank=0, local_size=1), store
+    same = next(b for b in blocks if mine in b)
+    return World(rank=mine, size=size, local_rank=same.index(mine), local_size=len(same)), store

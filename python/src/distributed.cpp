@@ -3,7 +3,11 @@
 // that the two compile in parallel).
 #include "glue.hpp"
 
+#include <optional>
+
+#include <sluice/comm/any_communicator.hpp>
 #include <sluice/distributed.hpp>
+#include <sluice/distributed/peers.hpp>
 #if defined(SLUICE_HAS_GLOO)
 #include <sluice/gloo/communicator.hpp>  // multi-rank worlds are Gloo worlds
 #endif
@@ -17,6 +21,25 @@ nlohmann::json run_distributed(const checkpoint& ck, const distributed_request& 
   const double gib = static_cast<double>(st.bytes_read + st.bytes_received) / double(1ull << 30);
   j["gib_per_s"] = st.seconds > 0 ? gib / st.seconds : 0.0;
   return j;
+}
+
+checkpoint open_collective(const location& where, const open_options& opt, const comm::rank_info& who) {
+  if (who.world_size <= 1) return checkpoint::open(where, opt);
+  const auto c = detail::in_phase("joining the world to open the checkpoint", [&] { return comm::join_world(who); });
+  std::optional<checkpoint> ck;
+  std::exception_ptr failure;
+  try {
+    ck.emplace(checkpoint::open(where, *c, opt));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  try {
+    detail::check_peers(*c, failure, "opening the checkpoint");
+  } catch (const distributed_error&) {
+    if (failure) std::rethrow_exception(failure);  // its own error, typed (the file, the rule), not a peer's summary
+    throw;
+  }
+  return std::move(*ck);
 }
 
 }  // namespace sluice_py

@@ -106,6 +106,15 @@ struct distributed_request {
 /// Runs the distributed load of `ck` into `s` (distributed.cpp).
 nlohmann::json run_distributed(const checkpoint& ck, const distributed_request& req, any_sink s, distributed_options opt);
 
+/// Opens the checkpoint at `where` once for the world `who` describes
+/// (distributed.cpp): joins it, rank 0 reads the index and headers and the
+/// others replay them (checkpoint::open(location, communicator)), then the
+/// ranks exchange their outcomes, so that a rank that failed where rank 0
+/// did not (its own copy of a directory) fails every rank at once. A rank
+/// that failed itself throws its own (typed) error; the others throw
+/// distributed_error naming it. The world is left before returning.
+checkpoint open_collective(const location& where, const open_options& opt, const comm::rank_info& who);
+
 /// A tensor's destination in device memory (a CUDA torch tensor's data_ptr).
 struct device_destination {
   std::string name;

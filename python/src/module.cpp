@@ -369,9 +369,17 @@ struct py_checkpoint {
   bool is_s3() const { return s3; }
 };
 
+struct stream_options;
+comm::rank_info rank_info_of(const stream_options& o);
+
+// `who`: None, or the StreamOptions of a distributed load (rank, world, local
+// ranks, store, timeout) whose ranks open the checkpoint together: rank 0
+// reads the metadata and the others replay it (open_collective).
 py_checkpoint open_checkpoint(const std::string& where, py::object select_regex, py::object select_fn,
-                              const std::vector<std::pair<std::string, std::string>>& rename) {
+                              const std::vector<std::pair<std::string, std::string>>& rename, const std::string& index,
+                              const stream_options* who) {
   open_options opt;
+  if (!index.empty()) opt.index = index;
   for (const auto& [from, to] : rename) opt.rename.push_back({from, to});
   if (!select_regex.is_none()) {
     const auto pattern = select_regex.cast<std::string>();
@@ -383,14 +391,28 @@ py_checkpoint open_checkpoint(const std::string& where, py::object select_regex,
     }
     opt.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
   } else if (!select_fn.is_none()) {
-    // Called on this thread, with the GIL held (opening reads headers only).
-    opt.select = [select_fn](std::string_view n) { return py::cast<bool>(select_fn(py::str(n.data(), n.size()))); };
+    // Called on this thread. A collective open runs without the GIL (it waits
+    // on its peers), so the call takes it, and copies of the function share
+    // one reference that is dropped under the GIL.
+    std::shared_ptr<py::object> fn(new py::object(std::move(select_fn)), [](py::object* f) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    });
+    opt.select = [fn](std::string_view n) {
+      py::gil_scoped_acquire gil;
+      return py::cast<bool>((*fn)(py::str(n.data(), n.size())));
+    };
   }
   // A path, or an s3:// URI (its catalog reads the environment's S3 config).
   const location at(where);
   py_checkpoint r;
   r.s3 = !at.local();
-  r.ck = std::make_shared<checkpoint>(checkpoint::open(at, opt));
+  if (const auto ranks = who ? rank_info_of(*who) : comm::rank_info{}; ranks.world_size > 1) {
+    py::gil_scoped_release nogil;
+    r.ck = std::make_shared<checkpoint>(open_collective(at, opt, ranks));
+  } else {
+    r.ck = std::make_shared<checkpoint>(checkpoint::open(at, opt));
+  }
   return r;
 }
 
@@ -552,7 +574,35 @@ struct stream_options {
   std::shared_ptr<comm::kv_store> kv;
   std::string kv_prefix;
   std::uint64_t timeout_ms = 60000;
+  // PP > 1: layers per stage (empty: the plan's even split) and the patterns of
+  // the layer-less tensors that go with the first / last stage (unset: the classifier's).
+  std::vector<std::size_t> pp_stage_layers;
+  std::optional<std::string> pp_first_pattern, pp_last_pattern;
 };
+
+// The plan and classifier knobs of a distributed stream (the stream's load and
+// sluice.plan_owners build them here alike).
+distributed_options distributed_options_of(const stream_options& o) {
+  distributed_options d;
+  d.plan.local_size = o.local_size;
+  d.plan.pp_stage_layers = o.pp_stage_layers;
+  if (o.pp_first_pattern) d.classify.first_pp_stage_pattern = *o.pp_first_pattern;
+  if (o.pp_last_pattern) d.classify.last_pp_stage_pattern = *o.pp_last_pattern;
+  return d;
+}
+
+comm::rank_info rank_info_of(const stream_options& o) {
+  comm::rank_info who;
+  who.rank = o.rank;
+  who.world_size = o.world_size;
+  who.local_rank = o.local_rank;
+  who.local_size = o.local_size;
+  who.timeout = std::chrono::milliseconds(o.timeout_ms);
+  who.kv = o.kv;
+  who.kv_prefix = o.kv_prefix;
+  if (const char* h = std::getenv("SLUICE_GLOO_HOST"); h && *h) who.hostname = h;
+  return who;
+}
 
 load_options make_load_options(const stream_options& o) {
   load_options l;
@@ -742,7 +792,7 @@ class stream {
         req.who.kv = opt_.kv;
         req.who.kv_prefix = opt_.kv_prefix;
         if (const char* h = std::getenv("SLUICE_GLOO_HOST"); h && *h) req.who.hostname = h;
-        distributed_options d;
+        auto d = distributed_options_of(opt_);
         d.load = lopt_;
         j = run_distributed(*ck_.ck, req, qs, d);
       } else {
@@ -1009,7 +1059,8 @@ PYBIND11_MODULE(_sluice, m) {
       })
       .def("tensors", &tensor_list)
       .def("inspect", &inspect_checkpoint);
-  m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"));
+  m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"),
+        py::arg("index") = std::string(), py::arg("who") = nullptr);
 
   py::class_<stream_options>(m, "StreamOptions")
       .def(py::init<>())
@@ -1028,6 +1079,9 @@ PYBIND11_MODULE(_sluice, m) {
       .def_readwrite("local_size", &stream_options::local_size)
       .def_readwrite("kv_prefix", &stream_options::kv_prefix)
       .def_readwrite("timeout_ms", &stream_options::timeout_ms)
+      .def_readwrite("pp_stage_layers", &stream_options::pp_stage_layers)
+      .def_readwrite("pp_first_pattern", &stream_options::pp_first_pattern)
+      .def_readwrite("pp_last_pattern", &stream_options::pp_last_pattern)
       .def("set_store", [](stream_options& o, py::object store) {
         // A torch.distributed store (anything with set(key, bytes), get(key) -> bytes, wait(keys);
         // delete_key(key), where it has one, removes the rendezvous keys once the ranks have met).
@@ -1067,6 +1121,18 @@ PYBIND11_MODULE(_sluice, m) {
         };
         o.kv = store.is_none() ? nullptr : std::make_shared<torch_kv>(std::move(store));
       });
+
+  m.def("plan_owners", [](const py_checkpoint& p, const stream_options& o) {
+        // The plan a distributed stream with these options computes (topology,
+        // offload, PP split, classifier patterns), as the tensors each rank owns.
+        const auto d = distributed_options_of(o);
+        const auto plan = policy::make_plan(policy::tensor_infos(*p.ck), policy::classifier(d.classify),
+                                            policy::parse_topology(o.topology), policy::parse_offload(o.offload), d.plan);
+        std::vector<std::vector<std::string>> owned(plan.world);
+        for (const auto& e : plan.entries)
+          for (auto r : e.owners.members()) owned[r].push_back(e.info.name);
+        return owned;
+      }, py::arg("checkpoint"), py::arg("options"));
 
   py::class_<stream>(m, "Stream")
       .def(py::init<py_checkpoint, stream_options>())
