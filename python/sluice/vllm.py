@@ -47,6 +47,7 @@ keep it (see `SluiceModelLoader._distributed` for the mapping).
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import torch
@@ -107,6 +108,112 @@ def _options(extra) -> dict:
     return o
 
 
+_LAYER = re.compile(r"layers\.(\d+)\.")  # sluice's classifier's layer_pattern (policy/classify.hpp)
+
+
+def sluice_rank(pp_rank, dp_rank, pcp_rank, tp_rank, dp, pcp, tp):
+    """A vLLM rank's place in sluice's world. vLLM orders its world DP x PP x
+    (PCP x) TP, sluice's plan PP x DP x TP: a PP stage is a contiguous block
+    of dp*pcp*tp sluice ranks, and within it a rank's offset is its vLLM EP
+    rank (dp_rank*pcp*tp + pcp_rank*tp + tp_rank, as FusedMoEParallelConfig)."""
+    return pp_rank * dp * pcp * tp + (dp_rank * pcp + pcp_rank) * tp + tp_rank
+
+
+def stage_layers(model_config, pp, checkpoint_layers=None):
+    """Layers per PP stage as vLLM splits them (its own `get_pp_indices` over
+    the model's hidden layers); checkpoint layers beyond them (an MTP or draft
+    layer, which vLLM's main model skips) go with the last stage."""
+    from vllm.distributed.utils import get_pp_indices
+    total = model_config.get_total_num_hidden_layers()
+    counts = [end - start for start, end in (get_pp_indices(total, k, pp) for k in range(pp))]
+    if checkpoint_layers is not None and checkpoint_layers > total:
+        counts[-1] += checkpoint_layers - total
+    return counts
+
+
+# sluice's classifier's first_pp_stage_pattern and last_pp_stage_pattern (policy/classify.hpp)
+_FIRST = re.compile(r"(^|\.)embed_tokens\.")
+_LAST = re.compile(r"(^|\.)lm_head\.|^model\.(language_model\.)?norm\.")
+
+
+def anchored(model) -> tuple:
+    """(embeddings, head): whether a vLLM model (one PP stage of it) has
+    parameters of the layer-less tensors sluice gives the first stage
+    (embed_tokens) and the last (the final norm, lm_head). vLLM's models
+    differ: Llama builds them on their stage only (and the embeddings on the
+    last stage too when tied), Qwen3-MoE on every stage."""
+    names = [n for n, _ in model.named_parameters()] if model is not None else []
+    return any(_FIRST.search(n) for n in names), any(_LAST.search(n) for n in names)
+
+
+def placement(model_config, local, parallel=None, ranks=None, ck=None, stages=None):
+    """This rank's sluice world place and plan knobs under vLLM's parallel config:
+    {"rank", "size", "topology", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern", "notes"}.
+
+    Every rank of a PP stage is a sluice DP replica of the stage's dense
+    weights (tp1: TP ranks get full tensors, which vLLM's weight_loaders
+    narrow). With vLLM's expert parallelism on (EP weight filter, no EPLB,
+    linear placement) sluice's EP spans the stage (EP = DP x PCP x TP, vLLM's),
+    so a rank neither reads nor receives another rank's experts; the split is
+    checked against vLLM's `compute_local_expert_ids` for every EP rank first.
+    Round-robin placement: sluice's plan places experts in contiguous blocks
+    only (no expert->rank map), so experts are replicated and vLLM's loaders
+    drop the others' (said in the log). PP > 1: the stages own vLLM's layer
+    ranges (`get_pp_indices`); the embeddings go with the first stage and the
+    final norm and lm_head with the last, or with every stage where another
+    stage's model has them too (`stages`: {stage: anchored(its model)};
+    default: Llama's rule, the tied embeddings on the last stage too).
+
+    `parallel` (vLLM's ParallelConfig) and `ranks` ((pp, dp, pcp, tp) ranks)
+    default to the running engine's; the TP2 x PP2 x DP2 unit test passes them.
+    `ck`: the opened checkpoint, whose layers beyond the model's go with the
+    last stage (without it the stages are the model's layers alone).
+    """
+    if parallel is None:
+        from vllm.config import get_current_vllm_config
+        parallel = get_current_vllm_config().parallel_config
+    tp, pp, dp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size, parallel.data_parallel_size
+    pcp = getattr(parallel, "prefill_context_parallel_size", 1)
+    if ranks is None:
+        from vllm.distributed import get_dp_group, get_pcp_group, get_pp_group, get_tp_group
+        ranks = (get_pp_group().rank_in_group if pp > 1 else 0, get_dp_group().rank_in_group if dp > 1 else 0,
+                 get_pcp_group().rank_in_group if pcp > 1 else 0, get_tp_group().rank_in_group if tp > 1 else 0)
+    stage = dp * pcp * tp
+    notes = []
+    ep = 1
+    if local is not None:
+        from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+        experts = model_config.get_num_experts()
+        if parallel.expert_placement_strategy != "linear":
+            notes.append(f"expert placement {parallel.expert_placement_strategy!r}: sluice's plan places experts in "
+                         "contiguous blocks only, so every rank receives every expert (read once) and vLLM's weight "
+                         "loaders keep their own")
+        elif all(compute_local_expert_ids(experts, stage, r) == {e for e in range(experts) if e * stage // experts == r}
+                 for r in range(stage)):
+            ep = stage
+        else:
+            notes.append(f"vLLM's split of {experts} experts over EP={stage} is not sluice's (e * EP / E): every rank "
+                         "receives every expert (read once) and vLLM's weight loaders keep their own")
+    out = {"rank": sluice_rank(*ranks, dp, pcp, tp), "size": pp * stage, "notes": notes, "pp_stage_layers": [],
+           "pp_first_pattern": None, "pp_last_pattern": None, "topology": f"tp1,dp{stage},ep{ep}" + (f",pp{pp}" if pp > 1 else "")}
+    if pp > 1:
+        layers = None
+        if ck is not None:
+            found = [int(m.group(1)) for m in (_LAYER.search(t.name) for t in ck.tensors) if m]
+            layers = max(found) + 1 if found else 0
+        out["pp_stage_layers"] = stage_layers(model_config, pp, layers)
+        if stages is None:
+            tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
+            stages = {k: (k == 0 or (tied and k == pp - 1), k == pp - 1) for k in range(pp)}
+        # A group that some other stage has too goes with every stage (over-delivered
+        # to a middle stage that lacks it, whose load_weights skips it).
+        if any(first for k, (first, _) in stages.items() if k != 0):
+            out["pp_first_pattern"] = ""
+        if any(last for k, (_, last) in stages.items() if k != pp - 1):
+            out["pp_last_pattern"] = ""
+    return out
+
+
 def _base_loader():
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
     return BaseModelLoader
@@ -128,13 +235,18 @@ class SluiceModelLoader(_base_loader()):
         """Nothing to download: checks that the weights location opens (headers only)."""
         self._open(model_config)
 
-    def _open(self, model_config, select=None):
+    def _open(self, model_config, select=None, world=None, store=None):
+        """Opens the weights (through the `index` extra-config key's index if
+        set); with `world` and `store`, collectively: rank 0 reads the
+        metadata, the other ranks replay it."""
         where = self._location(model_config)
-        if self.options["index"]:
-            raise sluice.ConfigError("--model-loader-extra-config: index is not supported by the Python package yet")
         if not where.startswith("s3://") and not os.path.exists(where):
             raise sluice.ConfigError(f"--load-format sluice: the weights location '{where}' does not exist")
-        return sluice.open(where, select=select)
+        index = self.options["index"]
+        if index is not None and not os.path.isfile(index):
+            raise sluice.ConfigError(f"--model-loader-extra-config: index '{index}' is not a file "
+                                     "(a local model.safetensors.index.json)")
+        return sluice.open(where, select=select, index=index, world=world, store=store)
 
     # ---- which tensors this rank needs
     @staticmethod
@@ -172,7 +284,7 @@ class SluiceModelLoader(_base_loader()):
         `reload_weights(weights_path=...)` and sleep level 2 call."""
         local = self._local_experts(model_config)
         if self._world() > 1:
-            yield from self._distributed(model_config, local)
+            yield from self._distributed(model_config, local, model)
             return
         yield from self._stream(self._open(model_config, select=self._ep_filter(local)), {})
 
@@ -185,39 +297,42 @@ class SluiceModelLoader(_base_loader()):
         from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
         return lambda n: not should_skip_weight(n, local)
 
-    def _distributed(self, model_config, local):
-        """A load across vLLM's world group, each byte read from storage by one rank.
-
-        sluice's topology: every rank is a replica of the dense weights (TP ranks
-        get full tensors: vLLM's weight_loaders narrow them), and with vLLM's
-        expert parallelism (PP = 1, linear placement) EP spans the world, so a
-        rank neither reads nor receives another rank's experts. sluice's EP ranks
-        are vLLM's (world rank = dp * TP + tp = vLLM's ep_rank); the expert
-        split is checked against vLLM's `compute_local_expert_ids` for every rank
-        first, and the load falls back to replicated experts (vLLM then drops
-        the others' in its weight_loaders) when they would differ. PP stages are
-        replicated too for now: a rank also receives other stages' layers,
-        whose parameters vLLM's load_weights skips.
-        """
-        from vllm.config import get_current_vllm_config
+    def _distributed(self, model_config, local, model):
+        """A load across vLLM's world group, each byte read from storage by one
+        rank, the checkpoint opened collectively (rank 0 reads the index and
+        the headers, the other ranks replay them). The mapping onto sluice's
+        world is `placement()`'s."""
         from vllm.distributed import get_world_group
-        from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
-        group = get_world_group()
-        size, rank = group.world_size, group.rank_in_group
-        pc = get_current_vllm_config().parallel_config
-        ep = 1
-        if local is not None and pc.pipeline_parallel_size == 1 and pc.expert_placement_strategy == "linear":
-            experts = model_config.get_num_experts()
-            if all(compute_local_expert_ids(experts, size, r) == {e for e in range(experts) if e * size // experts == r}
-                   for r in range(size)):
-                ep = size
-        # One key prefix per load, agreed over the world's CPU group (a per-process
-        # counter diverges when only some ranks load, e.g. a draft model).
         from sluice._distributed import torch_world
-        world, store = torch_world(group.cpu_group, prefix="sluice/vllm")
-        ck = self._open(model_config)
-        yield from self._stream(ck, {"topology": f"tp1,dp{size},ep{ep}", "offload": self.options["offload"],
-                                     "store": store, "world": world})
+        group = get_world_group()
+        place = placement(model_config, local)
+        stages = None
+        if "pp" in place["topology"]:  # which stages' models hold the layer-less tensors: their own parameters say
+            import torch.distributed as dist
+            from vllm.distributed import get_pp_group
+            flags = [None] * group.world_size
+            dist.all_gather_object(flags, (get_pp_group().rank_in_group, anchored(model)), group=group.cpu_group)
+            stages = {}
+            for k, (first, last) in flags:
+                had = stages.get(k, (False, False))
+                stages[k] = (had[0] or first, had[1] or last)
+        # One key prefix per load, agreed over the world's CPU group (a per-process
+        # counter diverges when only some ranks load, e.g. a draft model); the
+        # sluice world is ordered as sluice's plan is (PP x DP x TP).
+        world, store = torch_world(group.cpu_group, prefix="sluice/vllm", rank=place["rank"])
+        from vllm.logger import init_logger
+        log = init_logger("vllm.sluice")
+        for note in place["notes"]:
+            log.info("sluice: %s", note)
+        if world.local_size == 1 and world.size > 1:
+            log.info("sluice: the ranks of a host are not contiguous in sluice's order (PP x DP x TP): each rank "
+                     "is its own node to the plan (no shared tables across ranks)")
+        ck = self._open(model_config, world=world, store=store)
+        if "pp" in place["topology"]:
+            place = placement(model_config, local, ck=ck, stages=stages)
+        options = {k: place[k] for k in ("pp_stage_layers", "pp_first_pattern", "pp_last_pattern")}
+        yield from self._stream(ck, {"topology": place["topology"], "offload": self.options["offload"],
+                                     "store": store, "world": world, "plan": options})
 
     def _bar(self, total):
         from vllm.model_executor.model_loader.weight_utils import enable_tqdm
@@ -243,12 +358,13 @@ class SluiceModelLoader(_base_loader()):
         it = sluice.iter_weights(ck, staging=self.options["staging"], max_read=self.options["max_read"],
                                  queue_depth=self.options["queue_depth"],
                                  progress=(lambda done, total: bar.update(base + done - bar.n)) if bar else False,
-                                 **distributed)
+                                 **{k: v for k, v in distributed.items() if k != "plan"},
+                                 **distributed.get("plan", {}))
         try:
             with it:
                 for name, tensor in it:
                     if getattr(tensor, "sluice_kind", None) == "placeholder":
-                        continue  # another rank's expert: neither read nor received here
+                        continue  # another rank's expert or PP stage: neither read nor received here
                     yield name, tensor
         finally:
             if own and bar is not None:
@@ -261,7 +377,7 @@ class SluiceModelLoader(_base_loader()):
         received = self.last_stats.get("bytes_received", 0)
         self._log().info(
             "sluice: %s%s: %d tensors, %.3f GiB read, %.3f GiB received, %.2f GiB/s (%.2f s)", ck.location,
-            f" (rank {distributed['world'].rank} of {distributed['world'].size}, {distributed['topology']})"
+            f" (rank {distributed['world'].rank} of {distributed['world'].size} in sluice's order, {distributed['topology']})"
             if distributed else "", self.last_stats.get("tensors", 0), read / 2**30, received / 2**30,
             (read + received) / 2**30 / seconds, seconds)
 

@@ -15,11 +15,12 @@ def _save(model, path, shard):
     return path
 
 
-def dense(path, seed=0):
+def dense(path, seed=0, tie=False):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=tie)
     return _save(LlamaForCausalLM(cfg).to(torch.bfloat16), path, "400KB")
 
 

@@ -4,7 +4,10 @@ for each MODEL:EP job, loads MODEL with vLLM's default loader and with sluice's
 (EP: expert parallelism on), and writes each parameter's SHA-256 for both, and
 sluice's stats, to OUT as {MODEL: {"safetensors", "sluice", "stats"}}.
 
-    python ranks_worker.py OUT RANK WORLD PORT TP MODEL:EP [MODEL:EP ...]
+    python ranks_worker.py OUT RANK WORLD PORT TP[xPP] MODEL:EP [MODEL:EP ...]
+
+(TP, or TPxPP for pipeline stages: "1x2" is PP = 2.) Each rank also writes
+its PP stage and the checkpoint names its stage's model loaded ("loaded").
 
 The parallel state is made once, from the first job's config (put a MoE job
 first: vLLM makes its EP group only for MoE models).
@@ -23,7 +26,8 @@ def digests(model):
 
 def main():
     out, rank, world, port, tp = sys.argv[1:6]
-    rank, world, tp = int(rank), int(world), int(tp)
+    tp, _, pp = tp.partition("x")
+    rank, world, tp, pp = int(rank), int(world), int(tp), int(pp or 1)
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
@@ -37,7 +41,8 @@ def main():
         result[model] = {}
         for fmt in ("safetensors", "sluice"):
             extra = {"staging": "8MiB", "max_read": "256KiB"} if fmt == "sluice" else {}
-            cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, data_parallel_size=world // tp,
+            cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                             data_parallel_size=world // (tp * pp),
                              enable_expert_parallel=ep == "1", dtype="bfloat16", enforce_eager=True,
                              max_model_len=128, skip_tokenizer_init=True,
                              model_loader_extra_config=extra).create_engine_config()
@@ -45,13 +50,15 @@ def main():
                 if not initialised:
                     init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                                  distributed_init_method=f"tcp://127.0.0.1:{port}")
-                    initialize_model_parallel(tensor_model_parallel_size=tp)
+                    initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
                     initialised = True
                 loader = get_model_loader(cfg.load_config)
                 m = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
                 result[model][fmt] = digests(m)
                 if fmt == "sluice":
                     result[model]["stats"] = loader.last_stats
+                    from vllm.distributed import get_pp_group
+                    result[model]["stage"] = get_pp_group().rank_in_group
                 del m
     with open(out, "w") as f:
         json.dump(result, f)

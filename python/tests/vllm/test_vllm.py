@@ -16,6 +16,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -216,3 +217,46 @@ def test_extra_config_values_of_the_wrong_kind_fail_naming_the_key():
     for bad, key in (({"direct": "yes"}, "direct"), ({"queue_depth": 0}, "queue_depth"), ({"offload": "x"}, "offload")):
         with pytest.raises(sluice.ConfigError, match=key):
             sluice.vllm._options(bad)
+
+
+def _weights(loader, model):
+    class _Cfg:
+        model_weights = ""
+    _Cfg.model = model
+    return [n for n, _ in loader.get_all_weights(_Cfg(), None)]
+
+
+def test_the_index_key_opens_the_weights_through_a_local_index(dense_paths, tmp_path):
+    import shutil
+    from vllm.config.load import LoadConfig
+    weights = tmp_path / "weights"  # the shards alone, as an object store would hold them
+    weights.mkdir()
+    for f in os.listdir(dense_paths[0]):
+        if f.endswith(".safetensors"):
+            shutil.copy(os.path.join(dense_paths[0], f), weights / f)
+    index = os.path.join(dense_paths[0], "model.safetensors.index.json")
+    loader = sluice.vllm.SluiceModelLoader(LoadConfig(load_format="sluice", model_loader_extra_config={
+        "weights": str(weights), "index": index}))
+    names = _weights(loader, dense_paths[0])
+    assert sorted(names) == sorted(json.loads(open(index).read())["weight_map"])
+    assert loader.last_stats["bytes_read"] == _tensor_bytes(dense_paths[0])
+
+
+def test_a_stale_index_entry_fails_naming_it(dense_paths, tmp_path):
+    from vllm.config.load import LoadConfig
+    index = json.loads(open(os.path.join(dense_paths[0], "model.safetensors.index.json")).read())
+    shard = next(iter(index["weight_map"].values()))
+    cases = {"model.layers.0.mlp.not_in_the_shard.weight": shard,          # a tensor its shard lacks
+             "model.layers.0.mlp.gone.weight": "model-00009-of-00009.safetensors"}  # a shard that is not there
+    for victim, where in cases.items():
+        stale = dict(index, weight_map=dict(index["weight_map"], **{victim: where}))
+        path = tmp_path / f"{victim}.index.json"
+        path.write_text(json.dumps(stale))
+        loader = sluice.vllm.SluiceModelLoader(LoadConfig(load_format="sluice", model_loader_extra_config={
+            "index": str(path)}))
+        with pytest.raises(sluice.IndexError, match=re.escape(victim if where == shard else where)):
+            _weights(loader, dense_paths[0])
+    loader = sluice.vllm.SluiceModelLoader(LoadConfig(load_format="sluice", model_loader_extra_config={
+        "index": str(tmp_path / "no-such.index.json")}))
+    with pytest.raises(sluice.ConfigError, match="no-such.index.json"):
+        _weights(loader, dense_paths[0])

@@ -6,6 +6,10 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
 - TP2 with expert parallelism (EP = 2) on the MoE model: the same equality, and
   each rank reads and receives only its own experts' weights, beside every
   replicated tensor.
+- PP2 on both models: the same equality, and each rank reads and receives only
+  its stage's layers and the layer-less tensors its stage's model has (vLLM's
+  Llama: the embeddings on the first stage, the final norm and lm_head on the
+  last; its Qwen3-MoE all three on every stage), each byte read once.
 """
 import json
 import os
@@ -30,26 +34,44 @@ def _port():
     return port
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """Both models loaded by two ranks (TP2; the MoE with expert parallelism):
-    ({model: per-rank results}, the ranks' logs, the two paths)."""
-    d = tmp_path_factory.mktemp("ranks")
-    moe, dense = models.moe(str(d / "moe")), models.dense(str(d / "dense"))
+def _run(d, parallel, jobs):
+    """Two ranks (TP[xPP] `parallel`) loading each MODEL:EP job: ([per-rank results], logs)."""
     port, procs, outs = _port(), [], []
     # VLLM_DIST_IDENT: the shared-memory group name vLLM's CPU communicator needs (its executor sets it).
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
     for rank in range(2):
-        out = d / f"rank{rank}.json"
+        out = d / f"rank{rank}-{parallel}.json"
         outs.append(out)
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(out), str(rank), "2",
-                                       str(port), "2", f"{moe}:1", f"{dense}:0"],
+                                       str(port), parallel, *jobs],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, p in enumerate(procs):
         assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n" + logs[rank][-4000:]
-    results = [json.loads(o.read_text()) for o in outs]
+    return [json.loads(o.read_text()) for o in outs], logs
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ranks")
+    return models.moe(str(d / "moe")), models.dense(str(d / "dense")), d
+
+
+@pytest.fixture(scope="module")
+def two_ranks(paths):
+    """Both models loaded by two ranks (TP2; the MoE with expert parallelism):
+    ({model: per-rank results}, the ranks' logs, the two paths)."""
+    moe, dense, d = paths
+    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0"])
     return {m: [r[m] for r in results] for m in (moe, dense)}, logs, moe, dense
+
+
+@pytest.fixture(scope="module")
+def two_stages(paths):
+    """Both models loaded by two PP stages (TP1 x PP2): ({model: per-rank results}, logs)."""
+    moe, dense, d = paths
+    results, logs = _run(d, "1x2", [f"{moe}:0", f"{dense}:0"])  # the MoE first: vLLM's EP group
+    return {m: [r[m] for r in results] for m in (moe, dense)}, logs
 
 
 def test_tp2_dense_every_parameter_equals_vllms_load_and_each_byte_is_read_once(two_ranks):
@@ -78,3 +100,29 @@ def test_ep2_moe_each_rank_reads_and_receives_only_its_own_experts(two_ranks):
         assert others > 0
         assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == total - others, rank
     assert sum(r["stats"]["bytes_read"] for r in ranks) == total
+
+
+def test_pp2_each_stage_reads_and_receives_only_its_layers_and_vllm_loads_them_bitwise(paths, two_stages):
+    import re
+    moe, dense, _ = paths
+    by_model, logs = two_stages
+    layer = re.compile(r"\.layers\.(\d+)\.")
+    for path in (moe, dense):
+        ranks = by_model[path]
+        assert [r["stage"] for r in ranks] == [0, 1]
+        for rank, r in enumerate(ranks):
+            assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
+        total = models.tensor_bytes(path)
+        assert sum(r["stats"]["bytes_read"] for r in ranks) == total  # each byte read once
+        for stage, r in enumerate(ranks):  # 2 layers: layer k is stage k's
+            def other(n):
+                m = layer.search(n)
+                if m:
+                    return int(m.group(1)) != stage
+                if path == moe:
+                    return False  # vLLM's Qwen3-MoE has embed_tokens, norm and lm_head on every stage
+                return ("embed_tokens" in n) != (stage == 0)  # Llama: embeddings first, norm and lm_head last
+            mine = total - models.tensor_bytes(path, skip=lambda n: not other(n))
+            assert 0 < mine < total
+            assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == mine, (path, stage)
+    assert any("pp2" in log for log in logs)
