@@ -41,8 +41,10 @@ expert's scales are still yielded). The strict check that every parameter was
 loaded is vLLM's own (`DefaultModelLoader.track_weights_loading`).
 
 Multi-rank worlds (TP/DP/PP > 1): one sluice load across vLLM's world group,
+the checkpoint opened once (rank 0 reads the headers, the others replay them),
 each byte read from storage by one rank and sent over Gloo to the ranks that
-keep it (see `SluiceModelLoader._distributed` for the mapping).
+keep it: a PP stage gets its layers only, an EP rank its experts only (see
+`placement()` for the mapping).
 """
 from __future__ import annotations
 
