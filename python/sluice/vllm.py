@@ -150,7 +150,7 @@ def anchored(model) -> tuple:
 
 def placement(model_config, local, parallel=None, ranks=None, ck=None, stages=None):
     """This rank's sluice world place and plan knobs under vLLM's parallel config:
-    {"rank", "size", "topology", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern", "notes"}.
+    {"rank", "size", "pp", "topology", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern", "notes"}.
 
     Every rank of a PP stage is a sluice DP replica of the stage's dense
     weights (tp1: TP ranks get full tensors, which vLLM's weight_loaders
@@ -196,7 +196,7 @@ def placement(model_config, local, parallel=None, ranks=None, ck=None, stages=No
         else:
             notes.append(f"vLLM's split of {experts} experts over EP={stage} is not sluice's (e * EP / E): every rank "
                          "receives every expert (read once) and vLLM's weight loaders keep their own")
-    out = {"rank": sluice_rank(*ranks, dp, pcp, tp), "size": pp * stage, "notes": notes, "pp_stage_layers": [],
+    out = {"rank": sluice_rank(*ranks, dp, pcp, tp), "size": pp * stage, "pp": pp, "notes": notes, "pp_stage_layers": [],
            "pp_first_pattern": None, "pp_last_pattern": None, "topology": f"tp1,dp{stage},ep{ep}" + (f",pp{pp}" if pp > 1 else "")}
     if pp > 1:
         layers = None
@@ -309,7 +309,7 @@ class SluiceModelLoader(_base_loader()):
         group = get_world_group()
         place = placement(model_config, local)
         stages = None
-        if "pp" in place["topology"]:  # which stages' models hold the layer-less tensors: their own parameters say
+        if place["pp"] > 1:  # which stages' models hold the layer-less tensors: their own parameters say
             import torch.distributed as dist
             from vllm.distributed import get_pp_group
             flags = [None] * group.world_size
@@ -326,11 +326,8 @@ class SluiceModelLoader(_base_loader()):
         log = init_logger("vllm.sluice")
         for note in place["notes"]:
             log.info("sluice: %s", note)
-        if world.local_size == 1 and world.size > 1:
-            log.info("sluice: the ranks of a host are not contiguous in sluice's order (PP x DP x TP): each rank "
-                     "is its own node to the plan (no shared tables across ranks)")
         ck = self._open(model_config, world=world, store=store)
-        if "pp" in place["topology"]:
+        if place["pp"] > 1:
             place = placement(model_config, local, ck=ck, stages=stages)
         options = {k: place[k] for k in ("pp_stage_layers", "pp_first_pattern", "pp_last_pattern")}
         yield from self._stream(ck, {"topology": place["topology"], "offload": self.options["offload"],
