@@ -87,8 +87,8 @@ def main():
                                           ranks=(pp_rank, dp_rank, 0, tp_rank), ck=ck,
                                           stages={int(k): tuple(st["anchored"])
                                                   for k, st in result["stages"].items()})
-            result["ranks"].append({"vllm_rank": r, "pp": pp_rank, "dp": dp_rank, "tp": tp_rank,
-                                    "local_experts": sorted(local) if local is not None else None, **place})
+            result["ranks"].append({**place, "vllm_rank": r, "pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": tp_rank,
+                                    "local_experts": sorted(local) if local is not None else None})
         results[model] = result
     with open(out, "w") as f:
         json.dump(results, f)

@@ -71,7 +71,7 @@ def test_tp2_pp2_dp2_each_rank_owns_exactly_what_its_vllm_parameters_need(stages
                                 pp_first_pattern=r0["pp_first_pattern"], pp_last_pattern=r0["pp_last_pattern"])
     assert len(owners) == TP * PP * DP
     for r in ranks:
-        want = set(res["stages"][str(r["pp"])]["needed"])
+        want = set(res["stages"][str(r["pp_rank"])]["needed"])
         if r["local_experts"] is not None:
             want = {n for n in want if not should_skip_weight(n, set(r["local_experts"]))}
         got = set(owners[r["rank"]])
