@@ -84,17 +84,13 @@ template <comm::communicator Comm, class Open>
 std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std::string_view topology,
                                                        std::string_view offload, const comm::rank_info& who,
                                                        const distributed_options& opt) {
-  std::exception_ptr failure;
   std::optional<checkpoint> ck;
   std::optional<policy::load_plan> plan;
   fault_point("open", c.rank());
-  try {
+  run_phase(c, "opening the checkpoint", [&] {
     ck.emplace(open());
     plan.emplace(tool_plan(*ck, topology, offload, who, opt));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  check_peers(c, failure, "opening the checkpoint");
+  });
   return {std::move(*ck), std::move(*plan)};
 }
 
