@@ -24,9 +24,6 @@
 #include <sluice/distributed.hpp>
 #include <sluice/probe.hpp>
 #include <sluice/sluice.hpp>
-#if SLUICE_HAS_GLOO
-#include <sluice/gloo/communicator.hpp>  // multi-rank worlds are Gloo worlds
-#endif
 #if SLUICE_HAS_S3
 #include <sluice/s3/distributed.hpp>
 #include <sluice/s3/load.hpp>

@@ -4,9 +4,6 @@
 #include "glue.hpp"
 
 #include <sluice/distributed.hpp>
-#if defined(SLUICE_HAS_GLOO)
-#include <sluice/gloo/communicator.hpp>  // multi-rank worlds are Gloo worlds
-#endif
 
 namespace sluice_py {
 

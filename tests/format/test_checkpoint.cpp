@@ -637,3 +637,17 @@ TEST_CASE("a damaged opening record is a comm_error naming rank 0, however it wa
     }
   }
 }
+
+TEST_CASE("an s3:// location in a program that does not link sluice::s3 names the component to link", "[checkpoint][location]") {
+  // This executable links the core alone: nothing registered the s3 scheme.
+  try {
+    (void)checkpoint::open("s3://bucket/prefix/");
+    FAIL("an s3:// location opened without the S3 component");
+  } catch (const missing_component_error& e) {
+    CHECK(e.component() == "sluice::s3");
+    CHECK_THAT(e.what(), Catch::Contains("link sluice::s3"));
+    CHECK(e.file() == "s3://bucket/prefix/");
+  }
+  // A scheme no component offers is a plain config_error.
+  CHECK_THROWS_AS(checkpoint::open("gs://bucket/prefix/"), config_error);
+}

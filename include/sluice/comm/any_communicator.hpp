@@ -5,12 +5,14 @@
 ///
 /// The tool-level distributed load (distributed/world.hpp) joins the world a
 /// `rank_info` describes: one rank needs nothing; more need the component
-/// that registered itself here (sluice::gloo, from <sluice/gloo/communicator.hpp>).
-/// So what a program can do depends on what it links and includes, never on
-/// a macro inside a header template (which would differ between translation
-/// units).
+/// that registered itself here (sluice::gloo, when the program links it:
+/// src/gloo/register.cpp).
+/// So what a program can do depends on what it links, never on what it
+/// includes or on a macro inside a header template (which would differ
+/// between translation units).
 
 #include <cstddef>
+#include <concepts>
 #include <functional>
 #include <memory>
 #include <span>
@@ -61,8 +63,8 @@ using world_factory = std::function<std::unique_ptr<any_communicator>(const rank
 bool register_world(world_factory join);
 
 /// Joins the world of `who` through the registered communicator; throws
-/// config_error when none was registered (a multi-rank load without
-/// sluice::gloo).
+/// missing_component_error naming sluice::gloo when none was registered (a
+/// multi-rank load in a program that does not link it).
 [[nodiscard]] std::unique_ptr<any_communicator> join_world(const rank_info& who);
 
 }  // namespace sluice::inline v0::comm

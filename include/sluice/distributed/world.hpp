@@ -98,8 +98,8 @@ std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std
 
 /// The one call for tools (sluice-load): plans `ck` for `topology` and
 /// `offload`, joins the world described by `who` (one rank: comm::local;
-/// more: comm::gloo through its store, in a program that links sluice::gloo
-/// and includes <sluice/gloo/communicator.hpp>) and loads this rank's part into `s`
+/// more: comm::gloo through its store, in a program that links sluice::gloo;
+/// without it, missing_component_error) and loads this rank's part into `s`
 /// from wherever `ck` is (local files, S3).
 template <sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, std::string_view topology, std::string_view offload,
