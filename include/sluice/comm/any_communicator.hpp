@@ -33,8 +33,23 @@ class any_communicator {
   virtual void all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts) = 0;
   virtual void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) = 0;
   virtual void barrier() = 0;
+  /// The peers' liveness signal, for another transport among the same ranks
+  /// (nccl_options::liveness): throws comm::peer_lost once a peer is known
+  /// dead; empty where the communicator has no such signal.
+  [[nodiscard]] virtual std::function<void()> liveness() const { return {}; }
 };
 static_assert(communicator<any_communicator>);
+
+/// The liveness signal of `c` (see any_communicator::liveness): its
+/// `liveness()` where it has one (comm::gloo, any_communicator), else empty
+/// (comm::local: no peers to lose).
+template <communicator C>
+[[nodiscard]] std::function<void()> liveness_of(const C& c) {
+  if constexpr (requires { { c.liveness() } -> std::convertible_to<std::function<void()>>; })
+    return c.liveness();
+  else
+    return {};
+}
 
 /// Owns a communicator of type C behind any_communicator.
 template <communicator C>
@@ -49,6 +64,7 @@ class communicator_holder final : public any_communicator {
   void all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts) override { c_.all_gather_v(buf, counts); }
   void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) override { c_.exchange(sends, recvs); }
   void barrier() override { c_.barrier(); }
+  [[nodiscard]] std::function<void()> liveness() const override { return liveness_of(c_); }
   [[nodiscard]] C& get() noexcept { return c_; }
 
  private:

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <concepts>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -132,6 +133,37 @@ distributed_stats load_distributed(const location& where, std::string_view topol
     return load_distributed(ck, c, plan, s, opt, lane);
   });
 }
+/// Like the call above, with the device lane made once the world is joined:
+/// `make_lane(host)` gets this rank's host communicator (comm::local for one
+/// rank, else the registered world's) after the checkpoint is opened and
+/// planned, and returns the lane. So the lane can take the host
+/// communicator's liveness signal, `comm::liveness_of(host)`, e.g. as
+/// nccl_options::liveness: a peer that dies while NCCL waits on it then ends
+/// the device exchange within moments (comm::peer_lost naming it, the NCCL
+/// communicator aborted) instead of at the lane's timeout. A lane made before
+/// the world cannot: the world's communicator does not exist yet.
+///
+///   load_distributed(where, topology, offload, who, sink, opt, open, [&](auto& host) {
+///     return comm::nccl_lane(comm::nccl::connect(who, {.device = dev, .liveness = comm::liveness_of(host)}));
+///   });
+///
+/// A rank whose lane cannot be made throws; its peers, waiting for it in the
+/// lane's own rendezvous (NCCL's init), end at the lane's timeout.
+template <sink Sink, class MakeLane>
+  requires(!device_lane<std::remove_cvref_t<MakeLane>> && std::invocable<MakeLane&, comm::local&> &&
+           std::invocable<MakeLane&, comm::any_communicator&>)
+distributed_stats load_distributed(const location& where, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, Sink& s, distributed_options opt, const open_options& open,
+                                   MakeLane&& make_lane) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  return detail::in_world(who, [&](auto& c) {
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); }, topology, offload, who, opt);
+    auto lane = detail::in_phase("making the device lane", [&] { return make_lane(c); });
+    static_assert(device_lane<decltype(lane)>, "sluice: make_lane(host) must return a device_lane");
+    return load_distributed(ck, c, plan, s, opt, lane);
+  });
+}
+
 template <sink Sink>
 distributed_stats load_distributed(const location& where, std::string_view topology,
                                    std::string_view offload, const comm::rank_info& who, Sink& s,
