@@ -20,7 +20,7 @@
 //               oldest completes - the requests then go out in waves), requests of at
 //               most S (coalesced tensors), pre-faulted page-aligned staging pool
 //               reused across runs, discard sink;
-//   qd=N        the same with queue depth N (what s3_load.hpp's `load` sets today);
+//   qd=N        the same with queue depth N (what the blocking load, src/s3/load.cpp, sets today);
 //   curl xN     N curl processes, each fetching its share of the S-byte ranges
 //               (round-robin) over one keep-alive connection, to /dev/null;
 //   curl/part   one curl process per S-byte range, N at a time (xargs -P N);

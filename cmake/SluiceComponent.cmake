@@ -1,14 +1,22 @@
-# sluice_component(<name> [HEADERS h...] [SOURCES s...] [DEPS d...])
+# sluice_component(<name> [HEADERS h...] [SOURCES s...] [DEPS d...] [LINK_ANCHOR symbol])
 # Defines sluice_<name> (INTERFACE when it has no sources, STATIC otherwise),
 # its alias sluice::<name>, and its own export set sluice-<name>-targets.
+# LINK_ANCHOR: every program that links the target is linked with
+# --undefined=<symbol>, which pulls the archive member defining it (and that
+# member's static initialiser: the component registering its backend) even
+# though nothing in the program refers to it (docs/design.md, "Components and
+# CMake targets").
 function(sluice_component name)
-  cmake_parse_arguments(C "" "" "HEADERS;SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(C "" "LINK_ANCHOR" "HEADERS;SOURCES;DEPS" ${ARGN})
   set(t sluice_${name})
   if(C_SOURCES)
     add_library(${t} STATIC ${C_SOURCES})
     target_link_libraries(${t} PUBLIC sluice::sluice ${C_DEPS})
     target_compile_definitions(${t} PUBLIC SLUICE_HAS_$<UPPER_CASE:${name}>=1)
     set_target_properties(${t} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    if(C_LINK_ANCHOR)
+      target_link_options(${t} INTERFACE "LINKER:--undefined=${C_LINK_ANCHOR}")
+    endif()
     if(TARGET sluice_warnings)
       target_link_libraries(${t} PRIVATE $<BUILD_INTERFACE:sluice_warnings>)
     endif()

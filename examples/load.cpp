@@ -24,9 +24,6 @@
 #include <sluice/distributed.hpp>
 #include <sluice/probe.hpp>
 #include <sluice/sluice.hpp>
-#if SLUICE_HAS_GLOO
-#include <sluice/gloo/communicator.hpp>  // multi-rank worlds are Gloo worlds
-#endif
 #if SLUICE_HAS_S3
 #include <sluice/s3/distributed.hpp>
 #include <sluice/s3/load.hpp>
@@ -259,15 +256,17 @@ int run_distributed(const options& o) {
   if (o.device) {
 #if SLUICE_HAS_NCCL
     // The device sink first (without a driver it fails here, on every rank,
-    // before any collective), then NCCL through the store.
+    // before any collective), then NCCL through the store once the world is
+    // joined: a dead peer's host connections then abort NCCL's waits too.
     const int dev = cuda::device_for_local_rank(who.local_rank);
     cuda::device_sink sink({.device = dev});
-    // One rank needs no rendezvous; more exchange NCCL's unique id through the store.
-    auto nccl = who.world_size == 1 ? comm::nccl(0, 1, comm::nccl::make_unique_id(), {.device = dev})
-                                    : comm::nccl::connect(who, {.device = dev});
-    comm::nccl_lane lane(nccl);
     device_recording rec{sink, {}};
-    st = run(rec, lane);
+    st = load_distributed(where, topo, o.offload, who, rec, dopt, oo, [&](auto& host) {
+      const comm::nccl_options nopt{.device = dev, .liveness = comm::liveness_of(host)};
+      // One rank needs no rendezvous; more exchange NCCL's unique id through the store.
+      return comm::nccl_lane(who.world_size == 1 ? comm::nccl(0, 1, comm::nccl::make_unique_id(), nopt)
+                                                 : comm::nccl::connect(who, nopt));
+    });
     if (o.digest)
       for (const auto& [name, meta] : rec.owned) {  // copied back from the device and hashed
         std::vector<std::byte> host(sink.get(name).size);

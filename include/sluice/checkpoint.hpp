@@ -130,6 +130,14 @@ class checkpoint {
   /// load of it uses. Throws usage_error for a checkpoint that was not opened.
   [[nodiscard]] catalog& storage() const;
   [[nodiscard]] const std::vector<shard>& shards() const noexcept { return shards_; }
+  /// Every shard's URI (a path for local files), in shard order: the files a
+  /// source over this checkpoint opens (file index = shard index).
+  [[nodiscard]] std::vector<std::string> shard_uris() const {
+    std::vector<std::string> u;
+    u.reserve(shards_.size());
+    for (const auto& s : shards_) u.push_back(s.uri);
+    return u;
+  }
   /// Tensors in file order: shard order, then offset.
   [[nodiscard]] const std::vector<tensor_ref>& tensors() const noexcept { return tensors_; }
   /// Bytes read from storage to open this checkpoint (index + headers).

@@ -111,6 +111,21 @@ class config_error : public error {
   using error::error;
 };
 
+/// A feature whose component the program does not link: a location's URI
+/// scheme (s3://: sluice::s3) or a multi-rank world (sluice::gloo).
+/// `component()` names the CMake target to link. A component registers its
+/// backend when the program links its target (docs/design.md, "Components
+/// and CMake targets"); nothing needs to be included for it.
+class missing_component_error : public config_error {
+ public:
+  missing_component_error(std::string component, std::string detail, error_context ctx = {})
+      : config_error(std::move(detail), std::move(ctx)), component_(std::move(component)) {}
+  [[nodiscard]] const std::string& component() const noexcept { return component_; }
+
+ private:
+  std::string component_;
+};
+
 /// A contract or reload rule was broken (see sluice/manifest/).
 class contract_error : public error {
  public:

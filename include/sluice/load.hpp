@@ -105,6 +105,16 @@ struct load_stats {
   return static_cast<std::size_t>((max_read + 4095) / 4096 * 4096 + 2 * 4096);
 }
 
+/// The largest request `coalesce` makes for `max_read` through slots of
+/// `slot_size` bytes: `max_read`, but no more than a slot holds beside the
+/// room for alignment (slot_size_for's inverse), and 4096 for 0. The one
+/// max_read rule of every pipeline (load_async, the slice readers).
+[[nodiscard]] constexpr std::uint64_t request_bytes_for(std::uint64_t max_read, std::size_t slot_size) noexcept {
+  const std::uint64_t room = slot_size > 2 * 4096 ? slot_size - 2 * 4096 : 0;
+  const std::uint64_t m = max_read < room ? max_read : room;
+  return m ? m : 4096;
+}
+
 /// Whether `s` wants whole tensors: its compile-time choice, or the one an
 /// any_sink carries.
 template <sink Sink>
@@ -147,12 +157,11 @@ template <source Source, sink Sink>
     opt.progress->total_bytes = ck.tensor_bytes();
     opt.progress->total_tensors = ck.tensors().size();
   }
-  const std::uint64_t max_read = std::min<std::uint64_t>(opt.max_read, pool.slot_size() - 2 * 4096);
   auto fetcher = fetch<Source>(src, pool, {opt.queue_depth});
   auto placer = place<Sink>(s);
   const auto& fetch_counters = fetcher.counters();
   const auto& place_counters = placer.counters();
-  auto pipeline = coalesce({max_read ? max_read : 4096}) | std::move(fetcher) | stage({whole_tensors_of(s)}) |
+  auto pipeline = coalesce({request_bytes_for(opt.max_read, pool.slot_size())}) | std::move(fetcher) | stage({whole_tensors_of(s)}) |
                   std::move(placer);
 
   auto consume = [&st, progress = opt.progress](const placement& p) {

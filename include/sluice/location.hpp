@@ -51,9 +51,11 @@ class location {
   std::function<std::shared_ptr<catalog>()> make_;
 };
 
-/// Registers the catalog factory of a URI scheme ("s3"); storage components
-/// call it from their headers. Thread-safe; a later registration of the same
-/// scheme replaces the earlier one. Returns true (for static initialisers).
+/// Registers the catalog factory of a URI scheme ("s3"); a storage component
+/// calls it when a program links it (src/s3/register.cpp). Thread-safe; a
+/// later registration of the same scheme replaces the earlier one. Returns
+/// true (for static initialisers). An "s3://" location in a program without
+/// sluice::s3 throws missing_component_error naming it.
 bool register_scheme(const std::string& scheme, catalog_factory make);
 
 }  // namespace sluice::inline v0

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// `tensor_view`: what the stage stage hands to sinks — a tensor (or an
+/// `tensor_view`: what the `stage` pipeline stage (stages/stage.hpp) hands to sinks — a tensor (or an
 /// ordered piece of one, or a rank's TP part of one) with its bytes and the
 /// lease that keeps them alive.
 

@@ -8,9 +8,6 @@
 #include <sluice/comm/any_communicator.hpp>
 #include <sluice/distributed.hpp>
 #include <sluice/distributed/peers.hpp>
-#if defined(SLUICE_HAS_GLOO)
-#include <sluice/gloo/communicator.hpp>  // multi-rank worlds are Gloo worlds
-#endif
 
 namespace sluice_py {
 

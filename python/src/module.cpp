@@ -34,9 +34,6 @@
 #include <sluice/policy/plan.hpp>
 #include <sluice/probe.hpp>
 #include <sluice/sink/host_sink.hpp>
-#if defined(SLUICE_HAS_S3)
-#include <sluice/s3/load.hpp>  // registers the s3:// scheme
-#endif
 #if defined(SLUICE_HAS_CUDA)
 #include <sluice/cuda/error.hpp>
 #endif

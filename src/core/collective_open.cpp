@@ -8,17 +8,19 @@
 
 #include <algorithm>
 #include <compare>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
+#include <string_view>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <sluice/distributed/slice_reader.hpp>
 #include <sluice/error.hpp>
@@ -44,93 +46,60 @@ struct call_key {
 struct answer {
   bool failed = false;       // the storage threw (message: its what())
   std::string message;
-  std::vector<std::byte> value;  // the answer, encoded (see encode/decode below)
+  nlohmann::json value;      // the answer: the catalog's value as JSON (bytes: a CBOR byte string)
 };
 
-constexpr std::uint32_t record_magic = 0x534c4f31;  // "SLO1"
+// The record is CBOR (nlohmann::json's): a map with a format tag, rank 0's
+// failure, where it opened, the calls and the facts of every opened shard.
+constexpr std::string_view record_format = "sluice-open/2";
 
-class writer {
- public:
-  void u8(std::uint8_t v) { out_.push_back(std::byte{v}); }
-  void u64(std::uint64_t v) { raw(&v, sizeof v); }
-  void bytes(std::span<const std::byte> b) {
-    u64(b.size());
-    raw(b.data(), b.size());
-  }
-  void str(const std::string& s) { bytes(std::as_bytes(std::span(s.data(), s.size()))); }
-  std::vector<std::byte> take() { return std::move(out_); }
-
- private:
-  void raw(const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    out_.insert(out_.end(), b, b + n);
-  }
-  std::vector<std::byte> out_;
-};
-
-// Reads a record; one that ends early or lies about a length is a comm_error
-// (it came over the communicator and must have been damaged there).
-class reader {
- public:
-  explicit reader(std::span<const std::byte> in) : in_(in) {}
-  std::uint8_t u8() { return std::to_integer<std::uint8_t>(take(1)[0]); }
-  std::uint64_t u64() {
-    std::uint64_t v = 0;
-    std::memcpy(&v, take(sizeof v).data(), sizeof v);
-    return v;
-  }
-  std::vector<std::byte> bytes() {
-    const auto n = u64();
-    auto b = take(n);
-    return {b.begin(), b.end()};
-  }
-  std::string str() {
-    const auto n = u64();
-    auto b = take(n);
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
-  }
-  [[nodiscard]] bool done() const noexcept { return pos_ == in_.size(); }
-
- private:
-  std::span<const std::byte> take(std::uint64_t n) {
-    if (n > in_.size() - pos_)
-      throw comm::comm_error(fmt::format("the checkpoint's opening record ends at byte {} of {}, {} more expected", pos_,
-                                         in_.size(), n));
-    auto s = in_.subspan(pos_, static_cast<std::size_t>(n));
-    pos_ += static_cast<std::size_t>(n);
-    return s;
-  }
-  std::span<const std::byte> in_;
-  std::size_t pos_ = 0;
-};
-
-std::vector<std::byte> encode_u64(std::uint64_t v) {
-  writer w;
-  w.u64(v);
-  return w.take();
+// What a record says, as the replay reads it; a record that ends early, has
+// trailing bytes or holds a field of the wrong type is a comm_error (it came
+// over the communicator and must have been damaged there).
+[[noreturn]] void damaged(std::size_t leader, const std::exception& e) {
+  throw comm::comm_error(fmt::format("rank {}'s checkpoint opening record is damaged: {}", leader, e.what()));
 }
-std::vector<std::byte> encode_names(const std::vector<std::string>& names) {
-  writer w;
-  w.u64(names.size());
-  for (const auto& n : names) w.str(n);
-  return w.take();
+
+nlohmann::json bytes_json(const std::vector<std::byte>& b) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
+  return nlohmann::json::binary(std::vector<std::uint8_t>(p, p + b.size()));
 }
-std::vector<std::byte> encode_etag(const std::optional<std::string>& e) {
-  writer w;
-  w.u8(e ? 1 : 0);
-  if (e) w.str(*e);
-  return w.take();
+std::vector<std::byte> json_bytes(const nlohmann::json& j) {
+  const auto& b = j.get_binary();  // throws type_error unless binary
+  const auto* p = reinterpret_cast<const std::byte*>(b.data());
+  return {p, p + b.size()};
 }
-std::vector<std::string> decode_names(std::span<const std::byte> b) {
-  reader r(b);
-  std::vector<std::string> out;
-  for (auto n = r.u64(); n > 0; --n) out.push_back(r.str());
-  return out;
+nlohmann::json etag_json(const std::optional<std::string>& e) { return e ? nlohmann::json(*e) : nlohmann::json(); }
+std::optional<std::string> json_etag(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  return j.get<std::string>();
 }
-std::optional<std::string> decode_etag(std::span<const std::byte> b) {
-  reader r(b);
-  if (!r.u8()) return std::nullopt;
-  return r.str();
+
+// A record's number or array, or invalid_argument.
+std::uint64_t u64(const nlohmann::json& j) {
+  if (!j.is_number_unsigned()) throw std::invalid_argument(fmt::format("a {} where a count or offset belongs", j.type_name()));
+  return j.get<std::uint64_t>();
+}
+const nlohmann::json& array(const nlohmann::json& j) {
+  if (!j.is_array()) throw std::invalid_argument(fmt::format("a {} where a list belongs", j.type_name()));
+  return j;
+}
+
+// Checks, when the record is read, that an answer has its call's type, so
+// that the replay's conversions cannot fail halfway through an open.
+void check_answer(op what, const nlohmann::json& v) {
+  bool ok = false;
+  switch (what) {
+    case op::list:
+      ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& n) { return n.is_string(); });
+      break;
+    case op::exists: ok = v.is_boolean(); break;
+    case op::size: ok = v.is_number_unsigned(); break;
+    case op::etag: ok = v.is_null() || v.is_string(); break;
+    case op::read:
+    case op::read_prefix: ok = v.is_binary(); break;
+  }
+  if (!ok) throw std::invalid_argument(fmt::format("the answer to call {} is a {}", static_cast<int>(what), v.type_name()));
 }
 
 // Forwards to `inner` (rank 0's own catalog) and records each answer.
@@ -141,25 +110,22 @@ class recording_catalog final : public catalog {
   [[nodiscard]] std::string location() const override { return inner_.location(); }
   [[nodiscard]] std::string uri(const std::string& name) const override { return inner_.uri(name); }
   [[nodiscard]] std::vector<std::string> list() override {
-    return record({op::list, {}}, [&] { return inner_.list(); }, encode_names);
+    return record({op::list, {}}, [&] { return inner_.list(); }, [](const auto& v) { return nlohmann::json(v); });
   }
   [[nodiscard]] bool exists(const std::string& name) override {
-    return record({op::exists, name}, [&] { return inner_.exists(name); },
-                  [](bool b) { return encode_u64(b ? 1 : 0); });
+    return record({op::exists, name}, [&] { return inner_.exists(name); }, [](bool b) { return nlohmann::json(b); });
   }
   [[nodiscard]] std::uint64_t size(const std::string& name) override {
-    return record({op::size, name}, [&] { return inner_.size(name); }, encode_u64);
+    return record({op::size, name}, [&] { return inner_.size(name); }, [](std::uint64_t n) { return nlohmann::json(n); });
   }
   [[nodiscard]] std::optional<std::string> etag(const std::string& name) override {
-    return record({op::etag, name}, [&] { return inner_.etag(name); }, encode_etag);
+    return record({op::etag, name}, [&] { return inner_.etag(name); }, etag_json);
   }
   [[nodiscard]] std::vector<std::byte> read(const std::string& name, std::uint64_t offset, std::uint64_t length) override {
-    return record({op::read, name, offset, length}, [&] { return inner_.read(name, offset, length); },
-                  [](const std::vector<std::byte>& b) { return b; });
+    return record({op::read, name, offset, length}, [&] { return inner_.read(name, offset, length); }, bytes_json);
   }
   [[nodiscard]] std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) override {
-    return record({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); },
-                  [](const std::vector<std::byte>& b) { return b; });
+    return record({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); }, bytes_json);
   }
   [[nodiscard]] load_stats load(const checkpoint&, any_sink, staging_pool&, const load_options&) override {
     throw usage_error("a recording catalog has no data path (the opened checkpoint reads through its own catalog)");
@@ -199,26 +165,24 @@ class replaying_catalog final : public catalog {
   [[nodiscard]] std::string location() const override { return inner_.location(); }
   [[nodiscard]] std::string uri(const std::string& name) const override { return inner_.uri(name); }
   [[nodiscard]] std::vector<std::string> list() override {
-    return replay({op::list, {}}, [&] { return inner_.list(); }, decode_names);
+    return replay({op::list, {}}, [&] { return inner_.list(); },
+                  [](const nlohmann::json& j) { return j.get<std::vector<std::string>>(); });
   }
   [[nodiscard]] bool exists(const std::string& name) override {
-    return replay({op::exists, name}, [&] { return inner_.exists(name); },
-                  [](std::span<const std::byte> b) { return reader(b).u64() != 0; });
+    return replay({op::exists, name}, [&] { return inner_.exists(name); }, [](const nlohmann::json& j) { return j.get<bool>(); });
   }
   [[nodiscard]] std::uint64_t size(const std::string& name) override {
     return replay({op::size, name}, [&] { return inner_.size(name); },
-                  [](std::span<const std::byte> b) { return reader(b).u64(); });
+                  [](const nlohmann::json& j) { return j.get<std::uint64_t>(); });
   }
   [[nodiscard]] std::optional<std::string> etag(const std::string& name) override {
-    return replay({op::etag, name}, [&] { return inner_.etag(name); }, decode_etag);
+    return replay({op::etag, name}, [&] { return inner_.etag(name); }, json_etag);
   }
   [[nodiscard]] std::vector<std::byte> read(const std::string& name, std::uint64_t offset, std::uint64_t length) override {
-    return replay({op::read, name, offset, length}, [&] { return inner_.read(name, offset, length); },
-                  [](std::span<const std::byte> b) { return std::vector<std::byte>(b.begin(), b.end()); });
+    return replay({op::read, name, offset, length}, [&] { return inner_.read(name, offset, length); }, json_bytes);
   }
   [[nodiscard]] std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) override {
-    return replay({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); },
-                  [](std::span<const std::byte> b) { return std::vector<std::byte>(b.begin(), b.end()); });
+    return replay({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); }, json_bytes);
   }
   [[nodiscard]] load_stats load(const checkpoint&, any_sink, staging_pool&, const load_options&) override {
     throw usage_error("a replaying catalog has no data path (the opened checkpoint reads through its own catalog)");
@@ -274,8 +238,9 @@ std::string what_of(const std::exception_ptr& e) {
 
 }  // namespace
 
-// The record: magic, rank 0's failure (flag, message), where it opened, the
-// calls, the facts of every opened shard.
+// The record: rank 0's failure (or null), where it opened, the calls
+// [op, name, offset, length, failed, message, answer], the facts of every
+// opened shard [name, size, etag or null]; CBOR.
 std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, const open_options& opt,
                                                  std::optional<checkpoint>& out, std::exception_ptr& failure) {
   std::unique_ptr<recording_catalog> rec;
@@ -298,65 +263,59 @@ std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, 
     failure = std::current_exception();
     out.reset();
   }
-  writer w;
-  w.u64(record_magic);
-  w.u8(failure ? 1 : 0);
-  w.str(failure ? what_of(failure) : std::string());
-  w.str(opened_at);
-  const auto& calls = rec ? rec->calls() : std::map<call_key, answer>{};
-  w.u64(calls.size());
-  for (const auto& [k, a] : calls) {
-    w.u8(static_cast<std::uint8_t>(k.what));
-    w.str(k.name);
-    w.u64(k.offset);
-    w.u64(k.length);
-    w.u8(a.failed ? 1 : 0);
-    w.str(a.message);
-    w.bytes(a.value);
-  }
-  w.u64(facts.size());
-  for (const auto& f : facts) {
-    w.str(f.name);
-    w.u64(f.size);
-    w.u8(f.etag ? 1 : 0);
-    w.str(f.etag.value_or(std::string()));
-  }
-  return w.take();
+  nlohmann::json calls = nlohmann::json::array();
+  if (rec)
+    for (const auto& [k, a] : rec->calls())
+      calls.push_back({static_cast<std::uint8_t>(k.what), k.name, k.offset, k.length, a.failed, a.message, a.value});
+  nlohmann::json shards = nlohmann::json::array();
+  for (const auto& f : facts) shards.push_back({f.name, f.size, etag_json(f.etag)});
+  const nlohmann::json record = {{"format", std::string(record_format)},
+                                 {"failure", failure ? nlohmann::json(what_of(failure)) : nlohmann::json()},
+                                 {"at", opened_at},
+                                 {"calls", std::move(calls)},
+                                 {"shards", std::move(shards)}};
+  const auto cbor = nlohmann::json::to_cbor(record);
+  const auto* p = reinterpret_cast<const std::byte*>(cbor.data());
+  return {p, p + cbor.size()};
 }
 
 checkpoint checkpoint::open_replayed(const sluice::location& where, const open_options& opt,
                                      std::span<const std::byte> record, std::size_t leader) {
-  reader r(record);
-  if (r.u64() != record_magic) throw comm::comm_error(fmt::format("rank {} sent no checkpoint opening record", leader));
   std::optional<std::string> leader_failure;
-  const bool failed = r.u8() != 0;
-  auto message = r.str();
-  if (failed) leader_failure = std::move(message);
-  const auto leader_location = r.str();
+  std::string leader_location;
   std::map<call_key, answer> calls;
-  for (auto n = r.u64(); n > 0; --n) {
-    call_key k;
-    k.what = static_cast<op>(r.u8());
-    k.name = r.str();
-    k.offset = r.u64();
-    k.length = r.u64();
-    answer a;
-    a.failed = r.u8() != 0;
-    a.message = r.str();
-    a.value = r.bytes();
-    calls.insert_or_assign(std::move(k), std::move(a));
-  }
   std::vector<file_facts> facts;
-  for (auto n = r.u64(); n > 0; --n) {
-    file_facts f;
-    f.name = r.str();
-    f.size = r.u64();
-    const bool has = r.u8() != 0;
-    auto e = r.str();
-    if (has) f.etag = std::move(e);
-    facts.push_back(std::move(f));
+  try {
+    // Strict: a record that ends early or has trailing bytes is a parse_error.
+    const auto* p = reinterpret_cast<const std::uint8_t*>(record.data());
+    const auto j = nlohmann::json::from_cbor(p, p + record.size());
+    if (!j.is_object() || !j.contains("format") || !j.at("format").is_string() ||
+        j.at("format").get<std::string>() != record_format)
+      throw comm::comm_error(fmt::format("rank {} sent no checkpoint opening record", leader));
+    if (const auto& f = j.at("failure"); !f.is_null()) leader_failure = f.get<std::string>();
+    leader_location = j.at("at").get<std::string>();
+    for (const auto& c : array(j.at("calls"))) {
+      if (!c.is_array() || c.size() != 7) throw std::invalid_argument("a call is not [op, name, offset, length, failed, message, answer]");
+      call_key k;
+      const auto what = u64(c[0]);
+      if (what > static_cast<std::uint8_t>(op::read_prefix)) throw std::invalid_argument(fmt::format("unknown call {}", what));
+      k.what = static_cast<op>(what);
+      k.name = c[1].get<std::string>();
+      k.offset = u64(c[2]);
+      k.length = u64(c[3]);
+      answer a{c[4].get<bool>(), c[5].get<std::string>(), c[6]};
+      if (!a.failed) check_answer(k.what, a.value);
+      calls.insert_or_assign(std::move(k), std::move(a));
+    }
+    for (const auto& f : array(j.at("shards"))) {
+      if (!f.is_array() || f.size() != 3) throw std::invalid_argument("a shard is not [name, size, etag]");
+      facts.push_back({f[0].get<std::string>(), u64(f[1]), json_etag(f[2])});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    damaged(leader, e);
+  } catch (const std::invalid_argument& e) {
+    damaged(leader, e);
   }
-  if (!r.done()) throw comm::comm_error(fmt::format("rank {}'s checkpoint opening record has trailing bytes", leader));
 
   // Rank 0's failure, reproduced where it was a format or index rule (the
   // same bytes parse the same way), else named.

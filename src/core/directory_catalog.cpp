@@ -24,9 +24,7 @@ load_stats directory_catalog::load(const checkpoint& ck, any_sink s, staging_poo
   asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
   uring_context ring(ioc, {opt.ring_entries, opt.register_buffers});
   if (opt.register_buffers) ring.register_buffers(pool.region(), pool.slot_size());
-  std::vector<std::string> paths;
-  for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
-  file_source src(ring, std::move(paths), opt.io, opt.punt_buffered);
+  file_source src(ring, ck.shard_uris(), opt.io, opt.punt_buffered);
   return run_blocking(ioc, load_async(ck, src, s, pool, opt), opt.threads);
 }
 

@@ -40,8 +40,9 @@ std::shared_ptr<catalog> location::make_catalog() const {
     if (auto it = r.by_scheme.find(s); it != r.by_scheme.end()) make = it->second;
   }
   if (!make) {
-    const std::string hint = s == "s3" ? " (link sluice::s3 and include <sluice/s3/source.hpp>)" : "";
-    throw config_error(fmt::format("no storage is registered for {}:// locations{}", s, hint), {uri_});
+    if (s == "s3")
+      throw missing_component_error("sluice::s3", "s3:// locations need the S3 component: link sluice::s3", {uri_});
+    throw config_error(fmt::format("no storage is registered for {}:// locations", s), {uri_});
   }
   return make(uri_);
 }

@@ -36,8 +36,8 @@ std::unique_ptr<any_communicator> join_world(const rank_info& who) {
     join = r.join;
   }
   if (!join)
-    throw config_error(fmt::format("a {}-rank load needs a communicator: link sluice::gloo and include <sluice/gloo/communicator.hpp>",
-                                   who.world_size));
+    throw missing_component_error(
+        "sluice::gloo", fmt::format("a {}-rank load needs a communicator: link sluice::gloo", who.world_size));
   return join(who);
 }
 

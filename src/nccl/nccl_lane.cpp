@@ -90,6 +90,10 @@ struct nccl_lane::recycler {
 };
 
 nccl_lane::nccl_lane(nccl& c) : c_(&c), recycle_(std::make_shared<recycler>()) { recycle_->device = c.device(); }
+nccl_lane::nccl_lane(nccl&& c)
+    : owned_(std::make_unique<nccl>(std::move(c))), c_(owned_.get()), recycle_(std::make_shared<recycler>()) {
+  recycle_->device = c_->device();
+}
 nccl_lane::nccl_lane(nccl_lane&&) noexcept = default;
 nccl_lane& nccl_lane::operator=(nccl_lane&&) noexcept = default;
 

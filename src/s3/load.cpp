@@ -21,9 +21,7 @@ template task<load_stats> load_async<s3_source, any_sink>(const checkpoint&, s3_
 load_stats s3_catalog::load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& options) {
   auto opt = options;
   asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
-  std::vector<std::string> uris;
-  for (const auto& sh : ck.shards()) uris.push_back(sh.uri);
-  s3_source src(ioc.get_executor(), cfg(), std::move(uris));
+  s3_source src(ioc.get_executor(), cfg(), ck.shard_uris());
   for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, object_info(ck.shards()[i].name));
   opt.queue_depth = std::max<unsigned>(opt.queue_depth, 2 * static_cast<unsigned>(cfg().max_connections));
   // A stop aborts the pipeline's channels; GETs in flight would still wait for

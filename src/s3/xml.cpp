@@ -24,7 +24,7 @@ std::optional<std::string> load(pugi::xml_document& doc, std::string_view body) 
 
 std::string text_of(const pugi::xml_node& parent, const char* name) { return parent.child(name).text().get(); }
 
-std::uint64_t parse_size(const pugi::xml_node& size, std::string_view key) {
+std::uint64_t object_size(const pugi::xml_node& size, std::string_view key) {
   const std::string_view s = size.text().get();
   std::uint64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -61,7 +61,7 @@ list_page parse_list_page(std::string_view body) {
     e.key = key.text().get();
     const auto size = contents.child("Size");
     if (!size) throw malformed_xml(fmt::format("<Contents> of key '{}' has no <Size>", e.key));
-    e.size = parse_size(size, e.key);
+    e.size = object_size(size, e.key);
     e.etag = text_of(contents, "ETag");
     page.objects.push_back(std::move(e));
   }

@@ -15,7 +15,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <sluice/gloo/communicator.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/s3/distributed.hpp>
 #include <sluice/testing/generator.hpp>

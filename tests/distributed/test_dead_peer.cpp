@@ -12,6 +12,12 @@
 // counts what is left: the survivors' descriptors, threads and segments
 // (counted inside each survivor) and the store's keys.
 //
+// The device lane: a rank dies while its peers wait in a device exchange
+// whose transport, like NCCL's, does not see the death itself; the tool-level
+// load must hand the lane the host communicator's liveness signal
+// (comm::liveness_of, nccl_options::liveness), or the peers wait for the
+// timeout.
+//
 // Nothing here depends on timing: the faults are placed by phase, not by the
 // clock.
 #include <catch2/catch.hpp>
@@ -30,7 +36,7 @@
 #include <vector>
 
 #include <sluice/distributed.hpp>
-#include <sluice/gloo/communicator.hpp>
+#include <sluice/testing/emulated_device_lane.hpp>
 #include <sluice/testing/generator.hpp>
 
 #include "comm/multiprocess.hpp"
@@ -169,6 +175,95 @@ void kill_entering(const std::string& phase, std::size_t victim) {
   fs::remove_all(base);
 }
 
+// The emulated device lane, except in its `stall_at`-th exchange: there the
+// victim waits until every other rank has entered that exchange, then kills
+// itself; the others wait as NCCL's kernels wait on a peer that is gone,
+// asking the liveness signal the lane was made with (what comm::nccl asks
+// between its polls) until the timeout. Nothing but that signal ends their
+// wait before the timeout: the lane never calls the host communicator there.
+template <class Comm>
+class stalling_lane : public testing::emulated_device_lane<Comm> {
+ public:
+  stalling_lane(Comm& c, std::function<void()> liveness, int stall_at, std::size_t victim, fs::path marks,
+                std::chrono::milliseconds timeout)
+      : testing::emulated_device_lane<Comm>(c), rank_(c.rank()), size_(c.size()), liveness_(std::move(liveness)),
+        stall_at_(stall_at), victim_(victim), marks_(std::move(marks)), timeout_(timeout) {}
+  void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {
+    if (++exchanges_ != stall_at_) return testing::emulated_device_lane<Comm>::exchange(sends, recvs);
+    if (rank_ == victim_) {
+      while (static_cast<std::size_t>(std::distance(fs::directory_iterator(marks_), fs::directory_iterator())) < size_ - 1)
+        std::this_thread::sleep_for(1ms);
+      ::raise(SIGKILL);
+    }
+    std::ofstream(marks_ / fmt::format("rank{}", rank_)) << "waiting\n";
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (liveness_) liveness_();  // comm::peer_lost: the only way out before the timeout
+      std::this_thread::sleep_for(1ms);
+    }
+    throw comm::comm_error("stalling lane: no completion within the timeout");
+  }
+
+ private:
+  std::size_t rank_, size_;
+  std::function<void()> liveness_;
+  int stall_at_, exchanges_ = 0;
+  std::size_t victim_;
+  fs::path marks_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Kills `victim` in its second device exchange, through the tool-level load
+// with a lane factory (sluice-load --device's path).
+void kill_in_device_exchange(std::size_t victim) {
+  constexpr auto timeout = 300s;
+  constexpr int not_in_lane = 27;
+  const auto base = sluice_test::fresh_dir(fmt::format("deadpeer-lane-{}", victim));
+  const auto store = base / "store", out = base / "out", marks = base / "marks";
+  fs::create_directories(store), fs::create_directories(out), fs::create_directories(marks);
+  const auto& ck = checkpoint_dir();
+  const auto segment = fmt::format("sluice-deadpeer-{}-lane-{}", ::getpid(), victim);
+  const auto codes = run_world(4, [&](std::size_t rank) {
+    std::ofstream log(out / fmt::format("rank{}.txt", rank));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      sluice_test::recording_sink s;
+      const auto o = small_options(segment);
+      (void)load_distributed(location(ck.string()), "tp1,dp4,ep4", "none", world(rank, 4, store, timeout), s, o, {},
+                             [&](auto& host) {
+                               return stalling_lane<std::remove_cvref_t<decltype(host)>>(host, comm::liveness_of(host), 2,
+                                                                                        victim, marks, timeout);
+                             });
+    } catch (const comm::peer_lost& e) {
+      const auto took = std::chrono::steady_clock::now() - t0;
+      log << e.what() << "\n";
+      if (e.lost_rank() != victim) return wrong_rank;
+      if (e.phase().rfind("exchanging window 2 of", 0) != 0) return no_phase;
+      // Its mark says it waited in the lane, where only the liveness signal throws peer_lost.
+      if (!fs::exists(marks / fmt::format("rank{}", rank))) return not_in_lane;
+      return took < timeout / 4 ? ok : too_late;
+    } catch (const std::exception& e) {
+      log << "not peer_lost: " << e.what() << "\n";
+      return wrong_type;
+    }
+    return no_error;
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    if (r == victim) {
+      CHECK(codes[r] == -SIGKILL);
+      continue;
+    }
+    std::ifstream f(out / fmt::format("rank{}.txt", r));
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    INFO("rank " << victim << " killed in its second device exchange; rank " << r
+                 << " (20: not peer_lost, 21: names another rank, 22: names no phase or another, 23: after a quarter of "
+                    "the timeout, 24: no error, 27: did not wait in the lane): "
+                 << text);
+    CHECK(codes[r] == ok);
+  }
+  fs::remove_all(base);
+}
+
 }  // namespace
 
 TEST_CASE("a rank killed opening the checkpoint: every survivor throws peer_lost naming it and the phase", "[distributed][dead-peer]") {
@@ -251,4 +346,10 @@ TEST_CASE("a stopped rank is not dead: the survivors time out naming it, and not
   INFO("store keys left: " << keys);
   CHECK(left == 0);
   fs::remove_all(base);
+}
+
+TEST_CASE("a rank killed while its peers wait in a device exchange: the lane made in the world hears it, every survivor throws peer_lost",
+          "[distributed][dead-peer][lane]") {
+  kill_in_device_exchange(0);
+  kill_in_device_exchange(3);
 }

@@ -27,7 +27,6 @@
 #include <string>
 
 #include <sluice/distributed.hpp>
-#include <sluice/gloo/communicator.hpp>
 #include <sluice/testing/generator.hpp>
 #if defined(SLUICE_TEST_S3)
 #include <sluice/s3/client.hpp>

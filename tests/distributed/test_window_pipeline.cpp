@@ -17,6 +17,7 @@
 
 #include <sluice/distributed.hpp>
 #include <sluice/sink/callback_sink.hpp>
+#include <sluice/sink/discard_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/generator.hpp>
 
@@ -236,5 +237,19 @@ TEST_CASE("a sink that throws stops the load at the next status exchange, naming
     }
     REQUIRE(calls == 2);  // never called again after it threw
     REQUIRE(plan.entries.size() > 2);
+  }
+}
+
+TEST_CASE("a multi-rank load in a program that does not link sluice::gloo names the component to link", "[distributed][world]") {
+  // This executable links the core alone: nothing registered a communicator.
+  comm::rank_info who;
+  who.rank = 0, who.world_size = 4, who.local_rank = 0, who.local_size = 4;
+  discard_sink s;
+  try {
+    (void)load_distributed(location(checkpoint_dir().string()), "tp1,dp4,ep4", "none", who, s);
+    FAIL("a 4-rank load ran without a communicator");
+  } catch (const missing_component_error& e) {
+    CHECK(e.component() == "sluice::gloo");
+    CHECK_THAT(e.what(), Catch::Contains("link sluice::gloo"));
   }
 }

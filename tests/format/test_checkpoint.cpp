@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -489,4 +490,164 @@ TEST_CASE("an index file that cannot be read is an io_error naming it", "[checkp
   } catch (const io_error& e) {
     CHECK(e.file() == opt.index.string());
   }
+}
+
+// checkpoint::open(location, communicator) between two in-process ranks: the
+// opening record rank 0 broadcasts is kept on a tape, and rank 1 replays
+// what the tape holds, so a test can damage it on the way.
+namespace {
+
+class tape_communicator {
+ public:
+  tape_communicator(std::size_t rank, std::vector<std::vector<std::byte>>& tape) : rank_(rank), tape_(&tape) {}
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  [[nodiscard]] std::size_t size() const noexcept { return 2; }
+  // Rank 0 records what it sends; rank 1 receives the tape's next entry.
+  void broadcast(std::span<std::byte> buf, std::size_t) {
+    if (rank_ == 0) {
+      tape_->emplace_back(buf.begin(), buf.end());
+      return;
+    }
+    const auto& b = tape_->at(next_++);
+    REQUIRE(b.size() == buf.size());
+    std::copy(b.begin(), b.end(), buf.begin());
+  }
+  void all_gather(std::span<const std::byte>, std::span<std::byte>) { FAIL("not used by the collective open"); }
+  void all_gather_v(std::span<std::byte>, std::span<const std::size_t>) { FAIL("not used by the collective open"); }
+  void exchange(std::span<const comm::send_message>, std::span<const comm::recv_message>) { FAIL("not used by the collective open"); }
+  void barrier() { FAIL("not used by the collective open"); }
+
+ private:
+  std::size_t rank_;
+  std::vector<std::vector<std::byte>>* tape_;
+  std::size_t next_ = 0;
+};
+static_assert(comm::communicator<tape_communicator>);
+
+gen::generator_options small_generator() {
+  gen::generator_options o;
+  o.layers = 2, o.experts = 2, o.engram_tables = 1, o.engram_rows = 64, o.draft = false;
+  o.max_shard_bytes = 64u << 10;
+  return o;
+}
+
+// Rank 0's record of opening `dir`.
+std::vector<std::byte> opening_record(const std::filesystem::path& dir) {
+  std::vector<std::vector<std::byte>> tape;
+  tape_communicator c(0, tape);
+  (void)checkpoint::open(location(dir.string()), c);
+  REQUIRE(tape.size() == 2);  // the record's size, then the record
+  return tape[1];
+}
+
+// Rank 1's open of `dir` from `record`.
+checkpoint replay(const std::filesystem::path& dir, const std::vector<std::byte>& record) {
+  std::uint64_t n = record.size();
+  const auto* p = reinterpret_cast<const std::byte*>(&n);
+  std::vector<std::vector<std::byte>> tape{{p, p + sizeof n}, record};
+  tape_communicator c(1, tape);
+  return checkpoint::open(location(dir.string()), c);
+}
+
+std::vector<std::byte> cbor_of(const nlohmann::json& j) {
+  const auto b = nlohmann::json::to_cbor(j);
+  const auto* p = reinterpret_cast<const std::byte*>(b.data());
+  return {p, p + b.size()};
+}
+nlohmann::json json_of(const std::vector<std::byte>& b) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
+  return nlohmann::json::from_cbor(p, p + b.size());
+}
+
+}  // namespace
+
+TEST_CASE("a rank that replays rank 0's opening record opens the same checkpoint without reading a header", "[checkpoint][collective]") {
+  temp_dir dir("collective");
+  (void)gen::write_checkpoint(dir.path(), small_generator());
+  const auto record = opening_record(dir.path());
+  const auto own = checkpoint::open(dir.path());
+  const auto ck = replay(dir.path(), record);
+  CHECK(ck.header_bytes_read() == 0);
+  REQUIRE(ck.tensors().size() == own.tensors().size());
+  for (std::size_t i = 0; i < own.tensors().size(); ++i) {
+    CAPTURE(own.tensors()[i].name);
+    CHECK(ck.tensors()[i].name == own.tensors()[i].name);
+    CHECK(ck.tensors()[i].offset == own.tensors()[i].offset);
+    CHECK(ck.tensors()[i].size == own.tensors()[i].size);
+    CHECK(ck.tensors()[i].shape == own.tensors()[i].shape);
+  }
+  // The record is CBOR: a map with its format tag.
+  CHECK(json_of(record).at("format") == "sluice-open/2");
+}
+
+TEST_CASE("a damaged opening record is a comm_error naming rank 0, however it was damaged", "[checkpoint][collective]") {
+  temp_dir dir("collective-bad");
+  (void)gen::write_checkpoint(dir.path(), small_generator());
+  const auto record = opening_record(dir.path());
+  const auto good = json_of(record);
+  REQUIRE(good.at("calls").size() > 2);
+  auto damaged_is_comm_error = [&](const std::vector<std::byte>& bad) {
+    try {
+      (void)replay(dir.path(), bad);
+    } catch (const comm::comm_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("rank 0"));
+      return;
+    }
+    FAIL("the damaged record was replayed");
+  };
+  SECTION("cut short anywhere") {
+    // Every length in the first and last 256 bytes, and about 500 between.
+    const std::size_t n = record.size(), stride = std::max<std::size_t>(1, n / 500);
+    for (std::size_t len = 0; len < n; len += (len < 256 || len + 256 >= n) ? 1 : stride) {
+      CAPTURE(len, n);
+      damaged_is_comm_error({record.begin(), record.begin() + static_cast<std::ptrdiff_t>(len)});
+    }
+  }
+  SECTION("with trailing bytes") {
+    auto bad = record;
+    bad.push_back(std::byte{0});
+    damaged_is_comm_error(bad);
+  }
+  SECTION("not a record at all") {
+    damaged_is_comm_error(cbor_of(nlohmann::json::array({1, 2, 3})));
+    damaged_is_comm_error(cbor_of({{"format", "sluice-open/1"}}));
+    damaged_is_comm_error(std::vector<std::byte>(64, std::byte{0xff}));
+  }
+  SECTION("a field of the wrong type or an unknown call") {
+    auto spoil = [&](const std::function<void(nlohmann::json&)>& f) {
+      auto j = good;
+      f(j);
+      damaged_is_comm_error(cbor_of(j));
+    };
+    spoil([](nlohmann::json& j) { j.erase("shards"); });
+    spoil([](nlohmann::json& j) { j["calls"] = "none"; });
+    spoil([](nlohmann::json& j) { j["at"] = 7; });
+    spoil([](nlohmann::json& j) { j["failure"] = 1; });
+    spoil([](nlohmann::json& j) { j["calls"][0][0] = 99; });                 // an operation that does not exist
+    spoil([](nlohmann::json& j) { j["calls"][0][0] = -1; });
+    spoil([](nlohmann::json& j) { j["calls"][0][2] = "0"; });                // an offset that is not a number
+    spoil([](nlohmann::json& j) { j["calls"][0].erase(6); });                // a call without its answer
+    spoil([](nlohmann::json& j) { j["shards"][0][1] = -5; });
+    for (std::size_t i = 0; i < good.at("calls").size(); ++i) {  // every answer replaced by one of another type
+      if (good["calls"][i][4].get<bool>()) continue;                // a failure has no answer
+      spoil([i](nlohmann::json& j) {
+        auto& a = j["calls"][i][6];
+        a = a.is_string() || a.is_null() ? nlohmann::json(1) : nlohmann::json("x");
+      });
+    }
+  }
+}
+
+TEST_CASE("an s3:// location in a program that does not link sluice::s3 names the component to link", "[checkpoint][location]") {
+  // This executable links the core alone: nothing registered the s3 scheme.
+  try {
+    (void)checkpoint::open("s3://bucket/prefix/");
+    FAIL("an s3:// location opened without the S3 component");
+  } catch (const missing_component_error& e) {
+    CHECK(e.component() == "sluice::s3");
+    CHECK_THAT(e.what(), Catch::Contains("link sluice::s3"));
+    CHECK(e.file() == "s3://bucket/prefix/");
+  }
+  // A scheme no component offers is a plain config_error.
+  CHECK_THROWS_AS(checkpoint::open("gs://bucket/prefix/"), config_error);
 }

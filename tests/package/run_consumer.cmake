@@ -3,6 +3,9 @@
 # build's compiler, compiler launcher, build type and compile/link flags
 # (BIN SRC EXE CXX LAUNCHER BUILD_TYPE CXX_FLAGS EXE_LINKER_FLAGS). Each
 # consumer has its own scratch folder, so the tests may run in parallel.
+# With RANKS=N and RANK_LAUNCHER (this build's sluice-launch), the consumer
+# first writes its checkpoint (`EXE --write DIR`), then runs once per rank
+# under the launcher (`EXE DIR`).
 set(prefix ${BIN}/package-test/${EXE}/prefix)
 set(build ${BIN}/package-test/${EXE}/build)
 file(REMOVE_RECURSE ${BIN}/package-test/${EXE})
@@ -20,7 +23,14 @@ set(step_install ${CMAKE_COMMAND} --install ${BIN} --prefix ${prefix})
 set(step_configure ${configure})
 set(step_build ${CMAKE_COMMAND} --build ${build})
 set(step_run ${build}/${EXE} ${build})
-foreach(step IN ITEMS step_install step_configure step_build step_run)
+set(steps step_install step_configure step_build)
+if(RANKS)
+  set(step_write ${build}/${EXE} --write ${build}/checkpoint)
+  set(step_run ${RANK_LAUNCHER} -n ${RANKS} --comm-timeout 60 -- ${build}/${EXE} ${build}/checkpoint)
+  list(APPEND steps step_write)
+endif()
+list(APPEND steps step_run)
+foreach(step IN ITEMS ${steps})
   execute_process(COMMAND ${${step}} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("${out}")
   if(NOT rc EQUAL 0)

@@ -280,3 +280,13 @@ TEST_CASE("selected tensors are the only ones read", "[stages][load][checkpoint]
   REQUIRE(st.bytes_read == ck.tensor_bytes());
   for (const auto& [name, _] : d.digests()) REQUIRE(name.find("layers.1.") != std::string::npos);
 }
+
+TEST_CASE("a request is max_read bytes, capped by what a slot holds beside its alignment room", "[stages][load]") {
+  constexpr std::uint64_t mib = 1u << 20;
+  STATIC_REQUIRE(request_bytes_for(mib, slot_size_for(mib)) == mib);
+  STATIC_REQUIRE(request_bytes_for(5000, slot_size_for(5000)) == 5000);
+  STATIC_REQUIRE(request_bytes_for(64 * mib, slot_size_for(mib)) == mib);  // a pool cut for smaller reads
+  STATIC_REQUIRE(request_bytes_for(mib, slot_size_for(64 * mib)) == mib);
+  STATIC_REQUIRE(request_bytes_for(0, slot_size_for(mib)) == 4096);
+  STATIC_REQUIRE(request_bytes_for(mib, 4096) == 4096);  // a slot without the room: one page
+}

@@ -186,12 +186,13 @@ class uring_context {
       else
         n = static_cast<std::size_t>(res);
       auto ex = asio::get_associated_executor(handler);
-      // Post, never run inline: the reaper is on the ring's strand (pitfall 6).
+      // Post, never run inline: the reaper is on the ring's strand, and user
+      // code run here would nest inside the drain of the CQ.
       asio::post(ex, [h = std::move(handler), ec, n]() mutable { std::move(h)(ec, n); });
       delete this;
     }
     H handler;
-    asio::executor_work_guard<asio::associated_executor_t<H>> work;  // keeps run() alive (pitfall 8)
+    asio::executor_work_guard<asio::associated_executor_t<H>> work;  // keeps run() alive while the op is in the ring
     int fd;
     std::span<std::byte> buf;
     std::uint64_t off;

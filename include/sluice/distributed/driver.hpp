@@ -109,28 +109,23 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   if (plan.entries.size() != ck.tensors().size())
     throw config_error(fmt::format("the plan has {} tensors, the checkpoint {}", plan.entries.size(), ck.tensors().size()));
 
-  std::exception_ptr failure;
   // Every rank must have computed the same plan.
   fault_point("plan", me);
   {
     const std::uint64_t d = plan_digest(plan);
     std::vector<std::byte> all(8 * c.size());
     in_phase("comparing load plans", [&] { c.all_gather(std::as_bytes(std::span(&d, 1)), all); });
-    for (std::size_t r = 0; r < c.size(); ++r)
-      if (std::memcmp(all.data() + 8 * r, &d, 8) != 0 && !failure)
-        failure = std::make_exception_ptr(config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r)));
-    check_peers(c, failure, "comparing load plans");
+    run_phase(c, "comparing load plans", [&] {
+      for (std::size_t r = 0; r < c.size(); ++r)
+        if (std::memcmp(all.data() + 8 * r, &d, 8) != 0)
+          throw config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r));
+    });
   }
 
   // A sink that sizes its memory from the plan does so once, before any read
   // (cuda::device_sink: one arena for this rank's device tensors at their part
   // sizes); a rank that cannot (out of memory) fails every rank.
-  try {
-    s.reserve(plan, me);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  check_peers(c, failure, "reserving the sink's memory");
+  run_phase(c, "reserving the sink's memory", [&] { s.reserve(plan, me); });
 
   // I/O set-up: one reader (io_context, staging pool, source) for every
   // window. A rank that is one of fewer table readers than its node has ranks
@@ -142,7 +137,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   const bool reads_tables = table_readers.contains(me);
   st.table_readers = table_readers.size();
   std::unique_ptr<any_slice_reader> reader, table_reader;
-  try {
+  run_phase(c, "setting up I/O", [&] {
     reader = make_reader();
     if (!reader) throw config_error("load_distributed_with: the reader factory returned no reader");
     st.connections = reader->connections();
@@ -153,10 +148,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
       st.table_connections = tr.connections();
       st.table_queue_depth = tr.queue_depth();
     }
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  check_peers(c, failure, "setting up I/O");
+  });
 
   std::uint64_t table_storage_bytes = 0, table_requests = 0;
   memory::shared_host segment;
@@ -169,33 +161,25 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
     const auto setup0 = clock::now();
     constexpr std::size_t handle_bytes = 256;
     std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
-    if (st.local_rank == 0) {
-      try {
-        segment = memory::shared_host::create(plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me));
-        const auto h = segment.handle();
-        std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    check_peers(c, failure, "creating the shared segment");
+    run_phase(c, "creating the shared segment", [&] {
+      if (st.local_rank != 0) return;
+      segment = memory::shared_host::create(plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me));
+      const auto h = segment.handle();
+      std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
+    });
     in_phase("sharing the segment's handle", [&] { c.all_gather(mine, all); });
-    if (st.local_rank != 0) {
-      try {
-        const auto leader = me - st.local_rank;
-        const char* h = reinterpret_cast<const char*>(all.data() + leader * handle_bytes);
-        segment = memory::shared_host::attach(std::string(h, strnlen(h, handle_bytes)), plan.shared_bytes);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    check_peers(c, failure, "attaching the shared segment");  // also: everyone attached
+    run_phase(c, "attaching the shared segment", [&] {  // also: everyone attached
+      if (st.local_rank == 0) return;
+      const auto leader = me - st.local_rank;
+      const char* h = reinterpret_cast<const char*>(all.data() + leader * handle_bytes);
+      segment = memory::shared_host::attach(std::string(h, strnlen(h, handle_bytes)), plan.shared_bytes);
+    });
     segment.close_handle();  // only mappings hold it now: nothing to clean up after a crash
     st.setup_seconds += since(setup0);
     // This rank's slices of the shared tables, straight into the segment.
     fault_point("tables", me);
     const auto r0 = clock::now();
-    try {
+    run_phase(c, "reading shared tables", [&] {
       planned_reads reads;
       for (const auto& e : plan.entries) {
         if (!e.shared()) continue;
@@ -211,15 +195,12 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
       } else {
         ctx.read(reads);
       }
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    if (table_reader) {
-      table_storage_bytes = table_reader->counters().bytes_read.load();
-      table_requests = table_reader->counters().requests.load();
-      table_reader.reset();  // its connections and slots are not needed for the windows
-    }
-    check_peers(c, failure, "reading shared tables");
+      if (table_reader) {
+        table_storage_bytes = table_reader->counters().bytes_read.load();
+        table_requests = table_reader->counters().requests.load();
+        table_reader.reset();  // its connections and slots are not needed for the windows
+      }
+    });
     st.table_seconds = since(r0);
     st.read_seconds += st.table_seconds;
   }
@@ -239,12 +220,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
     run_blocking(ioc, run_windows(pipeline, ctx, overlap ? 2u : 1u));
   }
   check_peers(c, ctx.failure, "delivering tensors to the sink");
-  try {
-    s.finish();
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  check_peers(c, failure, "finishing the sink");
+  run_phase(c, "finishing the sink", [&] { s.finish(); });
   st.bytes_read = ctx.fetched;
   st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes;
   st.requests = reader->counters().requests.load() + table_requests;

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// exchange_window: window_state → window_state. The broadcast step of a
+/// exchange_window: window_state → window_state. The exchange step of a
 /// distributed load: each slice goes from the rank that read it to the ranks
 /// that keep it, and to no other (point-to-point messages over the host
 /// communicator; device-lane bytes are uploaded first and travel over the

@@ -44,9 +44,7 @@ class file_reader {
     pool_ = std::make_unique<staging_pool>(detail::reader_staging(opt));
     ring_ = std::make_unique<uring_context>(*ioc_, uring_options{opt.ring_entries, opt.register_buffers});
     if (opt.register_buffers) ring_->register_buffers(pool_->region(), pool_->slot_size());
-    std::vector<std::string> paths;
-    for (const auto& sh : ck.shards()) paths.push_back(sh.uri);
-    src_ = std::make_unique<file_source>(*ring_, std::move(paths), opt.io, opt.punt_buffered);
+    src_ = std::make_unique<file_source>(*ring_, ck.shard_uris(), opt.io, opt.punt_buffered);
   }
 
   /// Reads the batch (see slice_reader).

@@ -47,6 +47,9 @@ decltype(auto) in_phase(std::string_view phase, F&& f) {
   }
 }
 
+/// The status exchange that ends a phase: every rank says whether it failed
+/// (`failure`, with its message); if any did, every rank throws
+/// distributed_error naming the lowest failed rank.
 template <comm::communicator Comm>
 void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
   std::vector<std::byte> mine(status_bytes), all(status_bytes * c.size());
@@ -68,6 +71,22 @@ void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
     const char* m = reinterpret_cast<const char*>(all.data() + r * status_bytes + 1);
     throw distributed_error(fmt::format("rank {} failed while {}: {}", r, phase, std::string(m, strnlen(m, status_bytes - 1))), r);
   }
+}
+
+/// One phase of the failure protocol: runs this rank's part (`f`), catches
+/// what it throws, then agrees with the peers on the outcome (check_peers).
+/// `f` calls the communicator only in collectives that every rank completes
+/// whether or not it fails (the collective open's broadcasts): a rank that
+/// threw before one would leave its peers waiting in it.
+template <comm::communicator Comm, class F>
+void run_phase(Comm& c, std::string_view phase, F&& f) {
+  std::exception_ptr failure;
+  try {
+    f();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  check_peers(c, failure, phase);
 }
 
 inline std::uint64_t plan_digest(const policy::load_plan& p) {

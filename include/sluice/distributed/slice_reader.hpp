@@ -128,8 +128,7 @@ struct destination_sink {
 template <source Source>
 [[nodiscard]] task<void> read_into(std::vector<byte_extent> jobs, Source& src, destination_sink& s, staging_pool& pool,
                                    load_options opt) {
-  const std::uint64_t max_read = std::min<std::uint64_t>(opt.max_read, pool.slot_size() - 2 * 4096);
-  auto pipeline = coalesce({max_read ? max_read : 4096}) | fetch<Source>(src, pool, {opt.queue_depth}) | stage({false}) |
+  auto pipeline = coalesce({request_bytes_for(opt.max_read, pool.slot_size())}) | fetch<Source>(src, pool, {opt.queue_depth}) | stage({false}) |
                   place<destination_sink>(s);
   co_await run_pipeline(pipeline, jobs, [](const placement&) {}, opt.stop);
 }

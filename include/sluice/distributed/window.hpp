@@ -9,7 +9,7 @@
 /// plan and the lane, so a rank computes its peers' layouts too and both ends
 /// of every message agree on where it lies (`window_messages` coalesces a
 /// pair's back-to-back messages). The stages that fill, move and deliver a
-/// window are read_window.hpp, exchange.hpp and deliver.hpp.
+/// window are read_window.hpp, exchange_window.hpp and deliver_window.hpp.
 
 #include <algorithm>
 #include <cstddef>

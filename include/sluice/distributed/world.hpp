@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <concepts>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -84,17 +85,13 @@ template <comm::communicator Comm, class Open>
 std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std::string_view topology,
                                                        std::string_view offload, const comm::rank_info& who,
                                                        const distributed_options& opt) {
-  std::exception_ptr failure;
   std::optional<checkpoint> ck;
   std::optional<policy::load_plan> plan;
   fault_point("open", c.rank());
-  try {
+  run_phase(c, "opening the checkpoint", [&] {
     ck.emplace(open());
     plan.emplace(tool_plan(*ck, topology, offload, who, opt));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  check_peers(c, failure, "opening the checkpoint");
+  });
   return {std::move(*ck), std::move(*plan)};
 }
 
@@ -102,8 +99,8 @@ std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std
 
 /// The one call for tools (sluice-load): plans `ck` for `topology` and
 /// `offload`, joins the world described by `who` (one rank: comm::local;
-/// more: comm::gloo through its store, in a program that links sluice::gloo
-/// and includes <sluice/gloo/communicator.hpp>) and loads this rank's part into `s`
+/// more: comm::gloo through its store, in a program that links sluice::gloo;
+/// without it, missing_component_error) and loads this rank's part into `s`
 /// from wherever `ck` is (local files, S3).
 template <sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, std::string_view topology, std::string_view offload,
@@ -136,6 +133,37 @@ distributed_stats load_distributed(const location& where, std::string_view topol
     return load_distributed(ck, c, plan, s, opt, lane);
   });
 }
+/// Like the call above, with the device lane made once the world is joined:
+/// `make_lane(host)` gets this rank's host communicator (comm::local for one
+/// rank, else the registered world's) after the checkpoint is opened and
+/// planned, and returns the lane. So the lane can take the host
+/// communicator's liveness signal, `comm::liveness_of(host)`, e.g. as
+/// nccl_options::liveness: a peer that dies while NCCL waits on it then ends
+/// the device exchange within moments (comm::peer_lost naming it, the NCCL
+/// communicator aborted) instead of at the lane's timeout. A lane made before
+/// the world cannot: the world's communicator does not exist yet.
+///
+///   load_distributed(where, topology, offload, who, sink, opt, open, [&](auto& host) {
+///     return comm::nccl_lane(comm::nccl::connect(who, {.device = dev, .liveness = comm::liveness_of(host)}));
+///   });
+///
+/// A rank whose lane cannot be made throws; its peers, waiting for it in the
+/// lane's own rendezvous (NCCL's init), end at the lane's timeout.
+template <sink Sink, class MakeLane>
+  requires(!device_lane<std::remove_cvref_t<MakeLane>> && std::invocable<MakeLane&, comm::local&> &&
+           std::invocable<MakeLane&, comm::any_communicator&>)
+distributed_stats load_distributed(const location& where, std::string_view topology, std::string_view offload,
+                                   const comm::rank_info& who, Sink& s, distributed_options opt, const open_options& open,
+                                   MakeLane&& make_lane) {
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  return detail::in_world(who, [&](auto& c) {
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); }, topology, offload, who, opt);
+    auto lane = detail::in_phase("making the device lane", [&] { return make_lane(c); });
+    static_assert(device_lane<decltype(lane)>, "sluice: make_lane(host) must return a device_lane");
+    return load_distributed(ck, c, plan, s, opt, lane);
+  });
+}
+
 template <sink Sink>
 distributed_stats load_distributed(const location& where, std::string_view topology,
                                    std::string_view offload, const comm::rank_info& who, Sink& s,

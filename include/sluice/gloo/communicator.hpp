@@ -93,11 +93,4 @@ class gloo {
 
 static_assert(communicator<gloo>);
 
-namespace detail {
-// Multi-rank worlds of the tool-level loads (distributed/world.hpp) are Gloo
-// worlds in any program that includes this header.
-inline const bool gloo_world_registered =
-    register_world([](const rank_info& who) { return std::make_unique<communicator_holder<gloo>>(who); });
-}  // namespace detail
-
 }  // namespace sluice::inline v0::comm

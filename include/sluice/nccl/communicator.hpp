@@ -2,8 +2,9 @@
 /// \file
 /// `comm::nccl`: collectives over device memory (the sluice::nccl component;
 /// NCCL's header stays in src/nccl). It models `communicator` with spans that
-/// point to DEVICE memory (never touch them on the host): the broadcast stage
-/// uses it for device tensors, a host communicator (gloo, local) for host ones.
+/// point to DEVICE memory (never touch them on the host): the exchange stage
+/// (distributed/exchange_window.hpp) moves device tensors through it, by
+/// comm::nccl_lane, and host ones through a host communicator (gloo, local).
 ///
 /// Rendezvous: rank 0 makes a unique id (ncclGetUniqueId, works without a
 /// GPU) and the others receive it either through a host communicator's

@@ -29,6 +29,14 @@
 ///   comm::nccl_lane lane(dev);
 ///   cuda::device_sink sink({.device = device});
 ///   load_distributed(ck, host_comm, plan, sink, opt, lane);
+///
+/// With the tool-level call, which joins the world itself, the lane is made
+/// once the world is joined, so that NCCL hears of a dead peer through the
+/// host communicator's liveness signal:
+///
+///   load_distributed(where, topology, offload, who, sink, opt, open, [&](auto& host) {
+///     return comm::nccl_lane(comm::nccl::connect(who, {.device = device, .liveness = comm::liveness_of(host)}));
+///   });
 
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +62,10 @@ class nccl_lane {
  public:
   /// A lane over `c` (its device and stream); `c` must outlive the lane.
   explicit nccl_lane(nccl& c);
+  /// A lane that owns its communicator (one made inside a load: the lane
+  /// factory of the tool-level load_distributed); it goes with the lane,
+  /// after the lane's buffers.
+  explicit nccl_lane(nccl&& c);
   nccl_lane(nccl_lane&&) noexcept;
   nccl_lane& operator=(nccl_lane&&) noexcept;
   nccl_lane(const nccl_lane&) = delete;
@@ -83,6 +95,7 @@ class nccl_lane {
     std::size_t cap = 0;
   };
   struct recycler;
+  std::unique_ptr<nccl> owned_;  // first: destroyed after everything that uses it
   nccl* c_;
   std::shared_ptr<recycler> recycle_;
   slot_memory host_[4], dev_[4];

@@ -63,7 +63,7 @@ namespace sluice::inline v0 {
 /// connections, the rest of the catalog's config), every object pinned to the
 /// ETag the catalog saw, on an io_context of its own that `read` runs on the
 /// calling thread. Up to 2 x `connections` GETs are in flight (as in
-/// s3_load.hpp: fetch releases results in order, so depth == connections would
+/// the blocking load, src/s3/load.cpp: fetch releases results in order, so depth == connections would
 /// leave a connection idle behind the oldest request). Slices of
 /// `staged_below` bytes or more are read straight into their destinations;
 /// smaller ones through a staging slot (one per connection), merged with
@@ -78,10 +78,10 @@ class s3_reader {
   s3_reader(const checkpoint& ck, s3_catalog& cat, std::size_t connections, const load_options& opt)
       : opt_(opt),
         pool_(detail::reader_staging(opt, connections)),
-        src_(ioc_.get_executor(), with_connections(cat.cfg(), connections), uris(ck)) {
+        src_(ioc_.get_executor(), with_connections(cat.cfg(), connections), ck.shard_uris()) {
     for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src_.pin(i, cat.object_info(ck.shards()[i].name));
     opt_.queue_depth = std::max<unsigned>(opt_.queue_depth, 2 * static_cast<unsigned>(src_.client().cfg().max_connections));
-    // A stop cancels GETs in flight too (see s3_load.hpp).
+    // A stop cancels GETs in flight too (as in the blocking load, src/s3/load.cpp).
     if (opt.stop.stop_possible()) on_stop_.emplace(opt.stop, cancel_gets{&src_});
   }
 
@@ -97,11 +97,6 @@ class s3_reader {
   static s3::config with_connections(s3::config cfg, std::size_t n) {
     cfg.max_connections = std::max<std::size_t>(1, n);
     return cfg;
-  }
-  static std::vector<std::string> uris(const checkpoint& ck) {
-    std::vector<std::string> u;
-    for (const auto& sh : ck.shards()) u.push_back(sh.uri);
-    return u;
   }
 
   struct cancel_gets {

@@ -269,12 +269,4 @@ class s3_catalog final : public catalog {
   return location(std::move(u), [uri = std::move(uri), cfg = std::move(cfg)] { return std::make_shared<s3_catalog>(uri, cfg); });
 }
 
-namespace detail {
-// "s3://bucket/prefix/" locations open an s3_catalog configured from the
-// environment (s3::config::from_environment()) in any program that includes
-// this header.
-inline const bool s3_scheme_registered =
-    register_scheme("s3", [](const std::string& uri) { return std::make_shared<s3_catalog>(uri); });
-}  // namespace detail
-
 }  // namespace sluice::inline v0

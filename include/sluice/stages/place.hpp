@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// place: tensor views → the sink. Emits one `placement` per view, recording
-/// whether the sink accepted it (the input of broadcast, or of the loader's
-/// bookkeeping).
+/// whether the sink accepted it (the input of the loader's bookkeeping:
+/// load_async's counts and progress).
 
 #include <chrono>
 #include <cstdint>
