@@ -34,6 +34,9 @@
 #include <sluice/policy/plan.hpp>
 #include <sluice/probe.hpp>
 #include <sluice/sink/host_sink.hpp>
+#if defined(SLUICE_HAS_S3)
+#include <sluice/s3/error.hpp>  // s3_error's fields for Python
+#endif
 #if defined(SLUICE_HAS_CUDA)
 #include <sluice/cuda/error.hpp>
 #endif
