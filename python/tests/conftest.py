@@ -54,6 +54,39 @@ def generate(path, *args):
     return out
 
 
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world, argv, out_dir, env=None, drop_env=(), timeout=900):
+    """Starts `world` processes of `argv` with torchrun's environment (RANK,
+    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; `env`
+    added, `drop_env` removed), waits for them, and returns each rank's result,
+    the JSON it wrote to out_dir/rank-N.json (a rank that wrote none fails the
+    test with its output). `argv` may be a function of the rank."""
+    import json
+    port = free_port()
+    procs = []
+    for r in range(world):
+        e = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(env or {}))
+        for k in drop_env:
+            e.pop(k, None)
+        args = argv(r) if callable(argv) else argv
+        procs.append(subprocess.Popen(args, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    results = []
+    for r in range(world):
+        f = os.path.join(str(out_dir), f"rank-{r}.json")
+        assert os.path.exists(f), f"rank {r} wrote no result (exit {procs[r].returncode}):\n{outs[r]}"
+        with open(f) as fh:
+            results.append(json.load(fh))
+    return results
+
+
 def raw_bytes(t: torch.Tensor) -> bytes:
     """The tensor's bytes, whatever its dtype (meta tensors have none)."""
     if t.numel() == 0:

@@ -11,43 +11,22 @@ the others replaying what it read (checkpoint::open(location, communicator)).
 - A rank that fails alone while opening (here its select callable raises)
   raises its own error, and every other rank raises DistributedError naming it.
 """
-import json
 import os
-import socket
 import struct
-import subprocess
 
 import pytest
 
 import sluice
-from conftest import HERE, PYTHON, generate
+from conftest import HERE, PYTHON, generate, run_ranks as _run_ranks
 
 WORLD = 4
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(out_dir, path, mode, fail_rank=None):
-    port = free_port()
-    procs = []
-    for r in range(WORLD):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        args = [PYTHON, os.path.join(HERE, "open_worker.py"), str(path), str(out_dir), mode]
-        if fail_rank is not None:
-            args.append(str(fail_rank))
-        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    results = []
-    for r in range(WORLD):
-        f = out_dir / f"rank-{r}.json"
-        assert f.exists(), f"rank {r} wrote no result (exit {procs[r].returncode}):\n{outs[r]}"
-        results.append(json.loads(f.read_text()))
-    return results
+    args = [PYTHON, os.path.join(HERE, "open_worker.py"), str(path), str(out_dir), mode]
+    if fail_rank is not None:
+        args.append(str(fail_rank))
+    return _run_ranks(WORLD, args, out_dir, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -76,30 +76,15 @@ def test_is_distributed_gives_every_rank_every_tensor_read_once_across_the_ranks
     each gets every tensor with Run:ai's own distributed mode's names, dtypes,
     shapes and bytes; sluice reads each byte from storage once across the
     ranks, and divides the node's memory limit by the group's ranks on this host."""
-    import json
-    import socket
-    import subprocess
     import sys
-    from conftest import HERE
+    from conftest import HERE, run_ranks
     path, digests = small
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     world, limit = 2, 64 << 20
-    procs = []
-    for r in range(world):
-        env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_WORLD_SIZE", "LOCAL_RANK")}
-        env.update(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   RUNAI_STREAMER_DIST="1", RUNAI_STREAMER_MEMORY_LIMIT=str(limit), RUNAI_STREAMER_LOG_LEVEL="WARNING",
-                   RUNAI_STREAMER_DIST_BUFFER_MIN_BYTESIZE=str(8 << 20))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "compat_runai_worker.py"), path, str(tmp_path)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    res = []
-    for r in range(world):
-        f = tmp_path / f"rank-{r}.json"
-        assert f.exists(), f"rank {r} wrote no result (exit {procs[r].returncode}):\n{outs[r]}"
-        res.append(json.loads(f.read_text()))
+    # Without LOCAL_WORLD_SIZE / LOCAL_RANK: the share is counted from the group's hosts, as Run:ai counts it.
+    res = run_ranks(world, [sys.executable, os.path.join(HERE, "compat_runai_worker.py"), path, str(tmp_path)], tmp_path,
+                    env={"RUNAI_STREAMER_DIST": "1", "RUNAI_STREAMER_MEMORY_LIMIT": str(limit),
+                         "RUNAI_STREAMER_LOG_LEVEL": "WARNING", "RUNAI_STREAMER_DIST_BUFFER_MIN_BYTESIZE": str(8 << 20)},
+                    drop_env=("LOCAL_WORLD_SIZE", "LOCAL_RANK"), timeout=300)
     for r in res:
         assert "error" not in r, r["error"]
         assert r["distributed"]

@@ -7,40 +7,21 @@ starts a worker, so the test starts the processes itself with that environment.
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 
 import pytest
 
-from conftest import HERE, PYTHON, generate
+from conftest import HERE, PYTHON, free_port, generate, run_ranks as _run_ranks
 
 WORLD = 8
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(out_dir, path, digests_path, topology, offload, fail_rank=None):
-    port = free_port()
-    procs = []
-    for r in range(WORLD):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLUICE_COMM_TIMEOUT_MS="300000")
-        args = [PYTHON, os.path.join(HERE, "dist_worker.py"), path, digests_path, str(out_dir), topology, offload]
-        if fail_rank is not None:
-            args.append(str(fail_rank))
-        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-    results = []
-    for r in range(WORLD):
-        f = out_dir / f"rank-{r}.json"
-        assert f.exists(), f"rank {r} wrote no result (exit {procs[r].returncode}):\n{outs[r]}"
-        results.append(json.loads(f.read_text()))
-    return results
+    args = [PYTHON, os.path.join(HERE, "dist_worker.py"), path, digests_path, str(out_dir), topology, offload]
+    if fail_rank is not None:
+        args.append(str(fail_rank))
+    return _run_ranks(WORLD, args, out_dir, env={"SLUICE_COMM_TIMEOUT_MS": "300000"})
 
 
 @pytest.fixture(scope="module")
