@@ -130,6 +130,26 @@ std::vector<std::string> phases_seen(const std::string& phase) {
 }
 
 // Kills `victim` entering `phase`; checks every survivor's error.
+// The victim died by SIGKILL and every survivor exited `ok`; a survivor that
+// did not shows its log (rank<r>.txt in `out`) and what its code means.
+void check_survivors(const std::vector<int>& codes, std::size_t victim, const fs::path& out, const std::string& what,
+                     const std::string& codes_meaning) {
+  for (std::size_t r = 0; r < codes.size(); ++r) {
+    if (r == victim) {
+      CHECK(codes[r] == -SIGKILL);
+      continue;
+    }
+    std::ifstream f(out / fmt::format("rank{}.txt", r));
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    INFO("rank " << victim << " killed " << what << "; rank " << r << " (" << codes_meaning << "): " << text);
+    CHECK(codes[r] == ok);
+  }
+}
+
+constexpr const char* survivor_codes =
+    "20: not peer_lost, 21: names another rank, 22: names no phase or another, 23: after a quarter of the timeout, "
+    "24: no error";
+
 void kill_entering(const std::string& phase, std::size_t victim) {
   constexpr auto timeout = 300s;
   const auto base = sluice_test::fresh_dir("deadpeer-" + phase);
@@ -159,19 +179,7 @@ void kill_entering(const std::string& phase, std::size_t victim) {
     }
     return no_error;
   });
-  for (std::size_t r = 0; r < 4; ++r) {
-    if (r == victim) {
-      CHECK(codes[r] == -SIGKILL);
-      continue;
-    }
-    std::ifstream f(out / fmt::format("rank{}.txt", r));
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    INFO("rank " << victim << " killed entering " << phase << "; rank " << r
-                 << " (20: not peer_lost, 21: names another rank, 22: names no phase or another, 23: after a quarter of "
-                    "the timeout, 24: no error): "
-                 << text);
-    CHECK(codes[r] == ok);
-  }
+  check_survivors(codes, victim, out, "entering " + phase, survivor_codes);
   fs::remove_all(base);
 }
 
@@ -248,19 +256,8 @@ void kill_in_device_exchange(std::size_t victim) {
     }
     return no_error;
   });
-  for (std::size_t r = 0; r < 4; ++r) {
-    if (r == victim) {
-      CHECK(codes[r] == -SIGKILL);
-      continue;
-    }
-    std::ifstream f(out / fmt::format("rank{}.txt", r));
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    INFO("rank " << victim << " killed in its second device exchange; rank " << r
-                 << " (20: not peer_lost, 21: names another rank, 22: names no phase or another, 23: after a quarter of "
-                    "the timeout, 24: no error, 27: did not wait in the lane): "
-                 << text);
-    CHECK(codes[r] == ok);
-  }
+  check_survivors(codes, victim, out, "in its second device exchange",
+                  std::string(survivor_codes) + ", 27: did not wait in the lane");
   fs::remove_all(base);
 }
 
