@@ -50,6 +50,8 @@ import sys
 import tempfile
 import time
 
+from page_cache import drop_caches, warm  # bench/page_cache.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BUILD = os.environ.get("SLUICE_BUILD_DIR", os.path.join(ROOT, "build", "release"))
@@ -92,19 +94,6 @@ def proc_io(pid="self"):
 
 def files_of(ck):
     return sorted(os.path.join(ck, f) for f in os.listdir(ck) if f.endswith(".safetensors"))
-
-
-def warm(files):
-    for f in files:
-        with open(f, "rb", buffering=0) as fh:
-            while fh.read(64 << 20):
-                pass
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def free_port():

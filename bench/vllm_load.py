@@ -23,6 +23,9 @@ import subprocess
 import sys
 import time
 
+import page_cache  # bench/page_cache.py
+from page_cache import drop_caches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -69,16 +72,7 @@ def make_model(path, size):
 
 
 def warm(path):
-    for f in sorted(os.listdir(path)):
-        with open(os.path.join(path, f), "rb") as fh:
-            while fh.read(64 << 20):
-                pass
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+    page_cache.warm(os.path.join(path, f) for f in sorted(os.listdir(path)))
 
 
 def load_seconds(model, fmt, staging):
