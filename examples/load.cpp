@@ -45,7 +45,8 @@ using sluice_cli::human_bytes;
 struct options {
   std::string source;
   load_options load;
-  std::string select, index_file, json_out, contract_out, topology, offload = "none", overlap = "auto", uneven = "error";
+  std::string select, index_file, json_out, contract_out, topology, offload = "none", overlap = "auto", uneven = "error",
+              experts = "linear";
   std::optional<std::size_t> rank, world, local_rank, local_world;
   std::size_t connections_per_rank = 0;
   std::size_t connections = 0;  // 0: the S3 config's default
@@ -92,6 +93,10 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "an error naming it (default), or kept whole on every owner and listed in the summary")
       ->type_name("MODE");
   app.add_option("--offload", o.offload, "none | per-rank | shared-single | shared-cooperative (default none)")
+      ->type_name("MODE");
+  app.add_option("--expert-placement", o.experts,
+                 "linear | round_robin: with --topology, which EP rank holds routed expert e: blocks\n"
+                 "(e * EP / E, the default) or interleaved (e % EP), as vLLM's --expert-placement-strategy")
       ->type_name("MODE");
   app.add_option("--overlap", o.overlap,
                  "read the next window while this one's collective runs (default auto:\n"
@@ -238,6 +243,7 @@ int run_distributed(const options& o) {
   else throw config_error(fmt::format("--overlap '{}': expected auto, on or off", o.overlap));
   if (o.uneven == "keep-whole") dopt.plan.uneven_tp_keep_whole = true;
   else if (o.uneven != "error") throw config_error(fmt::format("--uneven '{}': expected error or keep-whole", o.uneven));
+  dopt.plan.experts = policy::parse_expert_placement(o.experts);
   open_options oo;
   if (!o.select.empty()) {
     auto re = std::make_shared<std::regex>(o.select);
@@ -346,6 +352,7 @@ int main(int argc, char** argv) try {
       const auto placement = plan_for(probed, o.topology, o.offload, [&] {
         distributed_options popt;
         popt.plan.uneven_tp_keep_whole = o.uneven == "keep-whole";
+        popt.plan.experts = policy::parse_expert_placement(o.experts);
         return popt;
       }());
       const manifest::layer_grouping layers;
@@ -359,6 +366,7 @@ int main(int argc, char** argv) try {
       }
       j["topology"] = o.topology;
       j["offload"] = o.offload;
+      j["expert_placement"] = placement.experts_placed == policy::expert_placement::round_robin ? "round_robin" : "linear";
     }
     if (!o.json_out.empty()) {
       std::ofstream f(o.json_out);

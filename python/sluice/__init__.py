@@ -266,7 +266,8 @@ class WeightIterator:
 
 def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto", on_exhausted="copy",
                  queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0,
-                 world=None, pp_stage_layers=None, pp_first_pattern=None, pp_last_pattern=None) -> WeightIterator:
+                 world=None, pp_stage_layers=None, pp_first_pattern=None, pp_last_pattern=None,
+                 expert_placement="linear") -> WeightIterator:
     """Streams the checkpoint's tensors as (name, torch.Tensor).
 
     staging: the staging budget (bytes or "4GiB"); memory stays within it.
@@ -288,6 +289,9 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       patterns of the layer-less tensors that go with the first stage only
       (default: embed_tokens) and the last only (default: the final norm and
       lm_head); "" puts them on every stage. See plan_owners.
+    expert_placement: which EP rank holds routed expert e: "linear" (default:
+      contiguous blocks, e * EP // E) or "round_robin" (e % EP), vLLM's two
+      `--expert-placement-strategy` values.
     """
     if not isinstance(ck, Checkpoint):
         ck = open(ck)
@@ -295,11 +299,11 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
     if topology is not None or store is not None or world is not None:
         from ._distributed import configure
         configure(o, topology, offload, store, timeout, world)
-    _pp_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern)
+    _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement)
     return WeightIterator(ck, o, progress)
 
 
-def _pp_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern):
+def _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement):
     if pp_stage_layers:
         layers = list(pp_stage_layers)
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
@@ -309,10 +313,11 @@ def _pp_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern):
         o.pp_first_pattern = str(pp_first_pattern)
     if pp_last_pattern is not None:
         o.pp_last_pattern = str(pp_last_pattern)
+    o.expert_placement = str(expert_placement)
 
 
 def plan_owners(ck, topology, offload="none", local_size=None, pp_stage_layers=None, pp_first_pattern=None,
-                pp_last_pattern=None) -> list:
+                pp_last_pattern=None, expert_placement="linear") -> list:
     """The tensors each rank of a distributed load would own, from sluice's
     plan alone (no process, no read): a list over the topology's ranks (in
     sluice's order: PP x DP x TP) of tensor names in file order. The plan is
@@ -324,7 +329,7 @@ def plan_owners(ck, topology, offload="none", local_size=None, pp_stage_layers=N
     o = _sluice.StreamOptions()
     o.topology, o.offload = topology, offload
     o.local_size = int(local_size) if local_size else 0
-    _pp_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern)
+    _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement)
     return _sluice.plan_owners(ck._core, o)
 
 

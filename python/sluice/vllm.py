@@ -148,19 +148,38 @@ def anchored(model) -> tuple:
     return any(_FIRST.search(n) for n in names), any(_LAST.search(n) for n in names)
 
 
-def placement(model_config, local, parallel=None, ranks=None, ck=None, stages=None):
+# EP rank of routed expert e in sluice's plan (policy::expert_placement), per vLLM strategy name.
+_SLUICE_PLACEMENT = {"linear": lambda e, ep, experts: e * ep // experts, "round_robin": lambda e, ep, experts: e % ep}
+
+
+def effective_placement(model, default):
+    """The expert placement the model's MoE layers were built with: vLLM's
+    layers fall back from round_robin to linear where they cannot route it
+    (models without expert groups, EPLB, some all-to-all backends), while its
+    parallel config still says round_robin. `default` where the model has no
+    such layer, or its layers disagree."""
+    found = {getattr(getattr(m, "expert_map_manager", None), "placement_strategy", None)
+             for m in model.modules()} - {None} if model is not None else set()
+    return found.pop() if len(found) == 1 else default
+
+
+def placement(model_config, local, parallel=None, ranks=None, ck=None, stages=None, strategy=None):
     """This rank's sluice world place and plan knobs under vLLM's parallel config:
-    {"rank", "size", "pp", "topology", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern", "notes"}.
+    {"rank", "size", "pp", "topology", "expert_placement", "pp_stage_layers", "pp_first_pattern",
+    "pp_last_pattern", "notes"}.
 
     Every rank of a PP stage is a sluice DP replica of the stage's dense
     weights (tp1: TP ranks get full tensors, which vLLM's weight_loaders
     narrow). With vLLM's expert parallelism on (EP weight filter, no EPLB,
-    linear placement) sluice's EP spans the stage (EP = DP x PCP x TP, vLLM's),
-    so a rank neither reads nor receives another rank's experts; the split is
-    checked against vLLM's `compute_local_expert_ids` for every EP rank first.
-    Round-robin placement: sluice's plan places experts in contiguous blocks
-    only (no expert->rank map), so experts are replicated and vLLM's loaders
-    drop the others' (said in the log). PP > 1: the stages own vLLM's layer
+    linear or round-robin placement) sluice's EP spans the stage (EP = DP x
+    PCP x TP, vLLM's) with the same placement, so a rank neither reads nor
+    receives another rank's experts; the split is checked against vLLM's
+    `compute_local_expert_ids` for every EP rank first. Where it differs (a
+    linear split of experts that EP does not divide: vLLM gives the first
+    ranks one more, sluice's blocks do not), experts are replicated and vLLM's
+    loaders drop the others' (said in the log). `strategy`: the placement the
+    model's MoE layers use (`effective_placement()`; default: the parallel
+    config's, which vLLM's layers may have overridden). PP > 1: the stages own vLLM's layer
     ranges (`get_pp_indices`); the embeddings go with the first stage and the
     final norm and lm_head with the last, or with every stage where another
     stage's model has them too (`stages`: {stage: anchored(its model)};
@@ -183,20 +202,22 @@ def placement(model_config, local, parallel=None, ranks=None, ck=None, stages=No
     stage = dp * pcp * tp
     notes = []
     ep = 1
+    strategy = strategy or parallel.expert_placement_strategy
     if local is not None:
         from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
         experts = model_config.get_num_experts()
-        if parallel.expert_placement_strategy != "linear":
-            notes.append(f"expert placement {parallel.expert_placement_strategy!r}: sluice's plan places experts in "
-                         "contiguous blocks only, so every rank receives every expert (read once) and vLLM's weight "
-                         "loaders keep their own")
-        elif all(compute_local_expert_ids(experts, stage, r) == {e for e in range(experts) if e * stage // experts == r}
-                 for r in range(stage)):
+        rule = _SLUICE_PLACEMENT.get(strategy)
+        if rule is None:
+            notes.append(f"expert placement {strategy!r} is not one sluice's plan has (linear, round_robin): every "
+                         "rank receives every expert (read once) and vLLM's weight loaders keep their own")
+        elif all(compute_local_expert_ids(experts, stage, r, placement=strategy) ==
+                 {e for e in range(experts) if rule(e, stage, experts) == r} for r in range(stage)):
             ep = stage
         else:
-            notes.append(f"vLLM's split of {experts} experts over EP={stage} is not sluice's (e * EP / E): every rank "
+            notes.append(f"vLLM's {strategy} split of {experts} experts over EP={stage} is not sluice's: every rank "
                          "receives every expert (read once) and vLLM's weight loaders keep their own")
-    out = {"rank": sluice_rank(*ranks, dp, pcp, tp), "size": pp * stage, "pp": pp, "notes": notes, "pp_stage_layers": [],
+    out = {"rank": sluice_rank(*ranks, dp, pcp, tp), "size": pp * stage, "pp": pp, "notes": notes,
+           "expert_placement": strategy if ep > 1 else "linear", "pp_stage_layers": [],
            "pp_first_pattern": None, "pp_last_pattern": None, "topology": f"tp1,dp{stage},ep{ep}" + (f",pp{pp}" if pp > 1 else "")}
     if pp > 1:
         layers = None
@@ -257,9 +278,10 @@ class SluiceModelLoader(_base_loader()):
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     @staticmethod
-    def _local_experts(model_config):
+    def _local_experts(model_config, model=None):
         """The routed experts this rank owns under vLLM's expert parallelism
-        (`compute_local_expert_ids`, its EP rank formula), or None when every
+        (`compute_local_expert_ids`, its EP rank formula, with the placement
+        the model's layers use: `effective_placement()`), or None when every
         rank needs every expert (no EP, or EPLB, whose redundant slots may hold
         any expert)."""
         if not getattr(model_config, "is_moe", False):
@@ -278,13 +300,14 @@ class SluiceModelLoader(_base_loader()):
         tp_rank = get_tensor_model_parallel_rank() if tp > 1 else 0
         pcp_rank = get_pcp_group().rank_in_group if pcp > 1 else 0
         ep_size, ep_rank = dp * pcp * tp, dp_rank * pcp * tp + pcp_rank * tp + tp_rank  # as FusedMoEParallelConfig
-        return compute_local_expert_ids(experts, ep_size, ep_rank, placement=pc.expert_placement_strategy)
+        return compute_local_expert_ids(experts, ep_size, ep_rank,
+                                        placement=effective_placement(model, pc.expert_placement_strategy))
 
     # ---- the loader API
     def get_all_weights(self, model_config, model):
         """(name, tensor) for every tensor this rank needs: what `load_weights`,
         `reload_weights(weights_path=...)` and sleep level 2 call."""
-        local = self._local_experts(model_config)
+        local = self._local_experts(model_config, model)
         if self._world() > 1:
             yield from self._distributed(model_config, local, model)
             return
@@ -307,7 +330,8 @@ class SluiceModelLoader(_base_loader()):
         from vllm.distributed import get_world_group
         from sluice._distributed import torch_world
         group = get_world_group()
-        place = placement(model_config, local)
+        strategy = effective_placement(model, None)
+        place = placement(model_config, local, strategy=strategy)
         stages = None
         if place["pp"] > 1:  # which stages' models hold the layer-less tensors: their own parameters say
             import torch.distributed as dist
@@ -328,8 +352,8 @@ class SluiceModelLoader(_base_loader()):
             log.info("sluice: %s", note)
         ck = self._open(model_config, world=world, store=store)
         if place["pp"] > 1:
-            place = placement(model_config, local, ck=ck, stages=stages)
-        options = {k: place[k] for k in ("pp_stage_layers", "pp_first_pattern", "pp_last_pattern")}
+            place = placement(model_config, local, ck=ck, stages=stages, strategy=strategy)
+        options = {k: place[k] for k in ("expert_placement", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern")}
         yield from self._stream(ck, {"topology": place["topology"], "offload": self.options["offload"],
                                      "store": store, "world": world, "plan": options})
 
@@ -397,7 +421,7 @@ class SluiceModelLoader(_base_loader()):
         straight into their parameters, and streams the rest through
         `model.load_weights` as usual. Returns the parameters loaded."""
         from sluice._direct import dry_run
-        ck = self._open(model_config, select=self._ep_filter(self._local_experts(model_config)))
+        ck = self._open(model_config, select=self._ep_filter(self._local_experts(model_config, model)))
         t0 = time.perf_counter()
         plan = dry_run(model, ck.tensors)
         dry = time.perf_counter() - t0

@@ -578,6 +578,7 @@ struct stream_options {
   // the layer-less tensors that go with the first / last stage (unset: the classifier's).
   std::vector<std::size_t> pp_stage_layers;
   std::optional<std::string> pp_first_pattern, pp_last_pattern;
+  std::string expert_placement = "linear";  // or "round_robin" (policy::parse_expert_placement)
 };
 
 // The plan and classifier knobs of a distributed stream (the stream's load and
@@ -586,6 +587,7 @@ distributed_options distributed_options_of(const stream_options& o) {
   distributed_options d;
   d.plan.local_size = o.local_size;
   d.plan.pp_stage_layers = o.pp_stage_layers;
+  d.plan.experts = policy::parse_expert_placement(o.expert_placement);
   if (o.pp_first_pattern) d.classify.first_pp_stage_pattern = *o.pp_first_pattern;
   if (o.pp_last_pattern) d.classify.last_pp_stage_pattern = *o.pp_last_pattern;
   return d;
@@ -1082,6 +1084,7 @@ PYBIND11_MODULE(_sluice, m) {
       .def_readwrite("pp_stage_layers", &stream_options::pp_stage_layers)
       .def_readwrite("pp_first_pattern", &stream_options::pp_first_pattern)
       .def_readwrite("pp_last_pattern", &stream_options::pp_last_pattern)
+      .def_readwrite("expert_placement", &stream_options::expert_placement)
       .def("set_store", [](stream_options& o, py::object store) {
         // A torch.distributed store (anything with set(key, bytes), get(key) -> bytes, wait(keys);
         // delete_key(key), where it has one, removes the rendezvous keys once the ranks have met).

@@ -180,6 +180,7 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   auto opt = small_options();
   opt.plan.local_size = n;
   opt.plan.split_bytes = dopt.plan.split_bytes;
+  opt.plan.experts = dopt.plan.experts;
   const auto plan = plan_for(ck, topology, offload, opt);
   const auto results = run_load(n, topology, offload, dopt, {}, {}, mode);
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0;
@@ -263,6 +264,21 @@ TEST_CASE("a one-rank distributed load equals the plain load", "[comm][distribut
 
 TEST_CASE("4 ranks, cooperative shared tables: each rank holds exactly its tensors, read once", "[comm][distributed]") {
   check_load(4, "tp1,dp4,ep4", "shared-cooperative");
+}
+
+TEST_CASE("4 ranks, round-robin experts: each rank holds and reads experts r, r + 4, ...", "[comm][distributed]") {
+  auto dopt = small_options();
+  dopt.plan.experts = policy::expert_placement::round_robin;
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", dopt);
+  auto ck = checkpoint::open(checkpoint_dir());
+  const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", dopt);
+  std::size_t experts = 0;
+  for (const auto& e : plan.entries)
+    if (e.info.cls == policy::tensor_class::routed_expert) {
+      ++experts;
+      REQUIRE(e.owners.members() == std::vector<policy::rank_t>{static_cast<policy::rank_t>(e.info.expert % 4)});
+    }
+  REQUIRE(experts > 0);
 }
 
 TEST_CASE("4 ranks, single-reader shared tables", "[comm][distributed]") {

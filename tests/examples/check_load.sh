@@ -48,6 +48,13 @@ assert p["bytes_read"] == 0 and sorted(by_rank) == ["0", "1", "2", "3"], p
 print("ok: probe under tp1,dp4,ep4 plans", sum(by_rank.values()), "bytes over readers", by_rank)
 PY
 
+# Round-robin expert placement: reported in the plan's JSON; an unknown placement is one error line naming it.
+"$load" "$ck" --probe --topology tp1,dp4,ep4 --expert-placement round_robin --json > "$work/rr.json"
+/usr/bin/python3 -c "import json,sys; p=json.load(open(sys.argv[1])); assert p['expert_placement']=='round_robin', p.get('expert_placement'); print('ok: probe under round_robin placement')" "$work/rr.json"
+if "$load" "$ck" --probe --topology tp1,dp4,ep4 --expert-placement random > /dev/null 2> "$work/err.txt"; then echo "FAIL: --expert-placement random accepted"; exit 1; fi
+[[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: expert placement 'random': expected linear or round_robin" "$work/err.txt" \
+  || { echo "FAIL: --expert-placement random error output:"; cat "$work/err.txt"; exit 1; }
+
 # A TP that does not divide the tensors it splits is an error naming them, or an explicit choice.
 if "$load" "$ck" --probe --topology tp5,dp1,ep1 > /dev/null 2> "$work/err.txt"; then echo "FAIL: tp5 planned silently"; exit 1; fi
 [[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: plan: TP=5 does not divide the split dimension of [0-9]* tensors* ('model\." "$work/err.txt" \

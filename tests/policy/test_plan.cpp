@@ -83,6 +83,43 @@ TEST_CASE("EP rank r owns the r-th contiguous block of E/EP experts and reads th
   REQUIRE(experts > 0);
 }
 
+TEST_CASE("round-robin placement: EP rank r owns experts r, r + EP, ... (vLLM's round_robin) and reads them itself",
+          "[policy][plan]") {
+  const auto tensors = deepseek_like();
+  plan_options o;
+  o.experts = expert_placement::round_robin;
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::none, o);
+  const auto linear = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::none);
+  REQUIRE(p.experts == 16);
+  std::size_t experts = 0, moved = 0;
+  for (std::size_t i = 0; i < p.entries.size(); ++i) {
+    const auto& e = p.entries[i];
+    if (e.info.cls != tensor_class::routed_expert) {
+      REQUIRE(e.owners == linear.entries[i].owners);
+      continue;
+    }
+    ++experts;
+    const auto owner = static_cast<rank_t>(e.info.expert % 4);
+    REQUIRE(e.owners.members() == std::vector<rank_t>{owner});
+    REQUIRE(p.reader(e.info) == owner);
+    REQUIRE_FALSE(e.reads.front().exchanged);
+    if (linear.entries[i].owners != e.owners) ++moved;
+  }
+  REQUIRE(experts > 0);
+  REQUIRE(moved > 0);  // not linear's blocks under another name
+  // Each rank still reads a quarter of the experts' bytes, and nothing is exchanged for them.
+  REQUIRE(std::accumulate(p.read_bytes.begin(), p.read_bytes.end(), std::uint64_t{0}) == total(tensors));
+  require_reads_tile(p);
+}
+
+TEST_CASE("expert placement names: vLLM's two, and a config error naming anything else", "[policy][plan]") {
+  REQUIRE(parse_expert_placement("linear") == expert_placement::linear);
+  REQUIRE(parse_expert_placement("round_robin") == expert_placement::round_robin);
+  REQUIRE(parse_expert_placement("round-robin") == expert_placement::round_robin);
+  REQUIRE_THROWS_MATCHES(parse_expert_placement("random"), config_error,
+                         Catch::Message("expert placement 'random': expected linear or round_robin"));
+}
+
 TEST_CASE("shared tables: one slice per local rank (cooperative) or one reader (single)", "[policy][plan][offload]") {
   const auto tensors = deepseek_like(64u << 20);
   const auto coop = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative);

@@ -27,6 +27,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -41,6 +42,20 @@
 #include <sluice/policy/topology.hpp>
 
 namespace sluice::inline v0::policy {
+
+/// Where routed experts go among a stage's EP ranks (vLLM's
+/// `--expert-placement-strategy`, whose two names parse_expert_placement takes).
+enum class expert_placement : std::uint8_t {
+  linear,       ///< contiguous blocks: expert e on EP rank e * EP / E
+  round_robin,  ///< interleaved: expert e on EP rank e % EP
+};
+
+/// "linear" or "round_robin" (also "round-robin"); config_error names anything else.
+[[nodiscard]] inline expert_placement parse_expert_placement(std::string_view s) {
+  if (s == "linear") return expert_placement::linear;
+  if (s == "round_robin" || s == "round-robin") return expert_placement::round_robin;
+  throw config_error(fmt::format("expert placement '{}': expected linear or round_robin", s));
+}
 
 /// Knobs of plan computation.
 struct plan_options {
@@ -58,6 +73,8 @@ struct plan_options {
   /// experts per layer nor EP a multiple of the other): some EP ranks then
   /// hold one expert more than others.
   bool uneven_experts = false;
+  /// Which EP rank holds each routed expert.
+  expert_placement experts = expert_placement::linear;
   /// TP > 1: a tensor the classifier would split (row- or column-sliced) whose
   /// dimension TP does not divide. false (the default): make_plan throws
   /// config_error naming every such tensor, before any read. true: each is
@@ -108,6 +125,7 @@ class load_plan {
   std::size_t tp = 1, dp = 1, ep = 1, pp = 1, world = 1, local_size = 1;
   offload_kind offload = offload_kind::none;
   std::uint64_t experts = 0;          ///< routed experts per layer (max index + 1)
+  expert_placement experts_placed = expert_placement::linear;  ///< plan_options::experts
   std::uint64_t layers = 0;           ///< PP > 1: layer indices (max index + 1), else 0
   /// PP > 1: the first layer of each stage, and one past the last stage's (pp + 1 values).
   std::vector<std::uint64_t> pp_stage_begin;
@@ -258,6 +276,7 @@ inline std::vector<std::uint64_t> pp_stage_bounds(std::uint64_t layers, std::siz
                                          const dynamic_topology& topo, offload_kind off, const plan_options& opt = {}) {
   load_plan p;
   p.tp = topo.tp(), p.dp = topo.dp(), p.ep = topo.ep(), p.pp = topo.pp(), p.world = topo.world_size(), p.offload = off;
+  p.experts_placed = opt.experts;
   p.local_size = opt.local_size ? opt.local_size : p.world;
   if (p.world % p.local_size)
     throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
@@ -327,7 +346,9 @@ inline std::vector<std::uint64_t> pp_stage_bounds(std::uint64_t layers, std::siz
     auto add_read = [&e](std::uint64_t at, std::uint64_t n) { e.reads.push_back({at, n, 0, false}); };
     switch (e.info.cls) {
       case tensor_class::routed_expert: {
-        const auto block = static_cast<std::size_t>(static_cast<std::uint64_t>(e.info.expert) * p.ep / p.experts);
+        const auto expert = static_cast<std::uint64_t>(e.info.expert);
+        const auto block = static_cast<std::size_t>(opt.experts == expert_placement::round_robin ? expert % p.ep
+                                                                                                 : expert * p.ep / p.experts);
         e.owners = rank_set(p.world);
         for (std::size_t k = 0; k < p.pp; ++k)
           if (e.stage < 0 || static_cast<std::size_t>(e.stage) == k)

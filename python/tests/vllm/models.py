@@ -1,7 +1,9 @@
 """Tiny random checkpoints written by the real HF library (`save_pretrained`,
-safetensors, sharded with an index): a dense Llama and a Qwen3-MoE with routed
-experts (`mlp.experts.N.*`). Shapes are the smallest vLLM's CPU kernels take
-(head_dim 64)."""
+safetensors, sharded with an index): a dense Llama, a Qwen3-MoE with routed
+experts (`mlp.experts.N.*`), and a DeepSeek-V3 with expert groups (the one
+kind of model on which vLLM keeps round-robin expert placement). Shapes are
+the smallest vLLM's CPU kernels take (head_dim 64)."""
+import json
 import os
 
 import torch
@@ -32,6 +34,28 @@ def moe(path, seed=0):
                          num_experts=4, num_experts_per_tok=2, max_position_embeddings=256, decoder_sparse_step=1,
                          mlp_only_layers=[], norm_topk_prob=True)
     return _save(Qwen3MoeForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+
+
+def deepseek(path, seed=0):
+    """DeepSeek-V3 (MLA, a shared expert, 4 routed experts in 2 groups) for
+    vLLM's loader layer: vLLM keeps round-robin placement only where there
+    are expert groups."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                           n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=0,
+                           q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64,
+                           max_position_embeddings=256)
+    _save(DeepseekV3ForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+    # vLLM reads the gate's e_score_correction_bias only with DeepSeek-V3's routing method,
+    # which transformers' config does not write.
+    with open(os.path.join(path, "config.json")) as f:
+        c = json.load(f)
+    c["topk_method"] = "noaux_tc"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    return path
 
 
 def tensor_bytes(path, skip=lambda name: False):

@@ -1,10 +1,16 @@
 """One rank of a 2-rank vLLM world over Gloo, at the loader layer (vLLM's own
 `initialize_model`, `init_distributed_environment`, `initialize_model_parallel`):
 for each MODEL:EP job, loads MODEL with vLLM's default loader and with sluice's
-(EP: expert parallelism on), and writes each parameter's SHA-256 for both, and
-sluice's stats, to OUT as {MODEL: {"safetensors", "sluice", "stats"}}.
+(EP: 1 turns expert parallelism on, with linear placement; rr with round-robin
+placement requested), and writes each parameter's SHA-256 for both, and
+sluice's stats, to OUT as {MODEL: {"safetensors", "sluice", "stats", "placement"}}.
 
     python ranks_worker.py OUT RANK WORLD PORT TP[xPP] MODEL:EP [MODEL:EP ...]
+
+A round-robin job loads through sluice first, and then through vLLM's default
+loader with the placement the model's MoE layers actually use ("placement":
+vLLM falls back to linear where it cannot route round-robin, while its parallel
+config, which its own EP weight filter reads, still says round_robin).
 
 (TP, or TPxPP for pipeline stages: "1x2" is PP = 2.) Each rank also writes
 its PP stage and the checkpoint names its stage's model loaded ("loaded").
@@ -39,11 +45,13 @@ def main():
     for job in sys.argv[6:]:
         model, ep = job.rsplit(":", 1)
         result[model] = {}
-        for fmt in ("safetensors", "sluice"):
+        strategy = "round_robin" if ep == "rr" else "linear"
+        for fmt in ("sluice", "safetensors") if ep == "rr" else ("safetensors", "sluice"):
             extra = {"staging": "8MiB", "max_read": "256KiB"} if fmt == "sluice" else {}
             cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, pipeline_parallel_size=pp,
                              data_parallel_size=world // (tp * pp),
-                             enable_expert_parallel=ep == "1", dtype="bfloat16", enforce_eager=True,
+                             enable_expert_parallel=ep != "0", expert_placement_strategy=strategy,
+                             dtype="bfloat16", enforce_eager=True,
                              max_model_len=128, skip_tokenizer_init=True,
                              model_loader_extra_config=extra).create_engine_config()
             with set_current_vllm_config(cfg):
@@ -56,6 +64,8 @@ def main():
                 m = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
                 result[model][fmt] = digests(m)
                 if fmt == "sluice":
+                    import sluice.vllm
+                    strategy = result[model]["placement"] = sluice.vllm.effective_placement(m, None)
                     result[model]["stats"] = loader.last_stats
                     from vllm.distributed import get_pp_group
                     result[model]["stage"] = get_pp_group().rank_in_group

@@ -87,9 +87,10 @@ def test_a_stage_split_that_does_not_match_the_checkpoint_fails_naming_the_numbe
 
 
 @pytest.mark.parametrize("strategy", ["linear", "round_robin"])
-def test_round_robin_expert_placement_falls_back_to_replicated_experts_and_says_so(stages, strategy):
+def test_each_expert_placement_spans_ep_over_the_stage_and_sluices_plan_gives_each_rank_vllms_experts(stages,
+                                                                                                     strategy):
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids, parse_expert_id
     path, _ = stages["moe"]
     cfg = EngineArgs(model=path, load_format="dummy", tensor_parallel_size=2, enable_expert_parallel=True,
                      expert_placement_strategy=strategy, dtype="bfloat16", enforce_eager=True, max_model_len=128,
@@ -97,8 +98,24 @@ def test_round_robin_expert_placement_falls_back_to_replicated_experts_and_says_
     local = compute_local_expert_ids(4, 2, 1, placement=strategy)
     place = sluice.vllm.placement(cfg.model_config, local, parallel=cfg.parallel_config, ranks=(0, 0, 0, 1))
     assert place["rank"] == 1
-    if strategy == "linear":  # sluice's blocks are vLLM's: EP spans the world
-        assert place["topology"] == "tp1,dp2,ep2" and not place["notes"]
-    else:  # sluice's plan has no expert->rank map: every rank receives every expert, and the log says why
-        assert place["topology"] == "tp1,dp2,ep1"
-        assert len(place["notes"]) == 1 and "'round_robin'" in place["notes"][0], place["notes"]
+    assert place["topology"] == "tp1,dp2,ep2" and not place["notes"], place["notes"]
+    assert place["expert_placement"] == strategy
+    owners = sluice.plan_owners(path, place["topology"], expert_placement=place["expert_placement"])
+    for r in range(2):
+        experts = {parse_expert_id(n) for n in owners[r]} - {None}
+        assert experts == compute_local_expert_ids(4, 2, r, placement=strategy), (r, strategy)
+    # The model's layers override the config (vLLM's round-robin fallback): placement() takes theirs.
+    place = sluice.vllm.placement(cfg.model_config, local, parallel=cfg.parallel_config, ranks=(0, 0, 0, 1),
+                                  strategy="linear")
+    assert place["expert_placement"] == "linear"
+    # A placement sluice's plan does not have: experts replicated, and the log says why.
+    place = sluice.vllm.placement(cfg.model_config, local, parallel=cfg.parallel_config, ranks=(0, 0, 0, 1),
+                                  strategy="random")
+    assert place["topology"] == "tp1,dp2,ep1" and place["expert_placement"] == "linear"
+    assert len(place["notes"]) == 1 and "'random'" in place["notes"][0], place["notes"]
+
+
+def test_an_unknown_expert_placement_is_a_config_error_naming_it(stages):
+    path, _ = stages["moe"]
+    with pytest.raises(sluice.ConfigError, match="expert placement 'random': expected linear or round_robin"):
+        sluice.plan_owners(path, "tp1,dp2,ep2", expert_placement="random")

@@ -6,6 +6,11 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
 - TP2 with expert parallelism (EP = 2) on the MoE model: the same equality, and
   each rank reads and receives only its own experts' weights, beside every
   replicated tensor.
+- Round-robin expert placement requested (EP = 2): on a DeepSeek-V3 with
+  expert groups vLLM keeps it, and each rank gets the experts r, r + 2, ...;
+  on the Qwen3-MoE vLLM's layers fall back to linear, and sluice follows the
+  layers, not the config. Parameters equal vLLM's default load under the
+  placement its layers use.
 - PP2 on both models: the same equality, and each rank reads and receives only
   its stage's layers and the layer-less tensors its stage's model has (vLLM's
   Llama: the embeddings on the first stage, the final norm and lm_head on the
@@ -58,12 +63,20 @@ def paths(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(paths):
-    """Both models loaded by two ranks (TP2; the MoE with expert parallelism):
-    ({model: per-rank results}, the ranks' logs, the two paths)."""
+def round_robin_paths(paths):
+    """The DeepSeek-V3 (expert groups: vLLM keeps round-robin) and a second copy of the Qwen3-MoE (no
+    groups: vLLM's layers fall back to linear), for the round-robin jobs of the same two ranks."""
+    _, _, d = paths
+    return models.deepseek(str(d / "deepseek")), models.moe(str(d / "moe-rr"))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(paths, round_robin_paths):
+    """The models loaded by two ranks (TP2; the MoE with expert parallelism, linear; the round-robin
+    jobs with round-robin placement requested): ({model: per-rank results}, the ranks' logs, moe, dense)."""
     moe, dense, d = paths
-    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0"])
-    return {m: [r[m] for r in results] for m in (moe, dense)}, logs, moe, dense
+    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0", *(f"{m}:rr" for m in round_robin_paths)])
+    return {m: [r[m] for r in results] for m in (moe, dense, *round_robin_paths)}, logs, moe, dense
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +109,27 @@ def test_ep2_moe_each_rank_reads_and_receives_only_its_own_experts(two_ranks):
     total = models.tensor_bytes(path)
     for rank, r in enumerate(ranks):
         mine = compute_local_expert_ids(4, 2, rank)
+        others = models.tensor_bytes(path, skip=lambda n: parse_expert_id(n) is None or parse_expert_id(n) in mine)
+        assert others > 0
+        assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == total - others, rank
+    assert sum(r["stats"]["bytes_read"] for r in ranks) == total
+
+
+@pytest.mark.parametrize("model, placement", [("deepseek", "round_robin"), ("moe-rr", "linear")])
+def test_round_robin_ep2_each_rank_reads_and_receives_only_the_experts_its_layers_hold(two_ranks, round_robin_paths,
+                                                                                      model, placement):
+    """Round-robin requested: sluice follows the placement vLLM's MoE layers were built with (round-robin
+    where the model has expert groups, linear where vLLM falls back), and each rank gets exactly those
+    experts, with every parameter equal to vLLM's default load under that placement."""
+    by_model = two_ranks[0]
+    path = dict(zip(("deepseek", "moe-rr"), round_robin_paths))[model]
+    ranks = by_model[path]
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids, parse_expert_id
+    total = models.tensor_bytes(path)
+    for rank, r in enumerate(ranks):
+        assert r["placement"] == placement, rank
+        assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
+        mine = compute_local_expert_ids(4, 2, rank, placement=placement)
         others = models.tensor_bytes(path, skip=lambda n: parse_expert_id(n) is None or parse_expert_id(n) in mine)
         assert others > 0
         assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == total - others, rank
