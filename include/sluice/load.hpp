@@ -74,6 +74,9 @@ struct load_options {
   bool register_buffers = false;
   std::stop_token stop;                                 ///< request a stop from any thread
   load_progress* progress = nullptr;                    ///< updated as tensors are placed
+  /// A gate fetch asks before each read (stages/admission.hpp): how a
+  /// tensor_stream keeps the load within its budget ahead of the consumer.
+  admission* admit = nullptr;
 };
 
 /// What a load did.
@@ -157,7 +160,7 @@ template <source Source, sink Sink>
     opt.progress->total_bytes = ck.tensor_bytes();
     opt.progress->total_tensors = ck.tensors().size();
   }
-  auto fetcher = fetch<Source>(src, pool, {opt.queue_depth});
+  auto fetcher = fetch<Source>(src, pool, {opt.queue_depth, opt.admit});
   auto placer = place<Sink>(s);
   const auto& fetch_counters = fetcher.counters();
   const auto& place_counters = placer.counters();

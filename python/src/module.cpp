@@ -28,6 +28,8 @@
 
 #include <sluice/core/size.hpp>
 #include <sluice/load_file.hpp>
+#include <sluice/memory_cache.hpp>
+#include <sluice/tensor_stream.hpp>
 #include <sluice/manifest/contract.hpp>
 #include <sluice/manifest/reload.hpp>
 #include <sluice/policy/classify.hpp>
@@ -41,166 +43,10 @@
 #include <sluice/cuda/error.hpp>
 #endif
 
-#include <sys/mman.h>
-
 namespace py = pybind11;
 using namespace std::chrono_literals;
 
 namespace sluice_py {
-
-// ---- memory kept between loads ---------------------------------------------
-//
-// Fresh pages cost a first touch on every load (0.4-1.4 GB/s on the machines
-// measured; bench/README.md), while sluice-load reuses its staging slots. An
-// engine that reloads weights calls iter_weights again and again, so the
-// package keeps, between loads, the last idle staging pool and the buffers of
-// large tensors the caller has dropped (exact sizes: a reload asks for the
-// same ones), up to the staging budget in all. sluice.release_memory() gives
-// them back.
-
-struct memory_cache {
-  std::mutex mu;
-  std::shared_ptr<staging_pool> idle_pool;            // every slot free when put here
-  std::multimap<std::size_t, void*> idle_buffers;     // by size
-  std::size_t idle_bytes = 0, cap = 0;
-  std::uint64_t reused_pools = 0, reused_buffers = 0;
-
-  std::shared_ptr<staging_pool> pool(const staging_options& o) {
-    {
-      std::lock_guard g(mu);
-      if (idle_pool && idle_pool->slot_size() == (std::max<std::size_t>(o.slot_size, 4096) + 4095) / 4096 * 4096 &&
-          idle_pool->slot_count() == o.budget / idle_pool->slot_size() && idle_pool->free_count() == idle_pool->slot_count()) {
-        ++reused_pools;
-        return std::exchange(idle_pool, nullptr);
-      }
-    }
-    return std::make_shared<staging_pool>(o);
-  }
-  void put_pool(std::shared_ptr<staging_pool> p) {
-    std::lock_guard g(mu);
-    idle_pool = std::move(p);  // the previous idle one (if any) goes
-  }
-  lease buffer(std::size_t n, std::size_t budget) {
-    void* p = nullptr;
-    {
-      std::lock_guard g(mu);
-      cap = std::max(cap, budget);
-      if (auto it = idle_buffers.find(n); it != idle_buffers.end()) {
-        p = it->second;
-        idle_buffers.erase(it);
-        idle_bytes -= n;
-        ++reused_buffers;
-      }
-    }
-    if (!p) {
-      // 2 MiB-aligned and advised for transparent huge pages, as the staging
-      // pool is: first touch then faults 2 MiB at a time, not 4 KiB.
-      constexpr std::size_t huge = std::size_t{2} << 20;
-      const std::size_t align = n >= huge ? huge : 4096;
-      const std::size_t bytes = (n + align - 1) / align * align;
-      p = std::aligned_alloc(align, bytes);
-      if (!p) throw resource_error(fmt::format("cannot allocate {} bytes for a tensor", n));
-      if (align == huge) ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint
-    }
-    return lease(std::shared_ptr<void>(p, [this, n](void* q) noexcept { give_back(q, n); }), {static_cast<std::byte*>(p), n});
-  }
-  void give_back(void* p, std::size_t n) noexcept {
-    {
-      std::lock_guard g(mu);
-      if (idle_bytes + n <= cap) {
-        idle_buffers.emplace(n, p);
-        idle_bytes += n;
-        return;
-      }
-    }
-    std::free(p);
-  }
-  void release() {
-    std::multimap<std::size_t, void*> buffers;
-    std::shared_ptr<staging_pool> pool;
-    {
-      std::lock_guard g(mu);
-      buffers.swap(idle_buffers);
-      pool.swap(idle_pool);
-      idle_bytes = 0;
-    }
-    for (auto& [n, p] : buffers) std::free(p);
-  }
-};
-// Never destroyed: tensors may release their buffers during interpreter exit.
-memory_cache& cache() {
-  static auto* c = new memory_cache;
-  return *c;
-}
-
-// ---- the sink of a stream ---------------------------------------------------
-
-std::span<std::byte> queue_sink::direct_destination(const tensor_ref& t) {
-  if (!st_->pool || t.size <= st_->pool->slot_size() - 2 * 4096) return {};
-  auto l = cache().buffer(static_cast<std::size_t>(t.size), st_->pool->slot_count() * st_->pool->slot_size());
-  const auto bytes = l.bytes();
-  std::lock_guard g(mu_);
-  direct_[&t] = {std::move(l), 0};
-  return bytes;
-}
-
-bool queue_sink::accept(tensor_view v) {
-  auto& st = *st_;
-  int slot = -1;
-  if (v.kind == view_kind::placed) {  // read into its own memory (direct_destination), maybe in several reads
-    std::lock_guard g(mu_);
-    auto it = direct_.find(v.tensor);
-    if (it == direct_.end()) throw usage_error("a placed view without its destination", {"", v.name()});
-    it->second.filled += v.bytes.size();
-    if (it->second.filled < v.tensor->size) return true;  // the tensor goes to Python once all of it is there
-    v.hold = std::move(it->second.hold);
-    v.bytes = v.hold.bytes();
-    v.offset = 0;
-    v.kind = view_kind::bytes;
-    direct_.erase(it);
-  }
-  std::unique_lock l(st.mu);
-  if (st.pool && v.kind == view_kind::bytes) slot = st.pool->slot_index(v.bytes.data());
-  if (slot >= 0 && st.pins[static_cast<std::size_t>(slot)] == 0 && st.pinned_slots + 1 > st.pin_limit) {
-    // The caller holds tensors in so many slots that the pipeline would run
-    // out of slots to read into and wait forever: copy this one out, or say so.
-    if (st.exhausted == on_exhausted::raise)
-      throw resource_error(fmt::format(
-          "staging budget of {} bytes ({} slots of {} bytes) exhausted: the tensors still held pin {} slots and the "
-          "load needs {} free to go on; drop tensors sooner, raise staging=, or pass on_exhausted='copy'",
-          st.pool->slot_count() * st.pool->slot_size(), st.pool->slot_count(), st.pool->slot_size(), st.pinned_slots,
-          st.pool->slot_count() - st.pin_limit),
-          {"", v.name()});
-    l.unlock();
-    auto owned = lease::allocate(v.bytes.size(), 64);
-    if (!v.bytes.empty()) std::memcpy(owned.bytes().data(), v.bytes.data(), v.bytes.size());
-    v.bytes = owned.bytes();
-    v.hold = std::move(owned);
-    slot = -1;
-    l.lock();
-    st.copied += 1;
-    st.copied_bytes += v.bytes.size();
-  }
-  if (slot >= 0 && st.pins[static_cast<std::size_t>(slot)]++ == 0) ++st.pinned_slots;
-  const auto unpin_here = [&] {
-    if (slot >= 0 && --st.pins[static_cast<std::size_t>(slot)] == 0) --st.pinned_slots;
-  };
-  st.changed.wait(l, [&] {
-    return st.queue.size() < st.capacity || st.stop.stop_requested() || st.consumer_error;
-  });
-  if (st.consumer_error) {
-    unpin_here();
-    std::rethrow_exception(st.consumer_error);
-  }
-  if (st.stop.stop_requested()) {
-    unpin_here();
-    throw cancelled_error();
-  }
-  st.queue.push_back(std::move(v));
-  st.queue_slots.push_back(slot);
-  st.changed.notify_all();
-  return true;
-}
 
 namespace {
 
@@ -369,15 +215,15 @@ struct py_checkpoint {
   bool is_s3() const { return s3; }
 };
 
-struct stream_options;
-comm::rank_info rank_info_of(const stream_options& o);
+struct py_stream_options;
+comm::rank_info rank_info_of(const py_stream_options& o);
 
 // `who`: None, or the StreamOptions of a distributed load (rank, world, local
 // ranks, store, timeout) whose ranks open the checkpoint together: rank 0
 // reads the metadata and the others replay it (open_collective).
 py_checkpoint open_checkpoint(const std::string& where, py::object select_regex, py::object select_fn,
                               const std::vector<std::pair<std::string, std::string>>& rename, const std::string& index,
-                              const stream_options* who) {
+                              const py_stream_options* who) {
   open_options opt;
   if (!index.empty()) opt.index = index;
   for (const auto& [from, to] : rename) opt.rename.push_back({from, to});
@@ -485,14 +331,9 @@ DLDataType dl_type(format::dtype t) {
 
 struct dl_holder {
   DLManagedTensor managed{};
+  stream_tensor owner;  // a stream's tensor: its slot pin and budget, released after `hold` (declared after it)
   lease hold;
   std::vector<std::int64_t> shape;
-  std::shared_ptr<stream_state> state;  // to unpin `slot` when torch frees the tensor
-  int slot = -1;
-  ~dl_holder() {
-    hold.reset();  // the slot returns to the pool (if this was its last lease)
-    if (state) state->unpin(slot);
-  }
 };
 
 void dl_delete(DLManagedTensor* m) { delete static_cast<dl_holder*>(m->manager_ctx); }
@@ -507,11 +348,10 @@ alignas(64) std::byte empty_bytes[64];
 
 // A capsule over `bytes` (kept alive by `hold`) with `shape` (the part's shape).
 py::capsule make_capsule(std::span<const std::byte> bytes, lease hold, format::dtype type,
-                         const std::vector<std::uint64_t>& shape, std::shared_ptr<stream_state> state = {}, int slot = -1) {
+                         const std::vector<std::uint64_t>& shape, stream_tensor owner = {}) {
   auto h = std::make_unique<dl_holder>();
   h->hold = std::move(hold);
-  h->state = std::move(state);
-  h->slot = slot;
+  h->owner = std::move(owner);
   const auto bits = format::bits(type);
   if (bits % 8 != 0) {
     h->shape = {static_cast<std::int64_t>(bytes.size())};  // packed sub-byte elements: the bytes
@@ -548,19 +388,19 @@ const char* kind_name(view_kind k) {
 }
 
 // (name, capsule or None, dtype, part shape, kind, (dim, index, count) or None, source name)
-py::tuple view_tuple(tensor_view v, std::shared_ptr<stream_state> state = {}, int slot = -1) {
+py::tuple view_tuple(tensor_view v, stream_tensor owner = {}) {
   if (v.kind == view_kind::device) throw config_error("a device view reached the host package", {"", v.name()});
   py::object part = v.is_part() ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count)) : py::none();
   const auto shape = v.part_shape();
   py::object cap = py::none();
-  if (v.carries_data()) cap = make_capsule(v.bytes, std::move(v.hold), v.dtype(), shape, std::move(state), slot);
+  if (v.carries_data()) cap = make_capsule(v.bytes, std::move(v.hold), v.dtype(), shape, std::move(owner));
   return py::make_tuple(v.name(), cap, std::string(format::name(v.dtype())), shape, kind_name(v.kind), part,
                         v.tensor->source_name);
 }
 
 // ---- streams: iter_weights ----------------------------------------------------------------------
 
-struct stream_options {
+struct py_stream_options {
   std::size_t staging = std::size_t{4} << 30;
   std::uint64_t max_read = std::uint64_t{32} << 20;
   unsigned queue_depth = 4;
@@ -583,7 +423,7 @@ struct stream_options {
 
 // The plan and classifier knobs of a distributed stream (the stream's load and
 // sluice.plan_owners build them here alike).
-distributed_options distributed_options_of(const stream_options& o) {
+distributed_options distributed_options_of(const py_stream_options& o) {
   distributed_options d;
   d.plan.local_size = o.local_size;
   d.plan.pp_stage_layers = o.pp_stage_layers;
@@ -593,7 +433,7 @@ distributed_options distributed_options_of(const stream_options& o) {
   return d;
 }
 
-comm::rank_info rank_info_of(const stream_options& o) {
+comm::rank_info rank_info_of(const py_stream_options& o) {
   comm::rank_info who;
   who.rank = o.rank;
   who.world_size = o.world_size;
@@ -606,7 +446,7 @@ comm::rank_info rank_info_of(const stream_options& o) {
   return who;
 }
 
-load_options make_load_options(const stream_options& o) {
+load_options make_load_options(const py_stream_options& o) {
   load_options l;
   l.staging_budget = o.staging;
   l.max_read = o.max_read;
@@ -640,74 +480,49 @@ py::object to_py(const nlohmann::json& j) {
   return (*loads)(j.dump());
 }
 
+// The Python face of a tensor_stream (sluice/tensor_stream.hpp: the queue,
+// the slot pins, the budget and the memory cache are the library's). next()
+// waits with the GIL released, waking every 50 ms for Python's signals.
 class stream {
  public:
-  stream(py_checkpoint ck, stream_options o) : ck_(std::move(ck)), opt_(std::move(o)), st_(std::make_shared<stream_state>()) {
-    st_->capacity = std::max<std::size_t>(1, opt_.queue);
-    if (opt_.exhausted == "raise") st_->exhausted = on_exhausted::raise;
+  stream(py_checkpoint ck, py_stream_options o) : ck_(std::move(ck)), opt_(std::move(o)) {
+    sluice::stream_options so;
+    so.queue = std::max<std::size_t>(1, opt_.queue);
+    if (opt_.exhausted == "raise") so.exhausted = on_exhausted::raise;
     else if (opt_.exhausted != "copy")
       throw config_error(fmt::format("on_exhausted='{}': expected 'copy' or 'raise'", opt_.exhausted));
     lopt_ = make_load_options(opt_);
+    so.load = lopt_;
     distributed_ = opt_.world_size > 1 || !opt_.topology.empty();
     if (!distributed_) {
-      pool_ = cache().pool(staging_options{.budget = lopt_.staging_budget, .slot_size = slot_size_for(lopt_.max_read)});
-      st_->pool = pool_.get();
-      st_->pins.assign(pool_->slot_count(), 0);
-      const std::size_t reserve = std::clamp<std::size_t>(lopt_.queue_depth, 1, pool_->slot_count());
-      st_->pin_limit = pool_->slot_count() - reserve;
+      s_ = std::make_unique<tensor_stream>(ck_.ck, std::move(so));
+    } else {
+      s_ = std::make_unique<tensor_stream>([this](any_sink sink, const load_options& l) { distributed_body(sink, l); },
+                                           std::move(so));
     }
   }
   ~stream() {
-    st_->stop.request_stop();
-    {
-      std::lock_guard g(st_->mu);
-      st_->changed.notify_all();
-    }
-    if (thread_.joinable()) {
-      py::gil_scoped_release nogil;
-      thread_.join();
-    }
-    st_->queue.clear();  // their slots are unpinned with the state
-    if (pool_) cache().put_pool(std::move(pool_));  // the next load reuses it once every slot is free
+    py::gil_scoped_release nogil;  // a distributed load's store calls take the GIL
+    s_.reset();                    // stops the load and waits for it
   }
 
-  void start() {
-    if (thread_.joinable() || finished_) throw usage_error("this stream was already started");
-    lopt_.stop = st_->stop.get_token();
-    lopt_.progress = &progress_;
-    cpu0_ = cpu_seconds();
-    thread_ = std::thread([this] { body(); });
-  }
+  void start() { s_->start(); }
 
   // The next tensor tuple, or None at the end. Raises the load's error, or
   // KeyboardInterrupt (after stopping the load).
   py::object next() {
     for (;;) {
-      std::optional<tensor_view> v;
-      int slot = -1;
-      bool ended = false;
+      stream_tensor t;
+      pull_status r;
       {
         py::gil_scoped_release nogil;
-        std::unique_lock l(st_->mu);
-        st_->changed.wait_for(l, 50ms, [&] { return !st_->queue.empty() || st_->done; });
-        if (!st_->queue.empty()) {
-          v.emplace(std::move(st_->queue.front()));
-          slot = st_->queue_slots.front();
-          st_->queue.pop_front();
-          st_->queue_slots.pop_front();
-          st_->changed.notify_all();
-        } else if (st_->done) {
-          ended = true;
-          l.unlock();
-          if (thread_.joinable()) thread_.join();
-        }
+        r = s_->next(50ms, t);
       }
-      if (v) return view_tuple(std::move(*v), st_, slot);  // the capsule's deleter unpins `slot`
-      if (ended) {
-        finished_ = true;
-        if (st_->error) std::rethrow_exception(st_->error);
-        return py::none();
+      if (r == pull_status::tensor) {
+        tensor_view v = std::move(t.view);  // the capsule's deleter releases `t` (the pin, the budget) after the bytes
+        return view_tuple(std::move(v), std::move(t));
       }
+      if (r == pull_status::end) return py::none();
       if (PyErr_CheckSignals() != 0) {
         py::error_already_set interrupted;
         stop();
@@ -719,109 +534,71 @@ class stream {
   // Stops the load and waits for it (every slot returned except those the
   // caller's tensors still hold).
   void stop() {
-    st_->stop.request_stop();
-    {
-      std::lock_guard g(st_->mu);
-      st_->changed.notify_all();
-    }
-    if (thread_.joinable()) {
-      py::gil_scoped_release nogil;
-      thread_.join();
-    }
-    std::lock_guard g(st_->mu);
-    while (!st_->queue.empty()) {
-      const int slot = st_->queue_slots.front();
-      st_->queue.pop_front();
-      st_->queue_slots.pop_front();
-      if (slot >= 0 && --st_->pins[static_cast<std::size_t>(slot)] == 0) --st_->pinned_slots;
-    }
-    finished_ = true;
+    py::gil_scoped_release nogil;
+    s_->stop();
   }
 
   // The consumer failed: the load thread's next sink call throws `message`
   // (a distributed load then makes every rank raise, naming this one).
   void fail(const std::string& message) {
-    {
-      std::lock_guard g(st_->mu);
-      if (!st_->consumer_error)
-        st_->consumer_error = std::make_exception_ptr(usage_error(fmt::format("the caller failed: {}", message)));
-      st_->changed.notify_all();
-    }
-    if (thread_.joinable()) {
-      py::gil_scoped_release nogil;
-      thread_.join();
-    }
-    finished_ = true;
+    py::gil_scoped_release nogil;
+    s_->fail(std::make_exception_ptr(usage_error(fmt::format("the caller failed: {}", message))));
   }
 
   py::object stats() const {
-    std::lock_guard g(st_->mu);
-    if (!st_->done) return py::none();
-    auto j = stats_;
-    j["copied_out"] = st_->copied;
-    j["copied_out_bytes"] = st_->copied_bytes;
+    if (!s_->done()) return py::none();
+    const auto st = s_->stats();
+    nlohmann::json j;
+    if (distributed_) {
+      std::lock_guard g(mu_);
+      j = distributed_stats_;
+    } else {
+      j = local_stats(*ck_.ck, st.load, lopt_, s_->cpu_seconds());
+      j["stream"] = {{"slot_size", st.plan.slot_size}, {"pool_bytes", st.plan.pool_bytes}, {"own_bytes", st.plan.own_bytes},
+                     {"own_min", st.plan.own_min}, {"read_alone", st.read_alone}, {"peak_ahead_bytes", st.peak_ahead_bytes},
+                     {"peak_own_bytes", st.peak_own_bytes}, {"gate_waits", st.gate_waits}};
+    }
+    j["copied_out"] = st.copied_out;
+    j["copied_out_bytes"] = st.copied_out_bytes;
+    j["own_tensors"] = st.own_tensors;
+    j["own_tensor_bytes"] = st.own_tensor_bytes;
     return to_py(j);
   }
   py::tuple progress() const {
-    return py::make_tuple(progress_.bytes_done.load(), progress_.total_bytes.load(), progress_.tensors_done.load(),
-                          progress_.total_tensors.load());
+    const auto& p = s_->progress();
+    return py::make_tuple(p.bytes_done.load(), p.total_bytes.load(), p.tensors_done.load(), p.total_tensors.load());
   }
   py::tuple staging_region() const {
-    if (!pool_) return py::make_tuple(0, 0, 0);
-    const auto r = pool_->region();
-    return py::make_tuple(reinterpret_cast<std::uintptr_t>(r.data()), r.size(), pool_->slot_size());
+    const auto* pool = s_->pool();
+    if (!pool) return py::make_tuple(0, 0, 0);
+    const auto r = pool->region();
+    return py::make_tuple(reinterpret_cast<std::uintptr_t>(r.data()), r.size(), pool->slot_size());
   }
   py::tuple slots() const {
-    std::lock_guard g(st_->mu);
-    return py::make_tuple(pool_ ? pool_->slot_count() : 0, pool_ ? pool_->free_count() : 0, st_->pinned_slots);
+    const auto* pool = s_->pool();
+    return py::make_tuple(pool ? pool->slot_count() : 0, pool ? pool->free_count() : 0, s_->pinned_slots());
   }
 
  private:
-  void body() {
-    nlohmann::json j;
-    std::exception_ptr failure;
-    try {
-      queue_sink qs(st_);
-      if (distributed_) {
-        distributed_request req;
-        req.topology = opt_.topology.empty() ? fmt::format("tp1,dp{}", opt_.world_size) : opt_.topology;
-        req.offload = opt_.offload;
-        req.who.rank = opt_.rank;
-        req.who.world_size = opt_.world_size;
-        req.who.local_rank = opt_.local_rank;
-        req.who.local_size = opt_.local_size;
-        req.who.timeout = std::chrono::milliseconds(opt_.timeout_ms);
-        req.who.kv = opt_.kv;
-        req.who.kv_prefix = opt_.kv_prefix;
-        if (const char* h = std::getenv("SLUICE_GLOO_HOST"); h && *h) req.who.hostname = h;
-        auto d = distributed_options_of(opt_);
-        d.load = lopt_;
-        j = run_distributed(*ck_.ck, req, qs, d);
-      } else {
-        const auto st = run_local(ck_, qs, *pool_, lopt_);
-        j = local_stats(*ck_.ck, st, lopt_, cpu_seconds() - cpu0_);
-      }
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    std::lock_guard g(st_->mu);
-    stats_ = std::move(j);
-    st_->error = failure;
-    st_->done = true;
-    st_->changed.notify_all();
+  void distributed_body(any_sink sink, const load_options& l) {
+    distributed_request req;
+    req.topology = opt_.topology.empty() ? fmt::format("tp1,dp{}", opt_.world_size) : opt_.topology;
+    req.offload = opt_.offload;
+    req.who = rank_info_of(opt_);
+    auto d = distributed_options_of(opt_);
+    d.load = l;
+    auto j = run_distributed(*ck_.ck, req, sink, d);
+    std::lock_guard g(mu_);
+    distributed_stats_ = std::move(j);
   }
 
   py_checkpoint ck_;
-  stream_options opt_;
+  py_stream_options opt_;
   load_options lopt_;
   bool distributed_ = false;
-  bool finished_ = false;
-  std::shared_ptr<stream_state> st_;
-  std::shared_ptr<staging_pool> pool_;
-  load_progress progress_;
-  nlohmann::json stats_;
-  double cpu0_ = 0;
-  std::thread thread_;
+  mutable std::mutex mu_;
+  nlohmann::json distributed_stats_;
+  std::unique_ptr<tensor_stream> s_;
 };
 
 // ---- load_into --------------------------------------------------------------------------------
@@ -830,7 +607,7 @@ class stream {
 // from this thread (the GIL held) every 50 ms while the load runs, and once at
 // the end.
 py::object load_into(const py_checkpoint& p, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& dst,
-                     const stream_options& o, const py::object& progress) {
+                     const py_stream_options& o, const py::object& progress) {
   std::set<std::string> names;
   for (const auto& [name, ptr, size] : dst) names.insert(name);
   auto sub = std::make_shared<py_checkpoint>(p);
@@ -866,7 +643,7 @@ py::object load_into(const py_checkpoint& p, const std::vector<std::tuple<std::s
 #if SLUICE_PY_CUDA
 // The same into CUDA tensors of one device: destinations are device addresses.
 py::object load_into_cuda(const py_checkpoint& p, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& dst,
-                          int device, const stream_options& o) {
+                          int device, const py_stream_options& o) {
   std::set<std::string> names;
   for (const auto& [name, ptr, size] : dst) names.insert(name);
   const checkpoint sub = p.ck->select(names);  // config_error names a missing tensor
@@ -1021,14 +798,13 @@ PYBIND11_MODULE(_sluice, m) {
   t.cuda = make_exception(m, "CudaError", {t.error}, "A CUDA call failed.");
   py::register_exception_translator(&translate);
 
-  m.def("release_memory", [] { cache().release(); },
+  m.def("release_memory", [] { memory_cache::process().release(); },
         "Frees the staging pool and tensor buffers kept between loads for the next one to reuse.");
   m.def("memory_stats", [] {
-    auto& c = cache();
-    std::lock_guard g(c.mu);
+    const auto c = memory_cache::process().stats();
     py::dict d;
-    d["idle_pool_bytes"] = c.idle_pool ? c.idle_pool->slot_count() * c.idle_pool->slot_size() : 0;
-    d["idle_buffer_bytes"] = c.idle_bytes;
+    d["idle_pool_bytes"] = c.idle_pool_bytes;
+    d["idle_buffer_bytes"] = c.idle_buffer_bytes;
     d["reused_pools"] = c.reused_pools;
     d["reused_buffers"] = c.reused_buffers;
     return d;
@@ -1064,28 +840,28 @@ PYBIND11_MODULE(_sluice, m) {
   m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"),
         py::arg("index") = std::string(), py::arg("who") = nullptr);
 
-  py::class_<stream_options>(m, "StreamOptions")
+  py::class_<py_stream_options>(m, "StreamOptions")
       .def(py::init<>())
-      .def_readwrite("staging", &stream_options::staging)
-      .def_readwrite("max_read", &stream_options::max_read)
-      .def_readwrite("queue_depth", &stream_options::queue_depth)
-      .def_readwrite("threads", &stream_options::threads)
-      .def_readwrite("io", &stream_options::io)
-      .def_readwrite("on_exhausted", &stream_options::exhausted)
-      .def_readwrite("queue", &stream_options::queue)
-      .def_readwrite("topology", &stream_options::topology)
-      .def_readwrite("offload", &stream_options::offload)
-      .def_readwrite("rank", &stream_options::rank)
-      .def_readwrite("world_size", &stream_options::world_size)
-      .def_readwrite("local_rank", &stream_options::local_rank)
-      .def_readwrite("local_size", &stream_options::local_size)
-      .def_readwrite("kv_prefix", &stream_options::kv_prefix)
-      .def_readwrite("timeout_ms", &stream_options::timeout_ms)
-      .def_readwrite("pp_stage_layers", &stream_options::pp_stage_layers)
-      .def_readwrite("pp_first_pattern", &stream_options::pp_first_pattern)
-      .def_readwrite("pp_last_pattern", &stream_options::pp_last_pattern)
-      .def_readwrite("expert_placement", &stream_options::expert_placement)
-      .def("set_store", [](stream_options& o, py::object store) {
+      .def_readwrite("staging", &py_stream_options::staging)
+      .def_readwrite("max_read", &py_stream_options::max_read)
+      .def_readwrite("queue_depth", &py_stream_options::queue_depth)
+      .def_readwrite("threads", &py_stream_options::threads)
+      .def_readwrite("io", &py_stream_options::io)
+      .def_readwrite("on_exhausted", &py_stream_options::exhausted)
+      .def_readwrite("queue", &py_stream_options::queue)
+      .def_readwrite("topology", &py_stream_options::topology)
+      .def_readwrite("offload", &py_stream_options::offload)
+      .def_readwrite("rank", &py_stream_options::rank)
+      .def_readwrite("world_size", &py_stream_options::world_size)
+      .def_readwrite("local_rank", &py_stream_options::local_rank)
+      .def_readwrite("local_size", &py_stream_options::local_size)
+      .def_readwrite("kv_prefix", &py_stream_options::kv_prefix)
+      .def_readwrite("timeout_ms", &py_stream_options::timeout_ms)
+      .def_readwrite("pp_stage_layers", &py_stream_options::pp_stage_layers)
+      .def_readwrite("pp_first_pattern", &py_stream_options::pp_first_pattern)
+      .def_readwrite("pp_last_pattern", &py_stream_options::pp_last_pattern)
+      .def_readwrite("expert_placement", &py_stream_options::expert_placement)
+      .def("set_store", [](py_stream_options& o, py::object store) {
         // A torch.distributed store (anything with set(key, bytes), get(key) -> bytes, wait(keys);
         // delete_key(key), where it has one, removes the rendezvous keys once the ranks have met).
         struct torch_kv final : comm::kv_store {
@@ -1125,7 +901,7 @@ PYBIND11_MODULE(_sluice, m) {
         o.kv = store.is_none() ? nullptr : std::make_shared<torch_kv>(std::move(store));
       });
 
-  m.def("plan_owners", [](const py_checkpoint& p, const stream_options& o) {
+  m.def("plan_owners", [](const py_checkpoint& p, const py_stream_options& o) {
         // The plan a distributed stream with these options computes (topology,
         // offload, PP split, classifier patterns), as the tensors each rank owns.
         const auto d = distributed_options_of(o);
@@ -1138,7 +914,7 @@ PYBIND11_MODULE(_sluice, m) {
       }, py::arg("checkpoint"), py::arg("options"));
 
   py::class_<stream>(m, "Stream")
-      .def(py::init<py_checkpoint, stream_options>())
+      .def(py::init<py_checkpoint, py_stream_options>())
       .def("start", &stream::start)
       .def("next", &stream::next)
       .def("stop", &stream::stop)
@@ -1198,7 +974,7 @@ PYBIND11_MODULE(_sluice, m) {
 
   py::class_<py_session>(m, "ReloadCore")
       .def(py::init<const manifest::contract&, py::object, py::object, bool, py::object>())
-      .def("reload", [](py_session& s, const py_checkpoint& p, const stream_options& o) {
+      .def("reload", [](py_session& s, const py_checkpoint& p, const py_stream_options& o) {
         auto lopt = make_load_options(o);
         std::stop_source stop;
         lopt.stop = stop.get_token();

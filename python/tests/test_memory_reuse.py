@@ -16,10 +16,14 @@ def test_a_reload_reuses_the_staging_pool_and_the_dropped_tensors_buffers(medium
     path, digests = medium
     sluice.release_memory()
     before = sluice.memory_stats()
-    n_large = sum(1 for _, t in sluice.iter_weights(path, **OPTS) if large(t))  # every tensor dropped at once
+    it = sluice.iter_weights(path, **OPTS)
+    n_large = sum(1 for _, t in it if large(t))  # every tensor dropped at once
     assert n_large > 0
+    pool_bytes = it.staging_region()[1]  # the budget's staging part (the rest holds the tensors larger than a slot)
+    assert pool_bytes == it.stats["stream"]["pool_bytes"] and pool_bytes >= 8 * MiB // 2 - 2 * MiB
+    del it  # the stream goes: its pool is kept for the next load
     kept = sluice.memory_stats()
-    assert kept["idle_pool_bytes"] >= 8 * MiB - 2 * MiB and kept["idle_buffer_bytes"] > 0
+    assert kept["idle_pool_bytes"] == pool_bytes and kept["idle_buffer_bytes"] > 0
     for name, t in sluice.iter_weights(path, **OPTS):
         assert sha256(t) == digests[name][2], name
     after = sluice.memory_stats()

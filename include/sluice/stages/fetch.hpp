@@ -25,6 +25,7 @@
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
 #include <sluice/source/concepts.hpp>
+#include <sluice/stages/admission.hpp>
 #include <sluice/stages/coalesce.hpp>
 #include <sluice/stages/concepts.hpp>
 
@@ -39,6 +40,9 @@ struct fetched {
 
 struct fetch_options {
   unsigned queue_depth = 4;        ///< reads in flight at most
+  /// Asked before each request is issued (stages/admission.hpp); none: every
+  /// request goes at once, bounded by the pool and queue_depth alone.
+  admission* admit = nullptr;
 };
 
 /// Busy-time and volume counters of a stage (read by the loader's summary).
@@ -66,6 +70,14 @@ class fetch : public pipeable {
     std::exception_ptr failure;
     try {
       while (auto req = co_await in.receive()) {
+        // The gate first (it may give the request a direct destination, and
+        // then it needs no slot). It may wait for the consumer: hand
+        // downstream every finished read before, or the wait could be for
+        // bytes held here.
+        if (opt_.admit && !opt_.admit->try_admit(*req)) {
+          while (!q.empty()) co_await deliver(q, out);
+          co_await opt_.admit->admit(*req);
+        }
         // Never wait for a slot while finished reads sit here unsent: they
         // hold slots only downstream can release.
         while (!q.empty() && (q.size() >= opt_.queue_depth || (req->direct.empty() && pool_->free_count() == 0)))
