@@ -108,6 +108,15 @@ class Checkpoint:
     def inspect(self) -> dict:
         return self._core.inspect()
 
+    def select(self, names) -> "Checkpoint":
+        """The checkpoint of the named tensors only (an iterable of names, in
+        any order; the tensors keep file order), over the same opened shards:
+        no header is read again and nothing is re-opened. A name the
+        checkpoint lacks raises ConfigError naming it."""
+        if isinstance(names, str):
+            raise ConfigError("select: expected an iterable of tensor names, not a str")
+        return Checkpoint(self._core.select([str(n) for n in names]), self.where)
+
     def __repr__(self):
         return f"<sluice.Checkpoint {self.location!r}: {len(self.tensors)} tensors, {self.tensor_bytes} bytes>"
 

@@ -441,7 +441,7 @@ class SluiceModelLoader(_base_loader()):
         streamed_stats = {}
         if plan.streamed:
             keep = set(plan.streamed)
-            rest = self._open(model_config, select=lambda n: n in keep)
+            rest = ck.select(keep)  # the same opened checkpoint: no header read again
             base = bar.n if bar else 0
             got = model.load_weights(self._stream(rest, {}, bar=bar, base=base, log=False))
             loaded |= set(got or ())

@@ -835,6 +835,13 @@ PYBIND11_MODULE(_sluice, m) {
         for (const auto& s : p.ck->shards()) l.append(py::make_tuple(s.name, s.uri));
         return l;
       })
+      .def("select", [](const py_checkpoint& p, const std::vector<std::string>& names) {
+        // A view over the named tensors of the same opened checkpoint: no
+        // header is read again; a name it lacks is a config_error naming it.
+        py_checkpoint sub = p;
+        sub.ck = std::make_shared<checkpoint>(p.ck->select(std::set<std::string>(names.begin(), names.end())));
+        return sub;
+      }, py::arg("names"))
       .def("tensors", &tensor_list)
       .def("inspect", &inspect_checkpoint);
   m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"),

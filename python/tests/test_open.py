@@ -6,7 +6,7 @@ import pytest
 
 import sluice
 
-from conftest import SOURCE_DIR, generate
+from conftest import SOURCE_DIR, generate, sha256
 
 
 def test_metadata_matches_the_generator_without_reading_data(small):
@@ -105,3 +105,32 @@ def test_sizes_mean_what_sluice_load_means():
     for bad in ("4XB", "", "-1", 0, "0", 1.5, True):
         with pytest.raises(sluice.ConfigError):
             sluice.parse_size(bad)
+
+
+def test_select_is_a_view_over_the_opened_headers_that_reads_no_header_again(small, tmp_path):
+    path, digests = small
+    import shutil
+    copy = tmp_path / "ck"
+    shutil.copytree(path, copy)
+    ck = sluice.open(copy)
+    names = sorted(digests)[::3]
+    # Every shard's header is now garbage on disk: a re-open or a header read would fail.
+    for f in copy.iterdir():
+        if f.suffix == ".safetensors":
+            with open(f, "r+b") as fh:
+                fh.seek(8)
+                fh.write(b"\xff" * 8)
+    sub = ck.select(reversed(names))
+    assert [t.name for t in sub] == [t.name for t in ck if t.name in set(names)]  # file order kept
+    assert sub.header_bytes_read == ck.header_bytes_read and sub.tensor_bytes == sum(ck[n].nbytes for n in names)
+    seen = {name: sha256(t) for name, t in sluice.iter_weights(sub, staging="16MiB", max_read="1MiB")}
+    assert seen == {n: digests[n][2] for n in names}
+
+
+def test_select_of_a_name_the_checkpoint_lacks_names_it(small):
+    path, _ = small
+    ck = sluice.open(path)
+    with pytest.raises(sluice.ConfigError, match="no-such-tensor"):
+        ck.select(["no-such-tensor"])
+    with pytest.raises(sluice.ConfigError):
+        ck.select("a-string")
