@@ -33,6 +33,10 @@
 #include <sluice/sink/any_sink.hpp>
 #include <sluice/tensor_view.hpp>
 
+namespace pybind11 {
+class module_;
+}
+
 namespace sluice_py {
 
 using namespace sluice;
@@ -67,5 +71,10 @@ struct device_destination {
 /// copy complete on return (cuda.cpp; only where the cuda component is built,
 /// SLUICE_PY_CUDA).
 load_stats load_into_device(const checkpoint& ck, const std::vector<device_destination>& dst, int device, load_options opt);
+
+/// Makes sluice's exception classes in `m` (sluice.Error and its
+/// subclasses, from one table mirroring error.hpp) and registers the
+/// translator of C++ errors into them (errors.cpp).
+void init_errors(pybind11::module_& m);
 
 }  // namespace sluice_py

@@ -36,12 +36,6 @@
 #include <sluice/policy/plan.hpp>
 #include <sluice/probe.hpp>
 #include <sluice/sink/host_sink.hpp>
-#if defined(SLUICE_HAS_S3)
-#include <sluice/s3/error.hpp>  // s3_error's fields for Python
-#endif
-#if defined(SLUICE_HAS_CUDA)
-#include <sluice/cuda/error.hpp>
-#endif
 
 namespace py = pybind11;
 using namespace std::chrono_literals;
@@ -49,100 +43,6 @@ using namespace std::chrono_literals;
 namespace sluice_py {
 
 namespace {
-
-// ---- errors -------------------------------------------------------------------
-
-struct exception_types {
-  py::object error, format, index, io, truncated, cancelled, config, contract, resource, usage, distributed, comm, s3,
-      s3_not_found, s3_access, s3_changed, cuda, peer_lost;
-};
-exception_types* types = nullptr;  // created once at import, kept for the process (never freed)
-
-py::object make_exception(py::module_& m, const char* name, std::vector<py::object> bases, const char* doc) {
-  py::tuple b(bases.size());
-  for (std::size_t i = 0; i < bases.size(); ++i) b[i] = bases[i];
-  PyObject* e = PyErr_NewExceptionWithDoc((std::string("sluice.") + name).c_str(), doc, b.ptr(), nullptr);
-  if (!e) throw py::error_already_set();
-  auto o = py::reinterpret_steal<py::object>(e);
-  m.attr(name) = o;
-  return o;
-}
-
-// Messages and names may carry bytes of a malformed file that are not UTF-8.
-py::str lenient_str(const std::string& s) {
-  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
-  if (!o) throw py::error_already_set();
-  return py::reinterpret_steal<py::str>(o);
-}
-
-void set_python_error(const py::object& type, const error& e) {
-  py::object exc = type(lenient_str(e.what()));
-  exc.attr("detail") = lenient_str(e.detail());
-  exc.attr("file") = lenient_str(e.file());
-  exc.attr("tensor") = lenient_str(e.tensor());
-  if (e.range()) exc.attr("range") = py::make_tuple(e.range()->begin, e.range()->end);
-  else exc.attr("range") = py::none();
-  if (const auto* f = dynamic_cast<const format_error*>(&e)) exc.attr("rule") = lenient_str(f->rule());
-  if (const auto* d = dynamic_cast<const distributed_error*>(&e)) exc.attr("failed_rank") = d->failed_rank();
-  if (const auto* io = dynamic_cast<const io_error*>(&e)) exc.attr("code") = io->code();
-  if (const auto* l = dynamic_cast<const comm::peer_lost*>(&e)) {
-    exc.attr("lost_rank") = l->lost_rank();
-    exc.attr("phase") = lenient_str(l->phase());
-  }
-#if defined(SLUICE_HAS_S3)
-  if (const auto* s = dynamic_cast<const s3_error*>(&e)) {
-    exc.attr("http_status") = s->http_status();
-    exc.attr("s3_code") = py::str(s->s3_code());
-  }
-#endif
-  PyErr_SetObject(type.ptr(), exc.ptr());
-}
-
-void translate(std::exception_ptr p) {
-  try {
-    std::rethrow_exception(p);
-#if defined(SLUICE_HAS_S3)
-  } catch (const s3_not_found_error& e) {
-    set_python_error(types->s3_not_found, e);
-  } catch (const s3_access_error& e) {
-    set_python_error(types->s3_access, e);
-  } catch (const s3_object_changed_error& e) {
-    set_python_error(types->s3_changed, e);
-  } catch (const s3_error& e) {
-    set_python_error(types->s3, e);
-#endif
-#if defined(SLUICE_HAS_CUDA)
-  } catch (const cuda::cuda_error& e) {
-    set_python_error(types->cuda, e);
-#endif
-  } catch (const index_error& e) {
-    set_python_error(types->index, e);
-  } catch (const format_error& e) {
-    set_python_error(types->format, e);
-  } catch (const truncated_error& e) {
-    set_python_error(types->truncated, e);
-  } catch (const io_error& e) {
-    set_python_error(types->io, e);
-  } catch (const cancelled_error& e) {
-    set_python_error(types->cancelled, e);
-  } catch (const config_error& e) {
-    set_python_error(types->config, e);
-  } catch (const contract_error& e) {
-    set_python_error(types->contract, e);
-  } catch (const resource_error& e) {
-    set_python_error(types->resource, e);
-  } catch (const usage_error& e) {
-    set_python_error(types->usage, e);
-  } catch (const distributed_error& e) {
-    set_python_error(types->distributed, e);
-  } catch (const comm::peer_lost& e) {
-    set_python_error(types->peer_lost, e);
-  } catch (const comm::comm_error& e) {
-    set_python_error(types->comm, e);
-  } catch (const error& e) {
-    set_python_error(types->error, e);
-  }
-}
 
 // ---- running a blocking call interruptibly --------------------------------------
 
@@ -772,31 +672,7 @@ using namespace sluice_py;
 PYBIND11_MODULE(_sluice, m) {
   m.doc() = "sluice: safetensors checkpoints into torch tensors (the compiled part; use the `sluice` package)";
 
-  // Exceptions: one hierarchy under sluice.Error, mirroring sluice::error's classes.
-  static exception_types t;
-  types = &t;
-  py::object base = py::module_::import("builtins").attr("Exception");
-  py::object os_error = py::module_::import("builtins").attr("OSError");
-  py::object value_error = py::module_::import("builtins").attr("ValueError");
-  t.error = make_exception(m, "Error", {base}, "Base of every sluice error; .detail, .file, .tensor, .range.");
-  t.format = make_exception(m, "FormatError", {t.error, value_error}, "A malformed safetensors file (.rule names the rule).");
-  t.index = make_exception(m, "IndexError", {t.format}, "A malformed or stale model.safetensors.index.json.");
-  t.io = make_exception(m, "IOError", {t.error, os_error}, "Reading failed (.code: errno or 0).");
-  t.truncated = make_exception(m, "TruncatedError", {t.io}, "A file is shorter than its header says.");
-  t.cancelled = make_exception(m, "CancelledError", {t.error}, "The load was stopped.");
-  t.config = make_exception(m, "ConfigError", {t.error, value_error}, "Invalid arguments or options.");
-  t.contract = make_exception(m, "ContractError", {t.error}, "A load contract is not met (names the keys).");
-  t.resource = make_exception(m, "ResourceError", {t.error}, "Memory or another resource ran out (e.g. the staging budget).");
-  t.usage = make_exception(m, "UsageError", {t.error}, "The API was used out of order, or the caller failed.");
-  t.distributed = make_exception(m, "DistributedError", {t.error}, "A rank failed (.failed_rank); raised on every rank.");
-  t.comm = make_exception(m, "CommError", {t.error}, "A communicator or rendezvous failed or timed out.");
-  t.peer_lost = make_exception(m, "PeerLostError", {t.comm}, "A peer rank died (.lost_rank) while this one was in .phase.");
-  t.s3 = make_exception(m, "S3Error", {t.io}, "An S3 request failed (.http_status, .s3_code).");
-  t.s3_not_found = make_exception(m, "S3NotFoundError", {t.s3}, "An S3 bucket or object does not exist.");
-  t.s3_access = make_exception(m, "S3AccessError", {t.s3}, "S3 refused the credentials.");
-  t.s3_changed = make_exception(m, "S3ObjectChangedError", {t.s3}, "An S3 object changed during the load (ETag).");
-  t.cuda = make_exception(m, "CudaError", {t.error}, "A CUDA call failed.");
-  py::register_exception_translator(&translate);
+  init_errors(m);  // errors.cpp: one hierarchy under sluice.Error, from one table mirroring error.hpp
 
   m.def("release_memory", [] { memory_cache::process().release(); },
         "Frees the staging pool and tensor buffers kept between loads for the next one to reuse.");
