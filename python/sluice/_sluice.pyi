@@ -78,6 +78,7 @@ class StreamOptions:
     pp_stage_layers: list[int]
     pp_first_pattern: Optional[str]
     pp_last_pattern: Optional[str]
+    expert_placement: str
     def __init__(self) -> None: ...
     def set_store(self, store: Any) -> None: ...
 
