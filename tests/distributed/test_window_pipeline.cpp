@@ -19,6 +19,7 @@
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/discard_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
+#include <sluice/source/any_source.hpp>
 #include <sluice/testing/generator.hpp>
 
 using namespace sluice;
@@ -97,24 +98,29 @@ struct logging_comm {
 };
 static_assert(comm::communicator<logging_comm>);
 
-// file_reader, logging the window of each batch it reads (tables: none).
-struct logging_reader {
-  file_reader inner;
+// The checkpoint's own source, logging the window of the tensor each read
+// starts in (a read covers extents of one batch: one window) and its thread.
+struct logging_source {
+  std::unique_ptr<any_source> inner;
   event_log* log;
   const policy::load_plan* plan;
   const checkpoint* ck;
-  void read(planned_reads& reads) {
-    if (!reads.empty()) {
-      const auto index = static_cast<std::size_t>(reads.front().tensor - ck->tensors().data());
-      for (const auto& e : plan->entries)
-        if (e.index == index) log->add(e.shared() ? "tables" : "read", e.window);
+  [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    for (const auto& e : plan->entries) {
+      const auto& t = ck->tensors()[e.index];
+      if (t.shard == file && t.offset <= offset && offset < t.offset + t.size) log->add(e.shared() ? "tables" : "read", e.window);
+    }
+    {
       std::lock_guard lock(log->m);
       log->read_threads.insert(std::this_thread::get_id());
     }
-    inner.read(reads);
+    return inner->read_at(file, offset, dst);
   }
-  [[nodiscard]] const io_counters& counters() const noexcept { return inner.counters(); }
+  [[nodiscard]] std::size_t file_count() const { return inner->file_count(); }
+  [[nodiscard]] std::string file_uri(std::uint32_t file) const { return inner->file_uri(file); }
+  [[nodiscard]] const io_counters& counters() const noexcept { return inner->counters(); }
 };
+static_assert(source<logging_source>);
 
 // Digests what arrives and logs the window of each delivery.
 struct logging_sink {
@@ -146,8 +152,8 @@ run_result run(event_log& log, bool overlap) {
   logging_sink s{{}, &log, {}};
   for (const auto& e : plan.entries) s.window_of[e.info.name] = e.window;
   run_result r;
-  r.st = load_distributed_with(ck, c, plan, s, opt, [&] {
-    return std::make_unique<logging_reader>(logging_reader{file_reader(ck, opt.load), &log, &plan, &ck});
+  r.st = load_distributed_with(ck, c, plan, s, opt, [&](asio::io_context& ioc) {
+    return std::make_unique<logging_source>(logging_source{ck.storage().open_source(ck, ioc, opt.load), &log, &plan, &ck});
   });
   r.windows = plan.windows;
   for (auto& [n, d] : s.digests.digests()) r.digests[n] = d.sha256;

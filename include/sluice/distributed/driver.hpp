@@ -42,7 +42,6 @@
 #include <sluice/distributed/deliver_window.hpp>
 #include <sluice/distributed/exchange_window.hpp>
 #include <sluice/distributed/fault.hpp>
-#include <sluice/distributed/file_reader.hpp>
 #include <sluice/distributed/load_context.hpp>
 #include <sluice/distributed/options.hpp>
 #include <sluice/distributed/peers.hpp>
@@ -57,13 +56,6 @@
 
 namespace sluice::inline v0 {
 
-/// Makes the reader of a distributed load (called once, inside the failure protocol).
-using reader_factory = std::function<std::unique_ptr<any_slice_reader>()>;
-/// Makes a reader sized for a phase in which fewer of the node's ranks read
-/// (reader_sizing::readers): the shared tables' reader of a rank that is one
-/// of fewer table readers than local ranks. Empty: that rank reads the tables
-/// through the windows' reader.
-using sized_reader_factory = std::function<std::unique_ptr<any_slice_reader>(const reader_sizing&)>;
 
 namespace detail {
 // The ranks of `me`'s node (me / local_size) that read shared-table bytes.
@@ -90,8 +82,7 @@ task<void> run_windows(Pipeline& pipeline, load_context<Lane>& ctx, unsigned cre
 /// the reader are type-erased: one indirect call per tensor and per batch).
 template <comm::communicator Comm, device_lane Lane>
 distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& plan, any_sink s,
-                        const distributed_options& opt, const reader_factory& make_reader,
-                        const sized_reader_factory& make_table_reader, Lane& lane) {
+                        const distributed_options& opt, const source_factory& open_source, bool sized_tables, Lane& lane) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
@@ -136,13 +127,13 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   const auto table_readers = shared ? detail::node_table_readers(plan, me) : std::set<policy::rank_t>{};
   const bool reads_tables = table_readers.contains(me);
   st.table_readers = table_readers.size();
-  std::unique_ptr<any_slice_reader> reader, table_reader;
+  std::unique_ptr<blocking_reader> reader, table_reader;
   run_phase(c, "setting up I/O", [&] {
-    reader = make_reader();
-    if (!reader) throw config_error("load_distributed_with: the reader factory returned no reader");
+    reader = std::make_unique<blocking_reader>(open_source, reader_sizing{plan.local_size, opt.connections_per_rank}, opt.load);
     st.connections = reader->connections();
-    if (reads_tables && table_readers.size() < plan.local_size && make_table_reader)
-      table_reader = make_table_reader({plan.local_size, opt.connections_per_rank, table_readers.size()});
+    if (reads_tables && table_readers.size() < plan.local_size && sized_tables)
+      table_reader = std::make_unique<blocking_reader>(
+          open_source, reader_sizing{plan.local_size, opt.connections_per_rank, table_readers.size()}, opt.load);
     if (reads_tables) {
       const auto& tr = table_reader ? *table_reader : *reader;
       st.table_connections = tr.connections();
@@ -230,45 +221,56 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
 
 extern template distributed_stats drive<comm::local, no_device_lane>(const checkpoint&, comm::local&, const policy::load_plan&,
                                                                      any_sink, const distributed_options&,
-                                                                     const reader_factory&, const sized_reader_factory&,
-                                                                     no_device_lane&);
+                                                                     const source_factory&, bool, no_device_lane&);
 
 }  // namespace detail
 
 /// The driver, with the data path as a parameter: loads this rank's part of
 /// `ck` into `s` per `plan`, exchanging the rest over `c`, reading through
-/// the reader that `make_reader()` returns (a std::unique_ptr to a
-/// slice_reader). It is called once, after the ranks agreed on the plan and
+/// the source that `open_source(ioc)` returns (a std::unique_ptr to a
+/// `source`, or to an any_source; its reads must run on `ioc`, the driver's
+/// io_context). It is called once, after the ranks agreed on the plan and
 /// inside the failure protocol: if it throws on any rank, every rank throws
 /// distributed_error naming that rank ("... while setting up I/O: ...").
 /// Every rank must call it with the same checkpoint and plan. Throws
 /// distributed_error (a rank failed), comm::comm_error (a peer is gone) or
 /// config_error (the plan does not fit the world) — on every rank. The
-/// reader it returns reads the shared tables too (no table-phase sizing:
-/// see load_distributed).
+/// source it returns reads the shared tables too (no table-phase sizing:
+/// see load_distributed); a source that is not an any_source keeps
+/// `opt.load.queue_depth` reads in flight.
 ///
 /// With a `device_lane`, tensors destined for the device travel in its memory
 /// (uploaded from the rank's reads, exchanged by the lane: NCCL) and reach the
 /// sink as `view_kind::device` views; tensors for host memory still travel
 /// over `c`. Without one, everything travels in host memory over `c`.
-template <comm::communicator Comm, sink Sink, class MakeReader, device_lane Lane>
-  requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
+template <comm::communicator Comm, sink Sink, class OpenSource, device_lane Lane>
+  requires std::invocable<OpenSource&, asio::io_context&>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
-                                        const distributed_options& opt, MakeReader make_reader, Lane& lane) {
+                                        const distributed_options& opt, OpenSource open_source, Lane& lane) {
   static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
-  return detail::drive(ck, c, plan, any_sink(s), opt, [&make_reader] { return any_slice_reader::wrap(make_reader()); }, {},
-                       lane);
+  using S = typename std::invoke_result_t<OpenSource&, asio::io_context&>::element_type;
+  static_assert(source<S>, "sluice: open_source(ioc) must return a std::unique_ptr to a sluice::source");
+  const source_factory open = [&open_source, depth = opt.load.queue_depth](asio::io_context& ioc,
+                                                                           const reader_sizing&) -> std::unique_ptr<any_source> {
+    auto src = open_source(ioc);
+    if (!src) throw config_error("load_distributed_with: open_source returned no source");
+    if constexpr (std::is_same_v<S, any_source>)
+      return src;
+    else
+      return any_source::wrap(std::move(src), depth);
+  };
+  return detail::drive(ck, c, plan, any_sink(s), opt, open, false, lane);
 }
 
-template <comm::communicator Comm, sink Sink, class MakeReader>
-  requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
+template <comm::communicator Comm, sink Sink, class OpenSource>
+  requires std::invocable<OpenSource&, asio::io_context&>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
-                                        const distributed_options& opt, MakeReader make_reader) {
+                                        const distributed_options& opt, OpenSource open_source) {
   no_device_lane none;
-  return load_distributed_with(ck, c, plan, s, opt, std::move(make_reader), none);
+  return load_distributed_with(ck, c, plan, s, opt, std::move(open_source), none);
 }
 
 /// Loads this rank's part of `ck` into `s` per `plan`, reading through the
@@ -291,12 +293,10 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
-  return detail::drive(ck, c, plan, any_sink(s), opt,
-                       [&] {
-                         return ck.storage().slice_reader(ck, opt.load, {plan.local_size, opt.connections_per_rank});
-                       },
-                       [&](const reader_sizing& sizing) { return ck.storage().slice_reader(ck, opt.load, sizing); },
-                       lane);
+  const source_factory open = [&](asio::io_context& ioc, const reader_sizing& sizing) {
+    return ck.storage().open_source(ck, ioc, opt.load, sizing);
+  };
+  return detail::drive(ck, c, plan, any_sink(s), opt, open, true, lane);
 }
 
 template <comm::communicator Comm, sink Sink>

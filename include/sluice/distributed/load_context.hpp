@@ -11,7 +11,12 @@
 #include <exception>
 #include <variant>
 
+#include <memory>
+
+#include <boost/asio/io_context.hpp>
+
 #include <sluice/checkpoint.hpp>
+#include <sluice/core/run.hpp>
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/distributed/options.hpp>
@@ -23,6 +28,21 @@
 
 namespace sluice::inline v0::detail {
 
+// A slice reader on an io_context of its own, run by the calling thread.
+class blocking_reader {
+ public:
+  blocking_reader(const source_factory& open, const reader_sizing& sizing, const load_options& opt)
+      : ioc_(std::make_unique<asio::io_context>(1)), reader_(open(*ioc_, sizing), opt) {}
+  void read(planned_reads& reads) { run_blocking(*ioc_, reader_.read(reads)); }
+  [[nodiscard]] const io_counters& counters() const noexcept { return reader_.counters(); }
+  [[nodiscard]] std::size_t connections() const noexcept { return reader_.connections(); }
+  [[nodiscard]] unsigned queue_depth() const noexcept { return reader_.queue_depth(); }
+
+ private:
+  std::unique_ptr<asio::io_context> ioc_;  // before the reader: destroyed after it
+  slice_reader reader_;
+};
+
 template <device_lane Lane>
 struct load_context {
   const checkpoint& ck;
@@ -30,7 +50,7 @@ struct load_context {
   const distributed_options& opt;
   Lane& lane;
   any_sink sink;
-  any_slice_reader& reader;
+  blocking_reader& reader;
   const memory::shared_host& segment;
   window_buffers& buffers;
   policy::rank_t me;
