@@ -56,8 +56,10 @@
 /// over any catalog's source), peers.hpp (the failure protocol),
 /// driver.hpp (load_distributed_with, load_distributed over a communicator),
 /// world.hpp (the tool-level calls that join a world), and the window
-/// pipeline: window.hpp (layout, messages, buffers), load_context.hpp,
-/// read_window.hpp | exchange_window.hpp | deliver_window.hpp.
+/// pipeline: window.hpp (layout, messages, buffers, each window's state,
+/// status and stats), read_window.hpp | exchange_window.hpp |
+/// deliver_window.hpp, stages that own their state and talk only through
+/// their channels.
 
 #include <sluice/distributed/driver.hpp>
 #include <sluice/distributed/options.hpp>
