@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -93,6 +94,11 @@ struct logging_comm {
       log->exchange_threads.insert(std::this_thread::get_id());
     }
     log->add("exchange", exchanges++);
+    // A peer's exchange takes time; one rank's own is instant. Without this,
+    // the exchange could finish (and the window be delivered) before the
+    // next window's first read was even issued, and whether reads overlap
+    // the exchange would be a race, not what the tests observe.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     inner.exchange(s, r);
   }
   void barrier() { inner.barrier(); }
