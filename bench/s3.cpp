@@ -45,7 +45,7 @@
 #include <fmt/format.h>
 
 #include <sluice/sluice.hpp>
-#include <sluice/s3/load.hpp>
+#include <sluice/s3/source.hpp>
 
 #include "common/args.hpp"
 
@@ -127,9 +127,7 @@ struct bench {
     warm(s.warm_dir);
     const auto t0 = clk::now();
     boost::asio::io_context ioc{static_cast<int>(threads)};
-    std::vector<std::string> uris;
-    for (const auto& sh : ck.shards()) uris.push_back(sh.uri);
-    sluice::s3_source src(ioc.get_executor(), cfg, std::move(uris));
+    sluice::s3_source src(ioc.get_executor(), cfg, ck.shard_uris());
     for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, cat.object_info(ck.shards()[i].name));
     sluice::load_options o;
     o.max_read = part;

@@ -1,8 +1,8 @@
 // bench-tp-slices: how to get TP column parts of a row-parallel weight out of
 // storage. A column part is strided in the file: TP rank k keeps
 // columns [k C/TP, (k+1) C/TP) of every row. Two plans, both through the
-// distributed loader's data path (file_reader: coalesce | fetch | stage |
-// place over io_uring) into pre-faulted part buffers:
+// distributed loader's data path (slice_reader over the directory's
+// source: coalesce | fetch | stage | place over io_uring) into pre-faulted part buffers:
 //   per-row ranges  — R x TP planned reads of C/TP elements each, straight into
 //                     the packed parts (no copy, many small reads);
 //   rows then slice — blocks of whole rows (a few large reads) into a scratch
@@ -67,20 +67,21 @@ int main(int argc, char** argv) try {
   load_options lo;
   lo.register_buffers = false;
   auto parts = sluice_bench::prefaulted(size), scratch = sluice_bench::prefaulted(block_rows * row);
-  auto per_row = [&](file_reader& rd) {
+  asio::io_context ioc{1};
+  auto per_row = [&](slice_reader& rd) {
     planned_reads reads;
     reads.reserve(rows * tp);
     for (std::uint64_t k = 0; k < tp; ++k)
       for (std::uint64_t r = 0; r < rows; ++r)
         reads.push_back({&t, r * row + k * part, part, parts.subspan(k * rows * part + r * part, part)});
-    rd.read(reads);
+    run_blocking(ioc, rd.read(reads));
   };
-  auto rows_then_slice = [&](file_reader& rd) {
+  auto rows_then_slice = [&](slice_reader& rd) {
     for (std::uint64_t r0 = 0; r0 < rows; r0 += block_rows) {
       const auto n = std::min(block_rows, rows - r0);
       planned_reads reads;
       reads.push_back({&t, r0 * row, n * row, scratch.first(n * row)});
-      rd.read(reads);
+      run_blocking(ioc, rd.read(reads));
       for (std::uint64_t k = 0; k < tp; ++k)
         for (std::uint64_t r = 0; r < n; ++r)
           std::memcpy(parts.data() + k * rows * part + (r0 + r) * part, scratch.data() + r * row + k * part, part);
@@ -117,7 +118,7 @@ int main(int argc, char** argv) try {
           std::vector<char> b(8u << 20);
           while (in.read(b.data(), static_cast<std::streamsize>(b.size())) || in.gcount() > 0) {}
         }
-        file_reader rd(ck, lo);
+        slice_reader rd(ck.storage().open_source(ck, ioc, lo), lo);
         const auto t0 = std::chrono::steady_clock::now();
         plan == 0 ? per_row(rd) : rows_then_slice(rd);
         best[cold][plan] = std::min(best[cold][plan], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

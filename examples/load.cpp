@@ -26,7 +26,7 @@
 #include <sluice/sluice.hpp>
 #if SLUICE_HAS_S3
 #include <sluice/s3/distributed.hpp>
-#include <sluice/s3/load.hpp>
+#include <sluice/s3/source.hpp>
 #endif
 
 #if SLUICE_HAS_NCCL

@@ -34,16 +34,16 @@
 /// `metadata` view, so a recorder does not mistake it for an application), and every
 /// local rank a `view_kind::shared` view of a shared table in the segment.
 ///
-/// Where the bytes come from is a parameter: the core driver
-/// (`load_distributed_with`) takes a factory of a `slice_reader`, an object
-/// that owns an io_context and a `source` and reads a batch of planned slices
-/// through coalesce | fetch | stage | place into their destinations. The
-/// overloads here read local files (`file_reader`: io_uring); those in
-/// <sluice/s3/distributed.hpp> (link sluice::s3) read S3 objects at the
-/// ETags the catalog pinned, through one connection pool per rank sized so
-/// that the ranks of a node share the node's connections
-/// (`distributed_options::connections_per_rank`). The reader is made inside
-/// the failure protocol: a rank that cannot set up its I/O fails every rank.
+/// Where the bytes come from is the catalog's: the driver opens the source of
+/// the catalog `ck` was opened by (catalog::open_source: io_uring for local
+/// files; with sluice::s3, range GETs at the ETags the catalog pinned,
+/// through one connection pool per rank sized so that the ranks of a node
+/// share the node's connections, `distributed_options::connections_per_rank`)
+/// and reads each batch of planned slices through the core's
+/// `slice_reader` (coalesce | fetch | stage | place into their
+/// destinations). `load_distributed_with` takes a factory of a source of the
+/// caller's instead. The source is opened inside the failure protocol: a
+/// rank that cannot set up its I/O fails every rank.
 ///
 /// Failure: after each phase the ranks exchange a status word; a rank that
 /// failed (bad shard, S3 error, sink exception) makes every rank throw
@@ -52,15 +52,16 @@
 /// timeout. Collectives run between pipeline runs, never on the io_context.
 ///
 /// The pieces, one per header under sluice/distributed/: options.hpp
-/// (distributed_options, distributed_stats), slice_reader.hpp (the data-path
-/// concept), file_reader.hpp (io_uring), peers.hpp (the failure protocol),
+/// (distributed_options, distributed_stats), slice_reader.hpp (the data path,
+/// over any catalog's source), peers.hpp (the failure protocol),
 /// driver.hpp (load_distributed_with, load_distributed over a communicator),
 /// world.hpp (the tool-level calls that join a world), and the window
-/// pipeline: window.hpp (layout, messages, buffers), load_context.hpp,
-/// read_window.hpp | exchange_window.hpp | deliver_window.hpp.
+/// pipeline: window.hpp (layout, messages, buffers, each window's state,
+/// status and stats), read_window.hpp | exchange_window.hpp |
+/// deliver_window.hpp, stages that own their state and talk only through
+/// their channels.
 
 #include <sluice/distributed/driver.hpp>
-#include <sluice/distributed/file_reader.hpp>
 #include <sluice/distributed/options.hpp>
 #include <sluice/distributed/peers.hpp>
 #include <sluice/distributed/slice_reader.hpp>

@@ -1,30 +1,29 @@
 #pragma once
 /// \file
 /// The blocking load of a checkpoint, wherever it is: `load(ck, sink, ...)`
-/// reads through the catalog `ck` was opened by (checkpoint::storage()):
-/// io_uring for a local directory (directory_catalog), range GETs for S3
-/// (s3_catalog, sluice::s3), each on an io_context and threads of its own.
+/// opens the data path of the catalog `ck` was opened by
+/// (checkpoint::storage().open_source: io_uring for a local directory, range
+/// GETs for S3 with sluice::s3) on an io_context and threads of its own, and
+/// runs load_async over it.
 ///
 /// `load(ck, sink, ...)` for any sink type is compiled once, in the library
-/// (src/core/load_file.cpp), over `any_sink`: a translation unit that calls
-/// it instantiates no coroutine pipeline. `load_async` over a `file_source`
-/// and an `any_sink` is instantiated there too (extern template below).
+/// (src/core/load_file.cpp), over `any_sink` and `any_source`: a translation
+/// unit that calls it instantiates no coroutine pipeline. `load_async` over
+/// them is instantiated there too (extern template below).
 
 #include <utility>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/core/run.hpp>
 #include <sluice/core/staging_pool.hpp>
-#include <sluice/core/uring.hpp>
 #include <sluice/load.hpp>
 #include <sluice/sink/any_sink.hpp>
 #include <sluice/sink/concepts.hpp>
-#include <sluice/source/file_source.hpp>
+#include <sluice/source/any_source.hpp>
 
 namespace sluice::inline v0 {
 
-extern template task<load_stats> load_async<file_source, any_sink>(const checkpoint&, file_source&, any_sink&,
-                                                                   staging_pool&, load_options);
+extern template task<load_stats> load_async<any_source, any_sink>(const checkpoint&, any_source&, any_sink&,
+                                                                  staging_pool&, load_options);
 
 /// Loads `ck` into `s` through `pool`. Throws the load's error
 /// (io_error, truncated_error, cancelled_error, ...) after every part has

@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <sluice/distributed/slice_reader.hpp>
+#include <sluice/source/any_source.hpp>
 #include <sluice/error.hpp>
 #include <sluice/load.hpp>
 #include <sluice/sink/any_sink.hpp>
@@ -127,12 +127,10 @@ class recording_catalog final : public catalog {
   [[nodiscard]] std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) override {
     return record({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); }, bytes_json);
   }
-  [[nodiscard]] load_stats load(const checkpoint&, any_sink, staging_pool&, const load_options&) override {
-    throw usage_error("a recording catalog has no data path (the opened checkpoint reads through its own catalog)");
-  }
-  [[nodiscard]] std::unique_ptr<any_slice_reader> slice_reader(const checkpoint&, const load_options&,
-                                                               const reader_sizing&) override {
-    throw usage_error("a recording catalog has no data path (the opened checkpoint reads through its own catalog)");
+  // The data path is the inner catalog's (the opened checkpoint reads through its own catalog anyway).
+  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
+                                                        const reader_sizing& sizing) override {
+    return inner_.open_source(ck, ioc, opt, sizing);
   }
 
   [[nodiscard]] const std::map<call_key, answer>& calls() const noexcept { return calls_; }
@@ -184,12 +182,10 @@ class replaying_catalog final : public catalog {
   [[nodiscard]] std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) override {
     return replay({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); }, json_bytes);
   }
-  [[nodiscard]] load_stats load(const checkpoint&, any_sink, staging_pool&, const load_options&) override {
-    throw usage_error("a replaying catalog has no data path (the opened checkpoint reads through its own catalog)");
-  }
-  [[nodiscard]] std::unique_ptr<any_slice_reader> slice_reader(const checkpoint&, const load_options&,
-                                                               const reader_sizing&) override {
-    throw usage_error("a replaying catalog has no data path (the opened checkpoint reads through its own catalog)");
+  // The data path is the inner catalog's (the opened checkpoint reads through its own catalog anyway).
+  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
+                                                        const reader_sizing& sizing) override {
+    return inner_.open_source(ck, ioc, opt, sizing);
   }
 
   [[noreturn]] void throw_leader_failure(const std::string& what) const {

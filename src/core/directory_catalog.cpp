@@ -1,41 +1,54 @@
-// The data paths of a local checkpoint: io_uring reads through file_source.
+// The data path of a local checkpoint: a file_source over an io_uring of its
+// own (the one place a directory's source is set up).
 
 #include <sluice/source/directory_catalog.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
 
-#include <sluice/core/run.hpp>
+#include <sluice/checkpoint.hpp>
+#include <sluice/core/staging_pool.hpp>
 #include <sluice/core/uring.hpp>
-#include <sluice/distributed/file_reader.hpp>
 #include <sluice/load.hpp>
-#include <sluice/sink/any_sink.hpp>
+#include <sluice/source/any_source.hpp>
 #include <sluice/source/file_source.hpp>
 
 namespace sluice::inline v0 {
 
-template task<load_stats> load_async<file_source, any_sink>(const checkpoint&, file_source&, any_sink&, staging_pool&,
-                                                            load_options);
+namespace {
+// A file_source with the ring it reads through (the ring before the source:
+// the source goes first).
+class ring_file_source {
+ public:
+  ring_file_source(asio::io_context& ioc, const checkpoint& ck, const load_options& opt, unsigned depth)
+      : ring_(ioc, uring_options{std::max(opt.ring_entries, depth), opt.register_buffers}),
+        src_(ring_, ck.shard_uris(), opt.io, opt.punt_buffered) {}
+  [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    return src_.read_at(file, offset, dst);
+  }
+  [[nodiscard]] std::size_t file_count() const noexcept { return src_.file_count(); }
+  [[nodiscard]] std::string file_uri(std::uint32_t file) const { return src_.file_uri(file); }
+  [[nodiscard]] const io_counters& counters() const noexcept { return src_.counters(); }
+  [[nodiscard]] std::uint32_t direct_alignment(std::uint32_t file) const { return src_.direct_alignment(file); }
+  void cancel() { ring_.cancel_all(); }
+  void register_buffers(staging_pool& pool) { ring_.register_buffers(pool.region(), pool.slot_size()); }
 
-load_stats directory_catalog::load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) {
-  asio::io_context ioc{static_cast<int>(std::max(1u, opt.threads))};
-  uring_context ring(ioc, {opt.ring_entries, opt.register_buffers});
-  if (opt.register_buffers) ring.register_buffers(pool.region(), pool.slot_size());
-  file_source src(ring, ck.shard_uris(), opt.io, opt.punt_buffered);
-  return run_blocking(ioc, load_async(ck, src, s, pool, opt), opt.threads);
-}
+ private:
+  uring_context ring_;
+  file_source src_;
+};
+}  // namespace
 
-std::unique_ptr<any_slice_reader> directory_catalog::slice_reader(const checkpoint& ck, const load_options& opt,
-                                                                  const reader_sizing& sizing) {
+std::unique_ptr<any_source> directory_catalog::open_source(const checkpoint& ck, asio::io_context& ioc,
+                                                           const load_options& opt, const reader_sizing& sizing) {
   // A reader with more than its rank's share of the node (fewer readers than
   // ranks) keeps more reads in flight; its ring must hold them.
-  auto o = opt;
-  o.queue_depth = sizing.queue_depth(opt.queue_depth);
-  o.ring_entries = std::max(o.ring_entries, o.queue_depth);
-  return any_slice_reader::wrap(std::make_unique<file_reader>(ck, o));
+  const unsigned depth = sizing.queue_depth(opt.queue_depth);
+  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, opt, depth), depth);
 }
 
 }  // namespace sluice::inline v0

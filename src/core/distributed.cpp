@@ -8,11 +8,11 @@
 namespace sluice::inline v0::detail {
 
 template distributed_stats drive<comm::local, no_device_lane>(const checkpoint&, comm::local&, const policy::load_plan&,
-                                                              any_sink, const distributed_options&, const reader_factory&, const sized_reader_factory&,
+                                                              any_sink, const distributed_options&, const source_factory&, bool,
                                                               no_device_lane&);
 template distributed_stats drive<comm::any_communicator, no_device_lane>(const checkpoint&, comm::any_communicator&,
                                                                          const policy::load_plan&, any_sink,
-                                                                         const distributed_options&, const reader_factory&, const sized_reader_factory&,
+                                                                         const distributed_options&, const source_factory&, bool,
                                                                          no_device_lane&);
 
 }  // namespace sluice::inline v0::detail

@@ -1,10 +1,17 @@
-// The blocking load of any checkpoint, through the catalog it was opened by
-// (see load_file.hpp): io_uring for a directory, range GETs for S3.
+// The blocking load of any checkpoint, written once over the source its
+// catalog opens (see load_file.hpp): io_uring for a directory, range GETs for S3.
 
 #include <sluice/load_file.hpp>
 
+#include <algorithm>
+#include <optional>
+#include <stop_token>
+
+#include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sluice/core/run.hpp>
+#include <sluice/source/any_source.hpp>
 #include <sluice/source/concepts.hpp>
 
 namespace sluice::inline v0 {
@@ -25,8 +32,28 @@ nlohmann::ordered_json load_stats::to_json() const {
                       {"place", {{"views", place.items}, {"bytes", place.bytes}, {"busy_seconds", place.busy_seconds}}}}}};
 }
 
+template task<load_stats> load_async<any_source, any_sink>(const checkpoint&, any_source&, any_sink&, staging_pool&,
+                                                           load_options);
+
+namespace {
+struct cancel_source {
+  any_source* src;
+  void operator()() const { src->cancel(); }
+};
+}  // namespace
+
 load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, load_options opt) {
-  return ck.storage().load(ck, s, pool, opt);
+  const unsigned threads = std::max(1u, opt.threads);
+  asio::io_context ioc{static_cast<int>(threads)};
+  const auto src = ck.storage().open_source(ck, ioc, opt);
+  if (opt.register_buffers) src->register_buffers(pool);
+  opt.queue_depth = src->queue_depth();
+  // A stop aborts the pipeline's channels; reads in flight would still wait
+  // for their bytes (a stalled GET up to the low-speed window, times its
+  // retries): cancel them too.
+  std::optional<std::stop_callback<cancel_source>> on_stop;
+  if (opt.stop.stop_possible()) on_stop.emplace(opt.stop, cancel_source{src.get()});
+  return run_blocking(ioc, load_async(ck, *src, s, pool, std::move(opt)), threads);
 }
 
 load_stats load(const checkpoint& ck, any_sink s, load_options opt) {

@@ -35,7 +35,7 @@ namespace {
 using sluice_test::recording_sink;
 
 // The small model of test_distributed.cpp (many windows, sliced tensors),
-// with 2 MiB shared tables: slices of s3_reader::staged_below (1 MiB) or more
+// with 2 MiB shared tables: slices of s3_catalog::staged_below (1 MiB) or more
 // are read straight into place, smaller ones staged and merged.
 const fs::path& checkpoint_dir() {
   static const fs::path dir = [] {
@@ -243,7 +243,6 @@ TEST_CASE("each rank's S3 connections are the node's divided among its local ran
   STATIC_REQUIRE(rank_connections(4, 8) == 1);   // at least one
   STATIC_REQUIRE(rank_connections(16, 0) == 16);
   STATIC_REQUIRE(rank_connections(16, 8, 6) == 6);
-  STATIC_REQUIRE(slice_reader<s3_reader>);
 }
 
 TEST_CASE("a one-rank distributed load from S3 equals the local load", "[comm][distributed][s3]") {

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -19,6 +20,8 @@
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/discard_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
+#include <sluice/source/any_source.hpp>
+#include <sluice/testing/emulated_device_lane.hpp>
 #include <sluice/testing/generator.hpp>
 
 using namespace sluice;
@@ -91,30 +94,40 @@ struct logging_comm {
       log->exchange_threads.insert(std::this_thread::get_id());
     }
     log->add("exchange", exchanges++);
+    // A peer's exchange takes time; one rank's own is instant. Without this,
+    // the exchange could finish (and the window be delivered) before the
+    // next window's first read was even issued, and whether reads overlap
+    // the exchange would be a race, not what the tests observe.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     inner.exchange(s, r);
   }
   void barrier() { inner.barrier(); }
 };
 static_assert(comm::communicator<logging_comm>);
 
-// file_reader, logging the window of each batch it reads (tables: none).
-struct logging_reader {
-  file_reader inner;
+// The checkpoint's own source, logging the window of the tensor each read
+// starts in (a read covers extents of one batch: one window) and its thread.
+struct logging_source {
+  std::unique_ptr<any_source> inner;
   event_log* log;
   const policy::load_plan* plan;
   const checkpoint* ck;
-  void read(planned_reads& reads) {
-    if (!reads.empty()) {
-      const auto index = static_cast<std::size_t>(reads.front().tensor - ck->tensors().data());
-      for (const auto& e : plan->entries)
-        if (e.index == index) log->add(e.shared() ? "tables" : "read", e.window);
+  [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    for (const auto& e : plan->entries) {
+      const auto& t = ck->tensors()[e.index];
+      if (t.shard == file && t.offset <= offset && offset < t.offset + t.size) log->add(e.shared() ? "tables" : "read", e.window);
+    }
+    {
       std::lock_guard lock(log->m);
       log->read_threads.insert(std::this_thread::get_id());
     }
-    inner.read(reads);
+    return inner->read_at(file, offset, dst);
   }
-  [[nodiscard]] const io_counters& counters() const noexcept { return inner.counters(); }
+  [[nodiscard]] std::size_t file_count() const { return inner->file_count(); }
+  [[nodiscard]] std::string file_uri(std::uint32_t file) const { return inner->file_uri(file); }
+  [[nodiscard]] const io_counters& counters() const noexcept { return inner->counters(); }
 };
+static_assert(source<logging_source>);
 
 // Digests what arrives and logs the window of each delivery.
 struct logging_sink {
@@ -146,13 +159,54 @@ run_result run(event_log& log, bool overlap) {
   logging_sink s{{}, &log, {}};
   for (const auto& e : plan.entries) s.window_of[e.info.name] = e.window;
   run_result r;
-  r.st = load_distributed_with(ck, c, plan, s, opt, [&] {
-    return std::make_unique<logging_reader>(logging_reader{file_reader(ck, opt.load), &log, &plan, &ck});
+  r.st = load_distributed_with(ck, c, plan, s, opt, [&](asio::io_context& ioc) {
+    return std::make_unique<logging_source>(logging_source{ck.storage().open_source(ck, ioc, opt.load), &log, &plan, &ck});
   });
   r.windows = plan.windows;
   for (auto& [n, d] : s.digests.digests()) r.digests[n] = d.sha256;
   return r;
 }
+
+// The emulated device lane, recording which thread makes each call.
+struct thread_recording_lane {
+  testing::emulated_device_lane<comm::local> inner;
+  std::mutex m;
+  std::map<std::string, std::set<std::thread::id>> threads;
+  explicit thread_recording_lane(comm::local& c) : inner(c) {}
+  void note(const std::string& what) {
+    std::lock_guard lock(m);
+    threads[what].insert(std::this_thread::get_id());
+  }
+  lease host_buffer(unsigned slot, std::size_t n) {
+    note("host_buffer");
+    return inner.host_buffer(slot, n);
+  }
+  lease device_buffer(unsigned slot, std::size_t n) {
+    note("device_buffer");
+    return inner.device_buffer(slot, n);
+  }
+  void upload(std::span<std::byte> dst, std::span<const std::byte> src) {
+    note("upload");
+    inner.upload(dst, src);
+  }
+  void exchange(std::span<const comm::send_message> s, std::span<const comm::recv_message> r) {
+    note("exchange");
+    inner.exchange(s, r);
+  }
+};
+static_assert(device_lane<thread_recording_lane>);
+
+// Digests device views too (the emulated lane's are host memory).
+struct device_digest_sink {
+  static constexpr bool device_views = true;
+  digest_sink digests;
+  std::uint64_t device = 0;
+  bool accept(tensor_view v) {
+    if (v.kind == view_kind::device) v.kind = view_kind::bytes, device += 1;
+    if (v.kind != view_kind::bytes) return true;
+    return digests.accept(std::move(v));
+  }
+};
 
 std::map<std::string, std::string> reference_digests() {
   const auto ck = checkpoint::open(checkpoint_dir());
@@ -251,5 +305,76 @@ TEST_CASE("a multi-rank load in a program that does not link sluice::gloo names 
   } catch (const missing_component_error& e) {
     CHECK(e.component() == "sluice::gloo");
     CHECK_THAT(e.what(), Catch::Contains("link sluice::gloo"));
+  }
+}
+
+TEST_CASE("with a device lane, the driver's thread takes the lane's buffers and the exchange thread uploads and exchanges",
+          "[distributed][pipeline][lane]") {
+  const auto ref = reference_digests();
+  for (const bool overlap : {true, false}) {
+    INFO((overlap ? "overlapped" : "serial"));
+    const auto ck = checkpoint::open(checkpoint_dir());
+    const auto opt = many_windows(overlap);
+    const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", opt);
+    REQUIRE(plan.windows >= 4);
+    comm::local c;
+    thread_recording_lane lane(c);
+    device_digest_sink s;
+    const auto st = load_distributed(ck, c, plan, s, opt, lane);
+    REQUIRE(st.overlapped == overlap);
+    REQUIRE(s.device > 0);
+    REQUIRE(lane.inner.uploads() > 0);
+    std::map<std::string, std::string> got;
+    for (auto& [n, d] : s.digests.digests()) got[n] = d.sha256;
+    REQUIRE(got == ref);
+    const auto driver = std::this_thread::get_id();
+    REQUIRE(lane.threads["host_buffer"] == std::set{driver});
+    REQUIRE(lane.threads["device_buffer"] == std::set{driver});
+    REQUIRE(lane.threads["upload"].size() == 1);
+    REQUIRE(lane.threads["exchange"] == lane.threads["upload"]);  // one stage, one thread
+    REQUIRE(lane.threads["exchange"].contains(driver) == !overlap);
+  }
+}
+
+TEST_CASE("a read that fails on one window fails the load at that window's status exchange, naming the file",
+          "[distributed][pipeline]") {
+  for (const bool overlap : {false, true}) {
+    INFO((overlap ? "overlapped" : "serial"));
+    const auto ck = checkpoint::open(checkpoint_dir());
+    const auto opt = many_windows(overlap);
+    const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", opt);
+    REQUIRE(plan.windows >= 4);
+    event_log log;
+    logging_comm c{{}, &log};
+    discard_sink s;
+    // The third window's first read fails.
+    struct failing_source {
+      std::unique_ptr<any_source> inner;
+      const policy::load_plan* plan;
+      const checkpoint* ck;
+      [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+        for (const auto& e : plan->entries) {
+          const auto& t = ck->tensors()[e.index];
+          if (e.window == 2 && t.shard == file && t.offset <= offset && offset < t.offset + t.size)
+            throw io_error("injected read failure", {inner->file_uri(file), t.name, byte_range{offset, offset + dst.size()}});
+        }
+        return inner->read_at(file, offset, dst);
+      }
+      [[nodiscard]] std::size_t file_count() const { return inner->file_count(); }
+      [[nodiscard]] std::string file_uri(std::uint32_t file) const { return inner->file_uri(file); }
+      [[nodiscard]] const io_counters& counters() const noexcept { return inner->counters(); }
+    };
+    try {
+      (void)load_distributed_with(ck, c, plan, s, opt, [&](asio::io_context& ioc) {
+        return std::make_unique<failing_source>(failing_source{ck.storage().open_source(ck, ioc, opt.load), &plan, &ck});
+      });
+      FAIL("no error");
+    } catch (const distributed_error& e) {
+      REQUIRE_THAT(e.what(), Catch::Contains("rank 0 failed while reading window 3 of") &&
+                                 Catch::Contains("injected read failure") && Catch::Contains(".safetensors"));
+    }
+    // Windows 0 and 1 travelled and nothing after: the status exchange of window 2 ended the load.
+    REQUIRE(log.first("exchange", 1) >= 0);
+    REQUIRE(log.first("exchange", 2) < 0);
   }
 }

@@ -29,6 +29,21 @@ namespace sluice::inline v0 {
 /// while nobody else holds its lease (a sink that keeps views gets fresh
 /// memory). Implementations: comm::nccl_lane (CUDA + NCCL),
 /// testing::emulated_device_lane (host memory, any host communicator: tests).
+///
+/// Threads. A distributed load makes the calls from two threads, each pair
+/// from one stage of its window pipeline:
+/// - `host_buffer` and `device_buffer` from the driver's thread (the thread
+///   that called load_distributed), in read_window, as it lays out window w;
+/// - `upload` and `exchange` from the exchange stage's thread (its own
+///   long-lived thread when the windows overlap, else the driver's), in
+///   exchange_window, one window at a time, in window order.
+/// The two pairs may run at the same time for different windows: while
+/// window w travels (slots of parity w % 2), the driver lays out window w+1
+/// (the other parity's slots); a window's buffers are allocated before any
+/// of its uploads. So an implementation keeps each slot's state apart and
+/// makes what the pairs share thread-safe (the emulated lane: a byte count,
+/// atomic; comm::nccl_lane: its recycled device buffers, under a mutex, and
+/// the device bound on each thread that calls it).
 template <class L>
 concept device_lane = requires(L& l, unsigned slot, std::size_t n, std::span<std::byte> dst, std::span<const std::byte> src,
                                std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {

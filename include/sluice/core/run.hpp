@@ -20,15 +20,38 @@
 
 #include <sluice/core/channel.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/error.hpp>
 
 namespace sluice::inline v0 {
+
+namespace detail {
+// Whether this thread is running an io_context for run_blocking: a
+// run_blocking from there would block that io_context's thread (and every
+// coroutine and handler on it) until the nested one ends.
+inline thread_local bool inside_run_blocking = false;
+
+struct run_blocking_scope {
+  bool was = std::exchange(inside_run_blocking, true);
+  run_blocking_scope() = default;
+  run_blocking_scope(const run_blocking_scope&) = delete;
+  run_blocking_scope& operator=(const run_blocking_scope&) = delete;
+  ~run_blocking_scope() { inside_run_blocking = was; }
+};
+}  // namespace detail
 
 /// Runs `t` to completion on `ioc` with `threads` threads (this one included;
 /// with more than one, `t` runs on a strand of `ioc`), then returns its result
 /// or rethrows its exception once every handler has run. Restarts `ioc`
 /// first, so one io_context can run tasks one after another.
+///
+/// For plain threads only: called from a coroutine or handler that a
+/// run_blocking runs, it throws usage_error before running anything (it
+/// would block that thread's io_context; co_await the task instead).
 template <class T>
 T run_blocking(asio::io_context& ioc, task<T> t, unsigned threads = 1) {
+  if (detail::inside_run_blocking)
+    throw usage_error("run_blocking called from a coroutine or handler run by run_blocking: it would block that "
+                      "io_context's thread (co_await the task instead)");
   std::exception_ptr failure;
   std::optional<std::conditional_t<std::is_void_v<T>, bool, T>> result;
   auto spawn = [&](auto ex) {
@@ -50,8 +73,15 @@ T run_blocking(asio::io_context& ioc, task<T> t, unsigned threads = 1) {
     spawn(ioc.get_executor());
   ioc.restart();
   std::vector<std::thread> helpers;
-  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back([&ioc] { ioc.run(); });
-  ioc.run();
+  for (unsigned i = 1; i < threads; ++i)
+    helpers.emplace_back([&ioc] {
+      const detail::run_blocking_scope scope;
+      ioc.run();
+    });
+  {
+    const detail::run_blocking_scope scope;
+    ioc.run();
+  }
   for (auto& th : helpers) th.join();
   if (failure) std::rethrow_exception(failure);
   if constexpr (!std::is_void_v<T>) return std::move(*result);

@@ -1,74 +1,79 @@
 #pragma once
 /// \file
-/// deliver_window: window_state → window number. The place step of a
+/// deliver_window: window_state → window_ticket. The place step of a
 /// distributed load: calls the sink for every tensor of the window, in plan
 /// order, the same calls on every rank — owners get their bytes
 /// (`view_kind::bytes`, or `view_kind::device` with a device lane; under
 /// TP > 1 their part, `tensor_view::part` saying which), non-owners a
 /// `view_kind::placeholder` view (unless `placeholders` is off), every
 /// local rank a `view_kind::shared` view of a shared table. Then it releases
-/// the window and gives its credit back. A sink that throws does not stop
-/// the stage: the failure is recorded and reported to the peers by the next
-/// status exchange, and from then on (as after any failure of this rank) the
-/// sink is not called again.
+/// the window and passes on its ticket (the window's stats; the driver hands
+/// out the next window's ticket for it). A sink that throws does not stop the
+/// stage: its error leaves in the ticket (window_ticket::failure), the driver
+/// puts it in the next window's ticket, and that window's status exchange
+/// reports it (or, after the last window, the driver's final one); from then
+/// on the sink is not called again.
 
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <variant>
 
+#include <sluice/checkpoint.hpp>
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/lease.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/distributed/fault.hpp>
-#include <sluice/distributed/load_context.hpp>
 #include <sluice/distributed/window.hpp>
+#include <sluice/memory/shared_host.hpp>
+#include <sluice/policy/plan.hpp>
+#include <sluice/sink/any_sink.hpp>
 #include <sluice/stages/concepts.hpp>
 #include <sluice/tensor_view.hpp>
 
 namespace sluice::inline v0::detail {
 
-template <device_lane Lane>
 class deliver_window : public pipeable {
  public:
   using input_type = window_state;
-  using output_type = std::uint32_t;  ///< the window delivered
+  using output_type = window_ticket;  ///< the window delivered
 
-  explicit deliver_window(load_context<Lane>& ctx) : ctx_(&ctx) {}
+  /// `segment`: the node's shared segment (shared tables' views);
+  /// `placeholders`: distributed_options::placeholders.
+  deliver_window(const checkpoint& ck, const policy::load_plan& plan, policy::rank_t me, const memory::shared_host& segment,
+                 any_sink sink, bool placeholders)
+      : ck_(&ck), plan_(&plan), me_(me), segment_(&segment), sink_(sink), placeholders_(placeholders) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     for (;;) {
       auto ws = co_await in.receive();
       if (!ws) break;
-      const auto w = ws->window;
-      deliver(*ws);
+      window_ticket t{ws->window, {}, ws->stats};
+      deliver(*ws, t);
       ws.reset();  // the window's buffers, before read_window reuses them
-      co_await ctx_->credits.send({});
-      co_await out.send(w);
+      co_await out.send(std::move(t));
     }
   }
 
  private:
-  void deliver(const window_state& ws) {
-    auto& c = *ctx_;
-    const auto& plan = c.plan;
-    auto& st = c.st;
-    fault_point("delivery", c.me);
-    if (c.failure) return;  // the load fails at the next status exchange: the sink is not called again
+  void deliver(const window_state& ws, window_ticket& t) {
+    const auto& plan = *plan_;
+    auto& st = t.stats;
+    fault_point("delivery", me_);
+    if (failed_) return;  // the load fails at the next status exchange: the sink is not called again
     const auto d0 = std::chrono::steady_clock::now();
     try {
       for (std::size_t i = ws.begin; i < ws.end; ++i) {
         const auto& e = plan.entries[i];
         tensor_view v;
-        v.tensor = &c.ck.tensors()[e.index];
+        v.tensor = &ck_->tensors()[e.index];
         if (e.shared()) {
           v.kind = view_kind::shared;
-          v.bytes = c.segment.bytes().subspan(e.shared_offset, e.info.size);
-          v.hold = lease(c.segment.keep(), c.segment.bytes());  // the whole segment: a sink registers it once
+          v.bytes = segment_->bytes().subspan(e.shared_offset, e.info.size);
+          v.hold = lease(segment_->keep(), segment_->bytes());  // the whole segment: a sink registers it once
           v.host_destined = true;
           st.shared_views += 1;
-        } else if (e.owners.contains(c.me)) {
+        } else if (e.owners.contains(me_)) {
           const auto& L = ws.lanes[ws.lane_of[i - ws.begin]];
           const bool dev = L.which == window_lane::device;
           v.kind = dev ? view_kind::device : view_kind::bytes;
@@ -76,26 +81,33 @@ class deliver_window : public pipeable {
           v.hold = dev ? L.dev_kept : L.kept;
           v.host_destined = e.owner_destination == policy::destination::host;
           if (e.split != policy::tp_split::none)
-            v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.tp_rank(c.me)),
+            v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.tp_rank(me_)),
                       static_cast<std::uint32_t>(plan.tp)};
           st.owned += 1;
           st.device_views += dev ? 1 : 0;
-        } else if (c.opt.placeholders) {
+        } else if (placeholders_) {
           v.kind = view_kind::placeholder;
           st.placeholders += 1;
         } else {
           continue;
         }
         st.tensors += 1;
-        st.accepted += c.sink.accept(std::move(v)) ? 1 : 0;
+        st.accepted += sink_.accept(std::move(v)) ? 1 : 0;
       }
     } catch (...) {
-      c.fail(std::current_exception());
+      failed_ = true;
+      t.failure = std::current_exception();
     }
     st.deliver_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
   }
 
-  load_context<Lane>* ctx_;
+  const checkpoint* ck_;
+  const policy::load_plan* plan_;
+  policy::rank_t me_;
+  const memory::shared_host* segment_;
+  any_sink sink_;
+  bool placeholders_;
+  bool failed_ = false;  // the sink threw: it is not called again
 };
 
 }  // namespace sluice::inline v0::detail

@@ -8,10 +8,13 @@
 ///     read_window | exchange_window | deliver_window
 ///
 /// (read_window.hpp, exchange_window.hpp, deliver_window.hpp), each stage
-/// typed by what it passes on: window number → window_state (this rank's
-/// slices read, through coalesce | fetch | stage | place) → window_state
-/// (every slice at the ranks that keep it) → window delivered. See
-/// <sluice/distributed.hpp> for the whole picture.
+/// typed by what it passes on: window_ticket (the window to read, this
+/// rank's status) → window_state (this rank's slices read, through
+/// coalesce | fetch | stage | place, as tasks on the driver's io_context) →
+/// window_state (every slice at the ranks that keep it) → window_ticket (the
+/// window delivered, its stats, its delivery's status). Every read of the
+/// load runs on one io_context, which this thread runs for each phase that
+/// reads. See <sluice/distributed.hpp> for the whole picture.
 
 #include <utility>
 
@@ -21,7 +24,6 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -42,8 +44,6 @@
 #include <sluice/distributed/deliver_window.hpp>
 #include <sluice/distributed/exchange_window.hpp>
 #include <sluice/distributed/fault.hpp>
-#include <sluice/distributed/file_reader.hpp>
-#include <sluice/distributed/load_context.hpp>
 #include <sluice/distributed/options.hpp>
 #include <sluice/distributed/peers.hpp>
 #include <sluice/distributed/read_window.hpp>
@@ -57,13 +57,6 @@
 
 namespace sluice::inline v0 {
 
-/// Makes the reader of a distributed load (called once, inside the failure protocol).
-using reader_factory = std::function<std::unique_ptr<any_slice_reader>()>;
-/// Makes a reader sized for a phase in which fewer of the node's ranks read
-/// (reader_sizing::readers): the shared tables' reader of a rank that is one
-/// of fewer table readers than local ranks. Empty: that rank reads the tables
-/// through the windows' reader.
-using sized_reader_factory = std::function<std::unique_ptr<any_slice_reader>(const reader_sizing&)>;
 
 namespace detail {
 // The ranks of `me`'s node (me / local_size) that read shared-table bytes.
@@ -78,20 +71,60 @@ inline std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan
   return readers;
 }
 
-template <class Pipeline, device_lane Lane>
-task<void> run_windows(Pipeline& pipeline, load_context<Lane>& ctx, unsigned credits) {
-  for (unsigned i = 0; i < credits; ++i) co_await ctx.credits.send({});
-  std::vector<std::uint32_t> windows(ctx.plan.windows);
-  std::iota(windows.begin(), windows.end(), 0u);
-  co_await run_pipeline(pipeline, windows, [](std::uint32_t) {});
+// Runs the window pipeline (window_ticket → window_ticket) over `windows`
+// windows with `credits` of them in flight at most: the first `credits`
+// tickets go in at once, and each window that comes out delivered lets the
+// next one in, carrying the delivery failures so far (this rank's status,
+// which the next window's status exchange reports). Returns the windows'
+// stats added up, with the first delivery failure. An error of a stage (a
+// peer's failure, a lost peer) aborts the pipeline's channels, this loop's
+// included, and is rethrown once every stage has stopped.
+template <class Pipeline>
+task<window_ticket> run_windows(Pipeline& pipeline, std::uint32_t windows, unsigned credits) {
+  auto ex = co_await this_executor;
+  channel<window_ticket> in{credits}, out{credits};
+  std::exception_ptr stage_failure;
+  joined_spawn runner(ex, pipeline.run(in, out), [&in, &out, &stage_failure](std::exception_ptr e) {
+    if (e) {
+      stage_failure = e;
+      out.abort(e);
+      in.abort(e);
+    } else {
+      out.close();
+    }
+  });
+  window_ticket total;
+  std::exception_ptr failure;
+  try {
+    std::uint32_t next = 0;
+    for (; next < std::min<std::uint32_t>(windows, credits); ++next) co_await in.send({next, {}, {}});
+    if (next == windows) in.close();
+    for (;;) {
+      auto done = co_await out.receive();
+      if (!done) break;
+      total.stats += done->stats;
+      if (done->failure && !total.failure) total.failure = done->failure;
+      if (next < windows) {
+        co_await in.send({next++, total.failure, {}});
+        if (next == windows) in.close();
+      }
+    }
+  } catch (...) {
+    failure = std::current_exception();
+    in.abort(failure);
+    out.abort(failure);
+  }
+  co_await runner.join();
+  if (stage_failure) std::rethrow_exception(stage_failure);
+  if (failure) std::rethrow_exception(failure);
+  co_return total;
 }
 
 /// The driver, compiled once per communicator and device lane (the sink and
 /// the reader are type-erased: one indirect call per tensor and per batch).
 template <comm::communicator Comm, device_lane Lane>
 distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& plan, any_sink s,
-                        const distributed_options& opt, const reader_factory& make_reader,
-                        const sized_reader_factory& make_table_reader, Lane& lane) {
+                        const distributed_options& opt, const source_factory& open_source, bool sized_tables, Lane& lane) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
@@ -127,8 +160,9 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   // sizes); a rank that cannot (out of memory) fails every rank.
   run_phase(c, "reserving the sink's memory", [&] { s.reserve(plan, me); });
 
-  // I/O set-up: one reader (io_context, staging pool, source) for every
-  // window. A rank that is one of fewer table readers than its node has ranks
+  // I/O set-up: one reader (source, staging pool) for every window, its
+  // reads tasks on this io_context, which this thread runs for each phase
+  // that reads (never from inside a coroutine: core/run.hpp). A rank that is one of fewer table readers than its node has ranks
   // (shared-single) reads the tables while the others wait: it gets a reader
   // of its own with their share of the node's I/O (S3 connections, queue
   // depth), gone once the tables are read.
@@ -136,13 +170,14 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   const auto table_readers = shared ? detail::node_table_readers(plan, me) : std::set<policy::rank_t>{};
   const bool reads_tables = table_readers.contains(me);
   st.table_readers = table_readers.size();
-  std::unique_ptr<any_slice_reader> reader, table_reader;
+  asio::io_context ioc{1};  // before the readers, whose sources are bound to it: destroyed after them
+  std::unique_ptr<slice_reader> reader, table_reader;
   run_phase(c, "setting up I/O", [&] {
-    reader = make_reader();
-    if (!reader) throw config_error("load_distributed_with: the reader factory returned no reader");
+    reader = std::make_unique<slice_reader>(open_source(ioc, {plan.local_size, opt.connections_per_rank}), opt.load);
     st.connections = reader->connections();
-    if (reads_tables && table_readers.size() < plan.local_size && make_table_reader)
-      table_reader = make_table_reader({plan.local_size, opt.connections_per_rank, table_readers.size()});
+    if (reads_tables && table_readers.size() < plan.local_size && sized_tables)
+      table_reader = std::make_unique<slice_reader>(
+          open_source(ioc, {plan.local_size, opt.connections_per_rank, table_readers.size()}), opt.load);
     if (reads_tables) {
       const auto& tr = table_reader ? *table_reader : *reader;
       st.table_connections = tr.connections();
@@ -153,7 +188,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   std::uint64_t table_storage_bytes = 0, table_requests = 0;
   memory::shared_host segment;
   const auto buffers = opt.buffers ? opt.buffers : std::make_shared<window_buffers>();
-  load_context<Lane> ctx{ck, plan, opt, lane, s, *reader, segment, *buffers, me, st};
+  std::uint64_t fetched = 0;  // tensor bytes this rank read (shared tables included)
 
   // Shared segment: created by local rank 0 of each node, attached by the others.
   st.shared_bytes = shared ? plan.shared_bytes : 0;
@@ -189,12 +224,8 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
             st.shared_bytes_written += r.size;
           }
       }
-      if (table_reader) {
-        for (const auto& r : reads) ctx.fetched += r.size;
-        table_reader->read(reads);
-      } else {
-        ctx.read(reads);
-      }
+      for (const auto& r : reads) fetched += r.size;
+      run_blocking(ioc, (table_reader ? *table_reader : *reader).read(reads));
       if (table_reader) {
         table_storage_bytes = table_reader->counters().bytes_read.load();
         table_requests = table_reader->counters().requests.load();
@@ -213,15 +244,20 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   st.overlapped = overlap;
   std::optional<asio::thread_pool> exchange_thread;
   if (overlap) exchange_thread.emplace(1);
-  auto pipeline = read_window<Lane>(ctx) | exchange_window<Comm, Lane>(ctx, c, exchange_thread ? &*exchange_thread : nullptr) |
-                  deliver_window<Lane>(ctx);
-  {
-    asio::io_context ioc{1};
-    run_blocking(ioc, run_windows(pipeline, ctx, overlap ? 2u : 1u));
-  }
-  check_peers(c, ctx.failure, "delivering tensors to the sink");
+  auto pipeline = read_window<Lane>(ck, plan, me, lane, *buffers, *reader) |
+                  exchange_window<Comm, Lane>(c, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
+                  deliver_window(ck, plan, me, segment, s, opt.placeholders);
+  auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
+  const auto& w = done.stats;
+  st.read_seconds += w.read_seconds, st.exchange_seconds += w.exchange_seconds, st.deliver_seconds += w.deliver_seconds;
+  st.bytes_sent += w.sent, st.bytes_received += w.received, st.bytes_uploaded += w.uploaded, st.messages += w.messages;
+  st.tensors += w.tensors, st.accepted += w.accepted, st.owned += w.owned, st.placeholders += w.placeholders;
+  st.shared_views += w.shared_views, st.device_views += w.device_views;
+  fetched += w.fetched;
+  // A delivery of the last windows that failed: no window's status exchange reported it yet.
+  check_peers(c, done.failure, "delivering tensors to the sink");
   run_phase(c, "finishing the sink", [&] { s.finish(); });
-  st.bytes_read = ctx.fetched;
+  st.bytes_read = fetched;
   st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes;
   st.requests = reader->counters().requests.load() + table_requests;
   st.seconds = since(t0);
@@ -230,45 +266,56 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
 
 extern template distributed_stats drive<comm::local, no_device_lane>(const checkpoint&, comm::local&, const policy::load_plan&,
                                                                      any_sink, const distributed_options&,
-                                                                     const reader_factory&, const sized_reader_factory&,
-                                                                     no_device_lane&);
+                                                                     const source_factory&, bool, no_device_lane&);
 
 }  // namespace detail
 
 /// The driver, with the data path as a parameter: loads this rank's part of
 /// `ck` into `s` per `plan`, exchanging the rest over `c`, reading through
-/// the reader that `make_reader()` returns (a std::unique_ptr to a
-/// slice_reader). It is called once, after the ranks agreed on the plan and
+/// the source that `open_source(ioc)` returns (a std::unique_ptr to a
+/// `source`, or to an any_source; its reads must run on `ioc`, the driver's
+/// io_context). It is called once, after the ranks agreed on the plan and
 /// inside the failure protocol: if it throws on any rank, every rank throws
 /// distributed_error naming that rank ("... while setting up I/O: ...").
 /// Every rank must call it with the same checkpoint and plan. Throws
 /// distributed_error (a rank failed), comm::comm_error (a peer is gone) or
 /// config_error (the plan does not fit the world) — on every rank. The
-/// reader it returns reads the shared tables too (no table-phase sizing:
-/// see load_distributed).
+/// source it returns reads the shared tables too (no table-phase sizing:
+/// see load_distributed); a source that is not an any_source keeps
+/// `opt.load.queue_depth` reads in flight.
 ///
 /// With a `device_lane`, tensors destined for the device travel in its memory
 /// (uploaded from the rank's reads, exchanged by the lane: NCCL) and reach the
 /// sink as `view_kind::device` views; tensors for host memory still travel
 /// over `c`. Without one, everything travels in host memory over `c`.
-template <comm::communicator Comm, sink Sink, class MakeReader, device_lane Lane>
-  requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
+template <comm::communicator Comm, sink Sink, class OpenSource, device_lane Lane>
+  requires std::invocable<OpenSource&, asio::io_context&>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
-                                        const distributed_options& opt, MakeReader make_reader, Lane& lane) {
+                                        const distributed_options& opt, OpenSource open_source, Lane& lane) {
   static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
-  return detail::drive(ck, c, plan, any_sink(s), opt, [&make_reader] { return any_slice_reader::wrap(make_reader()); }, {},
-                       lane);
+  using S = typename std::invoke_result_t<OpenSource&, asio::io_context&>::element_type;
+  static_assert(source<S>, "sluice: open_source(ioc) must return a std::unique_ptr to a sluice::source");
+  const source_factory open = [&open_source, depth = opt.load.queue_depth](asio::io_context& ioc,
+                                                                           const reader_sizing&) -> std::unique_ptr<any_source> {
+    auto src = open_source(ioc);
+    if (!src) throw config_error("load_distributed_with: open_source returned no source");
+    if constexpr (std::is_same_v<S, any_source>)
+      return src;
+    else
+      return any_source::wrap(std::move(src), depth);
+  };
+  return detail::drive(ck, c, plan, any_sink(s), opt, open, false, lane);
 }
 
-template <comm::communicator Comm, sink Sink, class MakeReader>
-  requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
+template <comm::communicator Comm, sink Sink, class OpenSource>
+  requires std::invocable<OpenSource&, asio::io_context&>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
-                                        const distributed_options& opt, MakeReader make_reader) {
+                                        const distributed_options& opt, OpenSource open_source) {
   no_device_lane none;
-  return load_distributed_with(ck, c, plan, s, opt, std::move(make_reader), none);
+  return load_distributed_with(ck, c, plan, s, opt, std::move(open_source), none);
 }
 
 /// Loads this rank's part of `ck` into `s` per `plan`, reading through the
@@ -291,12 +338,10 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
-  return detail::drive(ck, c, plan, any_sink(s), opt,
-                       [&] {
-                         return ck.storage().slice_reader(ck, opt.load, {plan.local_size, opt.connections_per_rank});
-                       },
-                       [&](const reader_sizing& sizing) { return ck.storage().slice_reader(ck, opt.load, sizing); },
-                       lane);
+  const source_factory open = [&](asio::io_context& ioc, const reader_sizing& sizing) {
+    return ck.storage().open_source(ck, ioc, opt.load, sizing);
+  };
+  return detail::drive(ck, c, plan, any_sink(s), opt, open, true, lane);
 }
 
 template <comm::communicator Comm, sink Sink>

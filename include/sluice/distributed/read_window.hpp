@@ -1,30 +1,35 @@
 #pragma once
 /// \file
-/// read_window: window number → window_state. The first stage of a
+/// read_window: window_ticket → window_state. The first stage of a
 /// distributed load's window pipeline (read_window | exchange_window |
-/// deliver_window). For each window it takes a credit (a free set of window
-/// buffers), lays the window out (window.hpp), reads this rank's planned
-/// slices through the reader (coalesce | fetch | stage | place, into the
-/// window's host memory), cuts column parts, and lists the device lane's
-/// uploads. A read failure does not throw: it is recorded in the context and
-/// reported to the peers by the next status exchange, so that every rank
-/// stops at the same point.
+/// deliver_window). For each ticket it lays the window out (window.hpp),
+/// reads this rank's planned slices through the slice reader (a task on the
+/// driver's io_context: coalesce | fetch | stage | place, into the window's
+/// host memory), cuts column parts, and lists the device lane's uploads. A
+/// failure of this rank (a read of this window, or a delivery the ticket
+/// reports) does not throw: it travels in the window (window_state::failure)
+/// to its status exchange, so that every rank stops at the same point; from
+/// then on this stage reads nothing more.
+///
+/// Its state is its own: where it is in the plan, and this rank's failure so
+/// far. It calls the lane's host_buffer / device_buffer (on the driver's
+/// thread; see device_lane).
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <type_traits>
 
-#include <boost/asio/post.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
+#include <sluice/checkpoint.hpp>
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/distributed/fault.hpp>
-#include <sluice/distributed/load_context.hpp>
+#include <sluice/distributed/slice_reader.hpp>
 #include <sluice/distributed/window.hpp>
+#include <sluice/policy/plan.hpp>
 #include <sluice/stages/concepts.hpp>
 
 namespace sluice::inline v0::detail {
@@ -32,99 +37,114 @@ namespace sluice::inline v0::detail {
 template <device_lane Lane>
 class read_window : public pipeable {
  public:
-  using input_type = std::uint32_t;  ///< window number, in plan order
+  using input_type = window_ticket;  ///< the window to read, in plan order
   using output_type = window_state;
 
-  explicit read_window(load_context<Lane>& ctx) : ctx_(&ctx) {}
+  read_window(const checkpoint& ck, const policy::load_plan& plan, policy::rank_t me, Lane& lane, window_buffers& buffers,
+              slice_reader& reader)
+      : ck_(&ck), plan_(&plan), me_(me), lane_(&lane), buffers_(&buffers), reader_(&reader) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
-    auto ex = co_await this_executor;
+    using clock = std::chrono::steady_clock;
     for (;;) {
-      const auto w = co_await in.receive();
-      if (!w) break;
-      (void)co_await ctx_->credits.receive();
-      co_await out.send(read(*w));
-      // Let the exchange stage hand window w to its thread before this
-      // thread reads window w+1 (otherwise nothing would overlap).
-      co_await asio::post(ex, asio::use_awaitable);
+      auto t = co_await in.receive();
+      if (!t) break;
+      if (t->failure && !failure_) failure_ = t->failure;
+      fault_point("reads", me_);
+      const auto r0 = clock::now();
+      window_state ws;
+      planned_reads reads;
+      if (!failure_) {
+        try {
+          reads = lay_out(t->window, ws);
+          for (const auto& r : reads) ws.stats.fetched += r.size;
+          co_await reader_->read(reads);  // one batch for every lane: adjacent slices still coalesce
+          for (auto& L : ws.lanes) cut_and_list_uploads(L);
+        } catch (...) {
+          failure_ = std::current_exception();
+        }
+      }
+      if (failure_) ws = failed(t->window, ws.stats.fetched);
+      ws.failure = failure_;
+      ws.stats.read_seconds = std::chrono::duration<double>(clock::now() - r0).count();
+      co_await out.send(std::move(ws));
     }
   }
 
  private:
-  window_state read(std::uint32_t w) {
-    using clock = std::chrono::steady_clock;
-    auto& c = *ctx_;
-    const auto& plan = c.plan;
-    const auto me = c.me;
-    fault_point("reads", me);
+  // A window of a rank that failed: no layout, only what its status exchange needs.
+  window_state failed(std::uint32_t w, std::uint64_t fetched) const {
     window_state ws;
     ws.window = w;
+    ws.stats.fetched = fetched;
+    return ws;
+  }
+
+  // Lays window `w` out: its entries, lanes, memory and messages; returns this
+  // rank's reads of it (into the window's host memory).
+  planned_reads lay_out(std::uint32_t w, window_state& ws) {
+    const auto& plan = *plan_;
+    const auto me = me_;
+    ws.window = w;
+    while (next_entry_ < plan.entries.size() && plan.entries[next_entry_].window < w) ++next_entry_;
     ws.begin = next_entry_;
     ws.end = ws.begin;
     while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
     next_entry_ = ws.end;
     ws.kept_at.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);
-    const auto r0 = clock::now();
-    try {
-      constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
-      constexpr auto none = window_layout::none;
-      if constexpr (with_lane) {
-        ws.lanes.resize(2);
-        ws.lanes[0].which = window_lane::host;
-        ws.lanes[1].which = window_lane::device;
-      } else {
-        ws.lanes.resize(1);
-      }
-      // The layouts' offsets become spans of this window's buffers (host
-      // memory for the reads; for the device lane, also its memory).
-      planned_reads reads;
-      for (std::uint8_t k = 0; k < ws.lanes.size(); ++k) {
-        auto& L = ws.lanes[k];
-        const bool dev = L.which == window_lane::device;
-        L.layout = layout_window(plan, me, ws.begin, ws.end, L.which);
-        const auto& lay = L.layout;
-        const unsigned slot = (w % 2) * 2;
-        L.kept = dev ? c.lane.host_buffer(slot, lay.kept_bytes) : c.buffers.at(w % 2, 0).get(lay.kept_bytes);
-        L.scratch = dev ? c.lane.host_buffer(slot + 1, lay.scratch_bytes) : c.buffers.at(w % 2, 1).get(lay.scratch_bytes);
-        if (dev) {
-          L.dev_kept = c.lane.device_buffer(slot, lay.kept_bytes);
-          L.dev_scratch = c.lane.device_buffer(slot + 1, lay.scratch_bytes);
-        }
-        for (std::size_t i = ws.begin; i < ws.end; ++i)
-          if (lay.kept_off[i - ws.begin] != none) {
-            ws.kept_at[i - ws.begin] = L.data_at({true, lay.kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i]));
-            ws.lane_of[i - ws.begin] = k;
-          }
-        for (const auto& m : window_messages(plan, lay, me, ws.begin, ws.end, L.which)) {
-          if (m.send)
-            L.sends.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.sent += m.size;
-          else
-            L.recvs.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.received += m.size;
-        }
-        for (const auto& r : lay.reads) {
-          const auto& e = plan.entries[r.entry];
-          const auto& rd = e.reads[r.read];
-          reads.push_back({&c.ck.tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
-          // What a device-lane rank read travels or stays as read, except the
-          // whole rows of a column split: its cut parts do.
-          if (dev && rd.size && e.split != policy::tp_split::columns)
-            L.uploads.emplace_back(L.data_at(r.at, rd.size), L.host_at(r.at, rd.size));
-        }
-      }
-      c.read(reads);  // one batch for every lane: adjacent slices still coalesce
-      for (auto& L : ws.lanes) cut_and_list_uploads(L);
-    } catch (...) {
-      c.fail(std::current_exception());
+    constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
+    constexpr auto none = window_layout::none;
+    if constexpr (with_lane) {
+      ws.lanes.resize(2);
+      ws.lanes[0].which = window_lane::host;
+      ws.lanes[1].which = window_lane::device;
+    } else {
+      ws.lanes.resize(1);
     }
-    c.st.read_seconds += std::chrono::duration<double>(clock::now() - r0).count();
-    return ws;
+    // The layouts' offsets become spans of this window's buffers (host
+    // memory for the reads; for the device lane, also its memory).
+    planned_reads reads;
+    for (std::uint8_t k = 0; k < ws.lanes.size(); ++k) {
+      auto& L = ws.lanes[k];
+      const bool dev = L.which == window_lane::device;
+      L.layout = layout_window(plan, me, ws.begin, ws.end, L.which);
+      const auto& lay = L.layout;
+      const unsigned slot = (w % 2) * 2;
+      L.kept = dev ? lane_->host_buffer(slot, lay.kept_bytes) : buffers_->at(w % 2, 0).get(lay.kept_bytes);
+      L.scratch = dev ? lane_->host_buffer(slot + 1, lay.scratch_bytes) : buffers_->at(w % 2, 1).get(lay.scratch_bytes);
+      if (dev) {
+        L.dev_kept = lane_->device_buffer(slot, lay.kept_bytes);
+        L.dev_scratch = lane_->device_buffer(slot + 1, lay.scratch_bytes);
+      }
+      for (std::size_t i = ws.begin; i < ws.end; ++i)
+        if (lay.kept_off[i - ws.begin] != none) {
+          ws.kept_at[i - ws.begin] = L.data_at({true, lay.kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i]));
+          ws.lane_of[i - ws.begin] = k;
+        }
+      for (const auto& m : window_messages(plan, lay, me, ws.begin, ws.end, L.which)) {
+        if (m.send)
+          L.sends.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.sent += m.size;
+        else
+          L.recvs.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.received += m.size;
+      }
+      for (const auto& r : lay.reads) {
+        const auto& e = plan.entries[r.entry];
+        const auto& rd = e.reads[r.read];
+        reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
+        // What a device-lane rank read travels or stays as read, except the
+        // whole rows of a column split: its cut parts do.
+        if (dev && rd.size && e.split != policy::tp_split::columns)
+          L.uploads.emplace_back(L.data_at(r.at, rd.size), L.host_at(r.at, rd.size));
+      }
+    }
+    return reads;
   }
 
   // Column-split tensors: cuts each TP part out of the rows this rank read;
   // then merges adjacent uploads into one copy.
   void cut_and_list_uploads(lane_window& L) const {
-    const auto& plan = ctx_->plan;
+    const auto& plan = *plan_;
     const bool dev = L.which == window_lane::device;
     const auto& mine = L.layout.reads;
     for (const auto& cut : L.layout.cuts) {
@@ -150,8 +170,14 @@ class read_window : public pipeable {
     for (const auto& u : L.uploads) L.uploaded += u.first.size();
   }
 
-  load_context<Lane>* ctx_;
-  std::size_t next_entry_ = 0;
+  const checkpoint* ck_;
+  const policy::load_plan* plan_;
+  policy::rank_t me_;
+  Lane* lane_;
+  window_buffers* buffers_;
+  slice_reader* reader_;
+  std::size_t next_entry_ = 0;   // the plan's first entry not yet laid out
+  std::exception_ptr failure_;   // this rank's first failure (sticky)
 };
 
 }  // namespace sluice::inline v0::detail

@@ -1,37 +1,32 @@
 #pragma once
 /// \file
-/// The data path of a distributed load: a `slice_reader` reads a batch of
-/// planned byte ranges straight into their destinations, through
-/// coalesce | fetch | stage | place on an io_context it owns.
+/// The data path of a distributed load, written once over any backend's
+/// source (catalog::open_source): a `slice_reader` reads a batch of planned
+/// byte ranges straight into their destinations, through
+/// coalesce | fetch | stage | place, as a task on the driver's io_context
+/// (the executor its source was opened on).
 
 #include <utility>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
-#include <string>
-#include <string_view>
-#include <thread>
-#include <type_traits>
-#include <map>
-#include <unordered_map>
+#include <span>
+#include <stop_token>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
 
 #include <fmt/format.h>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/error.hpp>
-#include <sluice/core/run.hpp>
 #include <sluice/core/staging_pool.hpp>
+#include <sluice/core/task.hpp>
+#include <sluice/error.hpp>
 #include <sluice/load.hpp>
+#include <sluice/source/any_source.hpp>
 #include <sluice/source/concepts.hpp>
 #include <sluice/stages/coalesce.hpp>
 #include <sluice/stages/fetch.hpp>
@@ -45,66 +40,12 @@ namespace sluice::inline v0 {
 /// `direct` span is where its bytes go (a window buffer or the shared segment).
 using planned_reads = std::vector<byte_extent>;
 
-/// The data path of a distributed load. `read(reads)` reads every extent of
-/// the batch into its destination and returns once all arrived; on failure it
-/// throws the first error (naming the file or object and the range) after
-/// every read of the batch has completed, so no destination is written after
-/// it returns. `counters().bytes_read` is what storage delivered
-/// (distributed_stats::storage_bytes). A reader may also report
-/// `connections()` (distributed_stats::connections). One thread uses it.
-template <class R>
-concept slice_reader = requires(R& r, const R& cr, planned_reads& reads) {
-  { r.read(reads) } -> std::same_as<void>;
-  { cr.counters() } -> std::same_as<const io_counters&>;
-};
-
-/// A slice_reader behind a virtual interface, so that the distributed driver
-/// is compiled once for every reader (local files, S3, a test's own).
-class any_slice_reader {
- public:
-  virtual ~any_slice_reader() = default;
-  virtual void read(planned_reads& reads) = 0;
-  [[nodiscard]] virtual const io_counters& counters() const noexcept = 0;
-  /// Connections of an S3 reader's client; 0 for readers without any.
-  [[nodiscard]] virtual std::size_t connections() const noexcept { return 0; }
-  /// Reads (or GETs) in flight at most; 0 for readers that do not say.
-  [[nodiscard]] virtual unsigned queue_depth() const noexcept { return 0; }
-
-  /// Owns `r` behind this interface.
-  template <slice_reader R>
-  [[nodiscard]] static std::unique_ptr<any_slice_reader> wrap(std::unique_ptr<R> r);
-};
-
-namespace detail {
-template <slice_reader R>
-class slice_reader_holder final : public any_slice_reader {
- public:
-  explicit slice_reader_holder(std::unique_ptr<R> r) : r_(std::move(r)) {}
-  void read(planned_reads& reads) override { r_->read(reads); }
-  [[nodiscard]] const io_counters& counters() const noexcept override { return r_->counters(); }
-  [[nodiscard]] std::size_t connections() const noexcept override {
-    if constexpr (requires(const R& x) { x.connections(); })
-      return r_->connections();
-    else
-      return 0;
-  }
-  [[nodiscard]] unsigned queue_depth() const noexcept override {
-    if constexpr (requires(const R& x) { x.queue_depth(); })
-      return r_->queue_depth();
-    else
-      return 0;
-  }
-
- private:
-  std::unique_ptr<R> r_;
-};
-}  // namespace detail
-
-template <slice_reader R>
-std::unique_ptr<any_slice_reader> any_slice_reader::wrap(std::unique_ptr<R> r) {
-  if (!r) return nullptr;
-  return std::make_unique<detail::slice_reader_holder<R>>(std::move(r));
-}
+/// Opens the source a distributed load reads through, on the driver's
+/// io_context, for this rank's share of the node's I/O (called inside the
+/// failure protocol: once for the windows, and once more, sized for a phase
+/// in which fewer of the node's ranks read, for the shared tables of a rank
+/// that is one of fewer table readers than local ranks).
+using source_factory = std::function<std::unique_ptr<any_source>(asio::io_context&, const reader_sizing&)>;
 
 namespace detail {
 
@@ -125,34 +66,6 @@ struct destination_sink {
   }
 };
 
-template <source Source>
-[[nodiscard]] task<void> read_into(std::vector<byte_extent> jobs, Source& src, destination_sink& s, staging_pool& pool,
-                                   load_options opt) {
-  auto pipeline = coalesce({request_bytes_for(opt.max_read, pool.slot_size())}) | fetch<Source>(src, pool, {opt.queue_depth}) | stage({false}) |
-                  place<destination_sink>(s);
-  co_await run_pipeline(pipeline, jobs, [](const placement&) {}, opt.stop);
-}
-
-// Reads a batch through coalesce | fetch | stage | place on `ioc`, run by the
-// calling thread (one thread: the pipeline and the source share it). Extents
-// of `stage_below` bytes or more are read straight into their destination;
-// smaller ones into a staging slot, merged with file-adjacent ones into one
-// request (up to max_read), and copied out.
-template <source Source>
-void read_slices(asio::io_context& ioc, Source& src, staging_pool& pool, const load_options& opt, planned_reads& reads,
-                 std::uint64_t stage_below = 0) {
-  destination_sink sink;
-  std::vector<byte_extent> jobs;
-  jobs.reserve(reads.size());
-  for (auto x : reads) {
-    if (!x.size) continue;
-    sink.dest.emplace(std::pair{x.tensor, x.offset}, x.direct);
-    if (x.size < stage_below) x.direct = {};
-    jobs.push_back(x);
-  }
-  if (jobs.empty()) return;
-  run_blocking(ioc, read_into(std::move(jobs), src, sink, pool, opt));
-}
 
 // Every read of a distributed load has a destination (the segment or a
 // window buffer): a reader's pool only needs slots for the reads it stages
@@ -162,7 +75,69 @@ inline staging_options reader_staging(const load_options& opt, std::size_t slots
   return {std::min(opt.staging_budget, std::max<std::size_t>(2, slots) * slot), slot, opt.poison};
 }
 
-
 }  // namespace detail
+
+/// Reads batches of planned slices through one source (the catalog's
+/// open_source, or a test's own). `read(reads)` reads every extent of the
+/// batch into its destination and completes once all arrived; on failure it
+/// throws the first error (naming the file or object and the range) after
+/// every read of the batch has completed, so no destination is written after
+/// it returns. Extents of the source's stage_below() bytes or more are read
+/// straight into their destination; smaller ones into a staging slot (one per
+/// connection, at least two), merged with file-adjacent ones into one request
+/// (up to max_read), and copied out. Up to the source's queue_depth() reads
+/// are in flight (or load_options::queue_depth, if larger). A stop
+/// (`opt.stop`) ends a batch with cancelled_error and cancels the source's
+/// reads in flight. Its reads run on the executor of the coroutine that
+/// awaits read() (the one its source was opened on); one batch at a time.
+class slice_reader {
+ public:
+  slice_reader(std::unique_ptr<any_source> src, const load_options& opt)
+      : opt_(opt), src_(std::move(src)),
+        pool_(detail::reader_staging(opt, std::max<std::size_t>(2, src_->connections()))) {
+    opt_.queue_depth = std::max(opt_.queue_depth, src_->queue_depth());
+    if (opt.register_buffers) src_->register_buffers(pool_);
+    if (opt_.stop.stop_possible()) on_stop_.emplace(opt_.stop, cancel_reads{src_.get()});
+  }
+  slice_reader(const slice_reader&) = delete;
+  slice_reader& operator=(const slice_reader&) = delete;
+
+  /// Reads the batch (see above). `reads` must stay valid until it completes.
+  [[nodiscard]] task<void> read(const planned_reads& reads) {
+    detail::destination_sink sink;
+    std::vector<byte_extent> jobs;
+    jobs.reserve(reads.size());
+    const auto stage_below = src_->stage_below();
+    for (auto x : reads) {
+      if (!x.size) continue;
+      sink.dest.emplace(std::pair{x.tensor, x.offset}, x.direct);
+      if (x.size < stage_below) x.direct = {};
+      jobs.push_back(x);
+    }
+    if (jobs.empty()) co_return;
+    auto pipeline = coalesce({request_bytes_for(opt_.max_read, pool_.slot_size())}) |
+                    fetch<any_source>(*src_, pool_, {opt_.queue_depth}) | stage({false}) |
+                    place<detail::destination_sink>(sink);
+    co_await run_pipeline(pipeline, jobs, [](const placement&) {}, opt_.stop);
+  }
+
+  [[nodiscard]] const io_counters& counters() const noexcept { return src_->counters(); }
+  /// Connections of its source's client (S3); 0 for sources without any.
+  [[nodiscard]] std::size_t connections() const noexcept { return src_->connections(); }
+  /// Reads (or GETs) in flight at most.
+  [[nodiscard]] unsigned queue_depth() const noexcept { return opt_.queue_depth; }
+  [[nodiscard]] any_source& source() noexcept { return *src_; }
+
+ private:
+  struct cancel_reads {
+    any_source* src;
+    void operator()() const { src->cancel(); }
+  };
+
+  load_options opt_;
+  std::unique_ptr<any_source> src_;
+  staging_pool pool_;
+  std::optional<std::stop_callback<cancel_reads>> on_stop_;  // last: gone before src_
+};
 
 }  // namespace sluice::inline v0

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <new>
 #include <span>
@@ -250,16 +251,51 @@ struct lane_window {
   }
 };
 
+// What one window cost and carried, counted by the stage that did the work;
+// the driver adds them up into distributed_stats once the window is done.
+struct window_stats {
+  double read_seconds = 0, exchange_seconds = 0, deliver_seconds = 0;
+  std::uint64_t fetched = 0;  // tensor bytes this rank read for it
+  std::uint64_t sent = 0, received = 0, uploaded = 0, messages = 0;
+  std::uint64_t tensors = 0, accepted = 0, owned = 0, placeholders = 0, shared_views = 0, device_views = 0;
+
+  window_stats& operator+=(const window_stats& o) noexcept {
+    read_seconds += o.read_seconds, exchange_seconds += o.exchange_seconds, deliver_seconds += o.deliver_seconds;
+    fetched += o.fetched, sent += o.sent, received += o.received, uploaded += o.uploaded, messages += o.messages;
+    tensors += o.tensors, accepted += o.accepted, owned += o.owned, placeholders += o.placeholders;
+    shared_views += o.shared_views, device_views += o.device_views;
+    return *this;
+  }
+};
+
+// The window pipeline's input and output (read_window | exchange_window |
+// deliver_window is a stage from window_ticket to window_ticket). In: the
+// window to read, and this rank's failure so far that no status exchange has
+// reported yet (a delivery that failed). Out: the window delivered, its
+// stats, and the failure of its delivery, if any. A ticket is also the
+// window's credit: the driver hands out the next one only when a window
+// comes out, so at most `credits` windows (and their buffers) are in flight.
+struct window_ticket {
+  std::uint32_t window = 0;
+  std::exception_ptr failure;
+  window_stats stats;
+};
+
 // A window as it flows through read_window | exchange_window | deliver_window:
 // plan entries [begin, end), one lane_window per lane (one without a device
-// lane; host and device with one), and where this rank's part of each
-// entry it owns lies.
+// lane; host and device with one), where this rank's part of each entry it
+// owns lies, and the window's own status and stats. `failure`: this rank's
+// failure, as of this window (a read of it, or an earlier delivery), which
+// the window's status exchange reports to every rank; a failed window
+// carries no layout (its exchange ends the load).
 struct window_state {
   std::uint32_t window = 0;
   std::size_t begin = 0, end = 0;
   std::vector<lane_window> lanes;
   std::vector<std::span<std::byte>> kept_at;  // by entry (i - begin): this rank's part of the tensor
   std::vector<std::uint8_t> lane_of;          // by entry: its lane (index into lanes)
+  std::exception_ptr failure;
+  window_stats stats;
 };
 
 }  // namespace sluice::inline v0::detail

@@ -99,6 +99,8 @@ class s3_source {
     return i ? std::optional(i->size) : std::nullopt;
   }
   [[nodiscard]] s3::client& client() noexcept { return *client_; }
+  /// Connections of its client's pool.
+  [[nodiscard]] std::size_t connections() const noexcept { return client_->cfg().max_connections; }
 
  private:
   struct file {
@@ -149,12 +151,20 @@ static_assert(source<s3_source>);
 /// Errors: the s3_error family (io_error), config_error for a malformed URI.
 class s3_catalog final : public catalog {
  public:
-  /// Range GETs through an s3_source pinned to the ETags this catalog saw
-  /// (src/s3/load.cpp); up to twice the connections in flight.
-  [[nodiscard]] load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) override;
-  /// An s3_reader (s3/distributed.hpp) with rank_connections() connections.
-  [[nodiscard]] std::unique_ptr<any_slice_reader> slice_reader(const checkpoint& ck, const load_options& opt,
-                                                               const reader_sizing& sizing) override;
+  /// An s3_source with a client of its own on `ioc` (rank_connections(
+  /// max_connections, sizing) connections, the rest of this catalog's
+  /// config), every object pinned to the ETag this catalog saw (HEADing, on
+  /// the calling thread, one it has not seen yet). Its preferred depth is
+  /// twice its connections (or opt.queue_depth if larger): fetch releases
+  /// results in order, so with depth == connections an early-finishing GET
+  /// would leave its connection idle until the oldest one completes (see
+  /// bench/README.md, bench-s3). Extents below 1 MiB are staged and merged
+  /// (every GET costs a round trip). Compiled in src/s3/open_source.cpp.
+  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc,
+                                                        const load_options& opt, const reader_sizing& sizing) override;
+  /// Extents smaller than this are read through a staging slot and merged
+  /// with file-adjacent ones into one GET (any_source::stage_below).
+  static constexpr std::uint64_t staged_below = std::uint64_t{1} << 20;
 
   /// Bytes fetched by the first read_prefix() of an object.
   static constexpr std::uint64_t speculative_prefix = 1 << 20;

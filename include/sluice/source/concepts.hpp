@@ -2,7 +2,8 @@
 /// \file
 /// What a storage backend provides: metadata access to open a checkpoint
 /// (`catalog`, synchronous, headers and the index only) and the data path
-/// (`source`, asynchronous positional reads into caller memory).
+/// (`source`, asynchronous positional reads into caller memory), which the
+/// catalog opens (`catalog::open_source`, an any_source: any_source.hpp).
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,10 @@
 #include <vector>
 
 #include <sluice/core/task.hpp>
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace sluice::inline v0 {
 
@@ -34,12 +39,9 @@ struct io_counters {
   std::atomic<std::uint64_t> files_opened{0};    ///< files / objects opened or HEADed
 };
 
-class any_sink;
-class any_slice_reader;
+class any_source;
 class checkpoint;
-class staging_pool;
 struct load_options;
-struct load_stats;
 
 /// How many ranks of a node share a distributed load's storage, and what one
 /// rank may use of it (S3: connections of its client; local files: reads in
@@ -71,10 +73,11 @@ struct reader_sizing {
 /// A checkpoint location's storage (a directory, an S3 prefix): metadata
 /// access to open a checkpoint (list files, read the index, read the
 /// safetensors headers; names are plain file names relative to the
-/// location), and the data paths that read it (`load`, `slice_reader`). A
-/// checkpoint remembers the catalog it was opened through, so every load of
-/// it, local or S3, single-process or distributed, goes through one entry
-/// point.
+/// location), and the data path that reads it (`open_source`). A checkpoint
+/// remembers the catalog it was opened through, so every load of it, local
+/// or S3, single-process or distributed, opens its source in one place; the
+/// loads themselves are written once, over that source (load_file.hpp,
+/// distributed/slice_reader.hpp).
 class catalog {
  public:
   virtual ~catalog() = default;
@@ -112,14 +115,17 @@ class catalog {
   virtual void adopt(const std::string& name, std::uint64_t size, const std::optional<std::string>& etag) {
     (void)name, (void)size, (void)etag;
   }
-  /// A single-process load of `ck` (opened through this catalog) into `s`,
-  /// staging through `pool`: io_uring for a directory, range GETs for S3.
-  /// `load()` (load_file.hpp) calls it for the checkpoint's catalog.
-  [[nodiscard]] virtual load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) = 0;
-  /// The data path of a distributed load of `ck` (opened through this
-  /// catalog): a reader of planned slices (distributed/slice_reader.hpp).
-  [[nodiscard]] virtual std::unique_ptr<any_slice_reader> slice_reader(const checkpoint& ck, const load_options& opt,
-                                                                       const reader_sizing& sizing) = 0;
+  /// Opens the data path of `ck` (opened through this catalog): a source over
+  /// its shards whose reads run on `ioc` (local files: io_uring, `opt.io`,
+  /// `opt.punt_buffered`, `opt.ring_entries`; S3: range GETs at the versions
+  /// this catalog pinned). `sizing` is this rank's share of the node's I/O
+  /// (the default: a process alone on its node): it sets the source's
+  /// preferred queue depth and, for S3, its connections. Throws io_error when
+  /// the storage cannot be read (io_uring unavailable, a file that cannot be
+  /// opened).
+  [[nodiscard]] virtual std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc,
+                                                                const load_options& opt,
+                                                                const reader_sizing& sizing = {}) = 0;
   /// Bytes this catalog has read so far (headers and index).
   [[nodiscard]] std::uint64_t bytes_read() const noexcept { return counters_.bytes_read.load(); }
   [[nodiscard]] const io_counters& counters() const noexcept { return counters_; }

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// A catalog over a local directory (pread for metadata; the data path is
-/// file_source, over io_uring).
+/// A catalog over a local directory (pread for metadata; the data path it
+/// opens is a file_source over an io_uring of its own).
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -33,11 +33,12 @@ class directory_catalog final : public catalog {
   [[nodiscard]] std::string location() const override { return dir_.string(); }
   [[nodiscard]] std::string uri(const std::string& name) const override { return (dir_ / name).string(); }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return dir_; }
-  /// io_uring reads (file_source), compiled in the library (src/core/directory_catalog.cpp).
-  [[nodiscard]] load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, const load_options& opt) override;
-  /// A file_reader (distributed/file_reader.hpp).
-  [[nodiscard]] std::unique_ptr<any_slice_reader> slice_reader(const checkpoint& ck, const load_options& opt,
-                                                               const reader_sizing& sizing) override;
+  /// A file_source over the shards on an io_uring of its own, bound to `ioc`
+  /// (ring entries: opt.ring_entries, at least the queue depth), with a
+  /// queue depth of sizing.queue_depth(opt.queue_depth); cancel() cancels the
+  /// ring's reads. Compiled in the library (src/core/directory_catalog.cpp).
+  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc,
+                                                        const load_options& opt, const reader_sizing& sizing) override;
 
   [[nodiscard]] std::vector<std::string> list() override {
     std::vector<std::string> out;

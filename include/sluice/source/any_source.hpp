@@ -1,0 +1,126 @@
+#pragma once
+/// \file
+/// `any_source`: the data path of a checkpoint behind a virtual interface, as
+/// a catalog opens it (`catalog::open_source`). The loads are written once,
+/// over it: the blocking load (load_file.hpp, through load_async) and the
+/// distributed load's slice reader (distributed/slice_reader.hpp). A backend
+/// (a directory over io_uring, S3) sets up its source in one place, its
+/// catalog's open_source, and knows none of the loads (as an Asio stream
+/// knows none of the algorithms over it).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include <sluice/core/task.hpp>
+#include <sluice/source/concepts.hpp>
+
+namespace sluice::inline v0 {
+
+class staging_pool;
+
+/// A source (models `sluice::source`) whose type is erased, with what the
+/// loads ask of the backend beside its reads:
+/// - `queue_depth()`: reads (or GETs) in flight it wants, for the options and
+///   the share of the node it was opened with (see catalog::open_source);
+/// - `stage_below()`: extents smaller than this are better read through a
+///   staging slot, merged with file-adjacent ones into one request (S3: a
+///   request costs a round trip; local files: 0, every extent is read
+///   straight into its destination);
+/// - `connections()`: connections of its client (S3), 0 where there are none;
+/// - `cancel()`: ends every read in flight and to come with cancelled_error
+///   (thread-safe: a stop callback calls it from any thread); each read still
+///   completes exactly once;
+/// - `direct_alignment(file)`: the alignment (memory, offset, length) under
+///   which a read of `file` bypasses the page cache (O_DIRECT), 0 where none:
+///   fetch widens staged reads to it;
+/// - `register_buffers(pool)`: uses `pool`'s slots as the backend's fixed
+///   buffers where it has them (io_uring), before the first read; a no-op for
+///   a backend without them.
+///
+/// Its reads run on the executor it was opened on (catalog::open_source's
+/// io_context): a load co_awaits them there, never blocking a thread of it.
+class any_source {
+ public:
+  virtual ~any_source() = default;
+
+  /// Reads up to dst.size() bytes at `offset` of file `file` (the
+  /// checkpoint's shard index) into `dst`; returns the count (short reads are
+  /// normal, 0 at or past the end). Throws io_error naming the file and range,
+  /// cancelled_error after cancel().
+  [[nodiscard]] virtual task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) = 0;
+  [[nodiscard]] virtual std::size_t file_count() const = 0;
+  [[nodiscard]] virtual std::string file_uri(std::uint32_t file) const = 0;
+  [[nodiscard]] virtual const io_counters& counters() const noexcept = 0;
+  virtual void cancel() = 0;
+  [[nodiscard]] virtual unsigned queue_depth() const noexcept = 0;
+  [[nodiscard]] virtual std::uint64_t stage_below() const noexcept { return 0; }
+  [[nodiscard]] virtual std::size_t connections() const noexcept { return 0; }
+  [[nodiscard]] virtual std::uint32_t direct_alignment(std::uint32_t file) const {
+    (void)file;
+    return 0;
+  }
+  virtual void register_buffers(staging_pool& pool) { (void)pool; }
+
+  /// Owns `s` (any `source`) behind this interface, with the given preferred
+  /// depth and staging threshold. What `s` does not have is taken as absent:
+  /// no cancel() (its reads end on their own), no connections(), no
+  /// direct_alignment(), no register_buffers().
+  template <source S>
+  [[nodiscard]] static std::unique_ptr<any_source> wrap(std::unique_ptr<S> s, unsigned queue_depth,
+                                                        std::uint64_t stage_below = 0);
+};
+
+static_assert(source<any_source>);
+
+namespace detail {
+// What any_source::wrap returns: forwards to the source it owns (read_at
+// returns the source's own task: no coroutine frame of its own).
+template <source S>
+class source_holder final : public any_source {
+ public:
+  source_holder(std::unique_ptr<S> s, unsigned depth, std::uint64_t stage_below)
+      : s_(std::move(s)), depth_(depth ? depth : 1), stage_below_(stage_below) {}
+  [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) override {
+    return s_->read_at(file, offset, dst);
+  }
+  [[nodiscard]] std::size_t file_count() const override { return s_->file_count(); }
+  [[nodiscard]] std::string file_uri(std::uint32_t file) const override { return s_->file_uri(file); }
+  [[nodiscard]] const io_counters& counters() const noexcept override { return s_->counters(); }
+  void cancel() override {
+    if constexpr (requires(S& x) { x.cancel(); }) s_->cancel();
+  }
+  [[nodiscard]] unsigned queue_depth() const noexcept override { return depth_; }
+  [[nodiscard]] std::uint64_t stage_below() const noexcept override { return stage_below_; }
+  [[nodiscard]] std::size_t connections() const noexcept override {
+    if constexpr (requires(const S& x) { x.connections(); })
+      return s_->connections();
+    else
+      return 0;
+  }
+  [[nodiscard]] std::uint32_t direct_alignment(std::uint32_t file) const override {
+    if constexpr (requires(const S& x) { x.direct_alignment(file); })
+      return s_->direct_alignment(file);
+    else
+      return 0;
+  }
+  void register_buffers(staging_pool& pool) override {
+    if constexpr (requires(S& x) { x.register_buffers(pool); }) s_->register_buffers(pool);
+  }
+
+ private:
+  std::unique_ptr<S> s_;
+  unsigned depth_;
+  std::uint64_t stage_below_;
+};
+}  // namespace detail
+
+template <source S>
+std::unique_ptr<any_source> any_source::wrap(std::unique_ptr<S> s, unsigned queue_depth, std::uint64_t stage_below) {
+  return std::make_unique<detail::source_holder<S>>(std::move(s), queue_depth, stage_below);
+}
+
+}  // namespace sluice::inline v0
