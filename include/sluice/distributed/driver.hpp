@@ -51,6 +51,7 @@
 #include <sluice/error.hpp>
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/plan.hpp>
+#include <sluice/policy/schedule.hpp>
 #include <sluice/sink/any_sink.hpp>
 #include <sluice/sink/concepts.hpp>
 #include <sluice/stages/pipeline.hpp>
@@ -109,10 +110,13 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   if (plan.entries.size() != ck.tensors().size())
     throw config_error(fmt::format("the plan has {} tensors, the checkpoint {}", plan.entries.size(), ck.tensors().size()));
 
-  // Every rank must have computed the same plan.
+  // Every window's layout and messages, for every rank, planned once; every
+  // rank must have computed the same schedule (its digest covers the plan).
+  constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
+  const auto schedule = policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one);
   fault_point("plan", me);
   {
-    const std::uint64_t d = plan_digest(plan);
+    const std::uint64_t d = schedule.digest;
     std::vector<std::byte> all(8 * c.size());
     in_phase("comparing load plans", [&] { c.all_gather(std::as_bytes(std::span(&d, 1)), all); });
     run_phase(c, "comparing load plans", [&] {
@@ -153,7 +157,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   std::uint64_t table_storage_bytes = 0, table_requests = 0;
   memory::shared_host segment;
   const auto buffers = opt.buffers ? opt.buffers : std::make_shared<window_buffers>();
-  load_context<Lane> ctx{ck, plan, opt, lane, s, *reader, segment, *buffers, me, st};
+  load_context<Lane> ctx{ck, plan, schedule, opt, lane, s, *reader, segment, *buffers, me, st};
 
   // Shared segment: created by local rank 0 of each node, attached by the others.
   st.shared_bytes = shared ? plan.shared_bytes : 0;

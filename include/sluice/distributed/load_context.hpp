@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// What the window stages of one distributed load share (read_window |
-/// exchange_window | deliver_window): the checkpoint, the plan, the sink, the
+/// exchange_window | deliver_window): the checkpoint, the plan and its
+/// schedule (every window's layout and messages), the sink, the
 /// reader, the node's shared segment, this rank's statistics, its failures
 /// not yet reported to its peers, and the window credits that bound the
 /// memory in flight. All of it is used on the driver's thread only; the
@@ -19,6 +20,7 @@
 #include <sluice/distributed/window.hpp>
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/plan.hpp>
+#include <sluice/policy/schedule.hpp>
 #include <sluice/sink/any_sink.hpp>
 
 namespace sluice::inline v0::detail {
@@ -27,6 +29,7 @@ template <device_lane Lane>
 struct load_context {
   const checkpoint& ck;
   const policy::load_plan& plan;
+  const policy::schedule& schedule;  ///< of `plan`, with this load's lanes
   const distributed_options& opt;
   Lane& lane;
   any_sink sink;

@@ -3,7 +3,8 @@
 /// read_window: window number → window_state. The first stage of a
 /// distributed load's window pipeline (read_window | exchange_window |
 /// deliver_window). For each window it takes a credit (a free set of window
-/// buffers), lays the window out (window.hpp), reads this rank's planned
+/// buffers), takes this rank's layout of it from the schedule
+/// (policy/schedule.hpp), reads this rank's planned
 /// slices through the reader (coalesce | fetch | stage | place, into the
 /// window's host memory), cuts column parts, and lists the device lane's
 /// uploads. A read failure does not throw: it is recorded in the context and
@@ -59,16 +60,13 @@ class read_window : public pipeable {
     fault_point("reads", me);
     window_state ws;
     ws.window = w;
-    ws.begin = next_entry_;
-    ws.end = ws.begin;
-    while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
-    next_entry_ = ws.end;
+    ws.begin = c.schedule.windows.at(w).begin;
+    ws.end = c.schedule.windows.at(w).end;
     ws.kept_at.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);
     const auto r0 = clock::now();
     try {
       constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
-      constexpr auto none = window_layout::none;
       if constexpr (with_lane) {
         ws.lanes.resize(2);
         ws.lanes[0].which = window_lane::host;
@@ -76,14 +74,17 @@ class read_window : public pipeable {
       } else {
         ws.lanes.resize(1);
       }
-      // The layouts' offsets become spans of this window's buffers (host
-      // memory for the reads; for the device lane, also its memory).
+      // The schedule's layouts of this window (one per lane): their offsets
+      // become spans of this window's buffers (host memory for the reads;
+      // for the device lane, also its memory).
+      const auto& sched = c.schedule.windows.at(w);
       planned_reads reads;
       for (std::uint8_t k = 0; k < ws.lanes.size(); ++k) {
         auto& L = ws.lanes[k];
         const bool dev = L.which == window_lane::device;
-        L.layout = layout_window(plan, me, ws.begin, ws.end, L.which);
-        const auto& lay = L.layout;
+        const auto& scheduled = sched.lanes.at(k);
+        const auto& lay = scheduled.ranks.at(me);
+        L.layout = &lay;
         const unsigned slot = (w % 2) * 2;
         L.kept = dev ? c.lane.host_buffer(slot, lay.kept_bytes) : c.buffers.at(w % 2, 0).get(lay.kept_bytes);
         L.scratch = dev ? c.lane.host_buffer(slot + 1, lay.scratch_bytes) : c.buffers.at(w % 2, 1).get(lay.scratch_bytes);
@@ -91,16 +92,17 @@ class read_window : public pipeable {
           L.dev_kept = c.lane.device_buffer(slot, lay.kept_bytes);
           L.dev_scratch = c.lane.device_buffer(slot + 1, lay.scratch_bytes);
         }
-        for (std::size_t i = ws.begin; i < ws.end; ++i)
-          if (lay.kept_off[i - ws.begin] != none) {
-            ws.kept_at[i - ws.begin] = L.data_at({true, lay.kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i]));
-            ws.lane_of[i - ws.begin] = k;
-          }
-        for (const auto& m : window_messages(plan, lay, me, ws.begin, ws.end, L.which)) {
-          if (m.send)
-            L.sends.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.sent += m.size;
-          else
-            L.recvs.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.received += m.size;
+        for (const auto& part : lay.kept) {
+          ws.kept_at[part.entry - ws.begin] = L.data_at({true, part.off}, plan.kept_bytes(plan.entries[part.entry]));
+          ws.lane_of[part.entry - ws.begin] = k;
+        }
+        for (auto i : lay.sends) {
+          const auto& m = scheduled.messages[i];
+          L.sends.push_back({m.to, m.tag, L.data_at(m.src, m.size)}), L.sent += m.size;
+        }
+        for (auto i : lay.recvs) {
+          const auto& m = scheduled.messages[i];
+          L.recvs.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
         }
         for (const auto& r : lay.reads) {
           const auto& e = plan.entries[r.entry];
@@ -126,8 +128,8 @@ class read_window : public pipeable {
   void cut_and_list_uploads(lane_window& L) const {
     const auto& plan = ctx_->plan;
     const bool dev = L.which == window_lane::device;
-    const auto& mine = L.layout.reads;
-    for (const auto& cut : L.layout.cuts) {
+    const auto& mine = L.layout->reads;
+    for (const auto& cut : L.layout->cuts) {
       const auto& e = plan.entries[mine[cut.from].entry];
       const auto& rd = e.reads[mine[cut.from].read];
       const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
@@ -151,7 +153,6 @@ class read_window : public pipeable {
   }
 
   load_context<Lane>* ctx_;
-  std::size_t next_entry_ = 0;
 };
 
 }  // namespace sluice::inline v0::detail
