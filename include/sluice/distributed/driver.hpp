@@ -126,6 +126,18 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
     });
   }
 
+  // A load with a device lane delivers view_kind::device views: a sink that
+  // does not take them fails every rank here, before any read (a typed host
+  // sink does not compile; an erased one carries its traits as a value).
+  if constexpr (with_lane)
+    run_phase(c, "checking the sink", [&] {
+      if (!s.traits().device_views)
+        throw config_error(fmt::format("the load has a device lane, which delivers view_kind::device views, and the sink "
+                                       "({}) takes none (it does not declare `static constexpr bool device_views = true`): "
+                                       "use cuda::device_sink, or load without the lane",
+                                       s.name()));
+    });
+
   // A sink that sizes its memory from the plan does so once, before any read
   // (cuda::device_sink: one arena for this rank's device tensors at their part
   // sizes); a rank that cannot (out of memory) fails every rank.
@@ -259,7 +271,7 @@ template <comm::communicator Comm, sink Sink, class MakeReader, device_lane Lane
   requires slice_reader<typename std::invoke_result_t<MakeReader&>::element_type>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                         const distributed_options& opt, MakeReader make_reader, Lane& lane) {
-  static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
+  static_assert(std::is_same_v<Lane, no_device_lane> || std::is_same_v<Sink, any_sink> || takes_device_views<Sink>(),
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
@@ -287,11 +299,14 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
 /// With a device lane (e.g. comm::nccl_lane with cuda::device_sink), tensors
 /// destined for the device reach `s` as `view_kind::device` views of the
 /// lane's memory; `s` must then declare that it takes them
-/// (`static constexpr bool device_views = true`).
+/// (`static constexpr bool device_views = true`; a host sink does not
+/// compile). An any_sink carries the traits of the sink it erases: one that
+/// takes no device views fails every rank with config_error naming its type,
+/// before any read.
 template <comm::communicator Comm, sink Sink, device_lane Lane>
 distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                    const distributed_options& opt, Lane& lane) {
-  static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
+  static_assert(std::is_same_v<Lane, no_device_lane> || std::is_same_v<Sink, any_sink> || takes_device_views<Sink>(),
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
