@@ -208,20 +208,17 @@ location where_of(const options& o) {
 
 #if SLUICE_HAS_NCCL
 // The device sink of --device, recording what this rank holds (for --digest).
-struct device_recording {
-  static constexpr bool device_views = true;  // forwards them to the device sink
-  cuda::device_sink& s;
+// Everything else (device_views, finish, reserve) is forwarded to it.
+struct device_recording : forwarding_sink<cuda::device_sink> {
+  using forwarding_sink::forwarding_sink;
   std::map<std::string, tensor_view> owned;  // last view of each tensor this rank holds (placeholders: dropped)
   bool accept(tensor_view v) {
     if (!v.carries_data()) return false;
     tensor_view meta;
     meta.tensor = v.tensor, meta.part = v.part, meta.kind = view_kind::metadata;
     owned[v.name()] = meta;
-    return s.accept(std::move(v));
+    return forwarding_sink::accept(std::move(v));
   }
-  void finish() { s.finish(); }
-  // One device arena for this rank's device tensors, at their part sizes (the driver calls it once).
-  void reserve(const policy::load_plan& plan, policy::rank_t rank) { s.reserve(plan, rank); }
 };
 #endif
 
@@ -266,7 +263,7 @@ int run_distributed(const options& o) {
     // joined: a dead peer's host connections then abort NCCL's waits too.
     const int dev = cuda::device_for_local_rank(who.local_rank);
     cuda::device_sink sink({.device = dev});
-    device_recording rec{sink, {}};
+    device_recording rec{sink};
     st = load_distributed(where, topo, o.offload, who, rec, dopt, oo, [&](auto& host) {
       const comm::nccl_options nopt{.device = dev, .liveness = comm::liveness_of(host)};
       // One rank needs no rendezvous; more exchange NCCL's unique id through the store.

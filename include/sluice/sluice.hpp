@@ -21,6 +21,7 @@
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/sink/discard_sink.hpp>
+#include <sluice/sink/forwarding_sink.hpp>
 #include <sluice/sink/host_sink.hpp>
 #include <sluice/source/file_source.hpp>
 #include <sluice/stages/pipeline.hpp>

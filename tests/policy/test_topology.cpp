@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/policy/classify.hpp>
+#include <sluice/policy/offload.hpp>
 #include <sluice/policy/topology.hpp>
 
 using namespace sluice;
@@ -94,4 +95,35 @@ TEST_CASE("parse_topology reads pp", "[policy][topology]") {
   REQUIRE(parse_topology("dp2,ep2,pp4").world_size() == 8);
   REQUIRE_THROWS_WITH(parse_topology("tp4,pp0"), Catch::Contains("PP must be >= 1"));
   REQUIRE_THROWS_WITH(parse_topology("tp4,ppx"), Catch::Contains("cannot parse 'ppx'"));
+}
+
+TEST_CASE("topology and offload literals are parsed at compile time, by the run-time parser", "[policy][topology]") {
+  // Literals and static types: known without a run-time parse (these are constant expressions).
+  constexpr topology_spec t = "tp2,dp4,ep8";
+  STATIC_REQUIRE(t.parsed());
+  STATIC_REQUIRE(t.sizes() == topology_sizes{2, 4, 8, 1});
+  constexpr topology_spec typed = tp4_pp2{};
+  STATIC_REQUIRE(typed.parsed());
+  STATIC_REQUIRE(typed.sizes() == topology_sizes{4, 1, 1, 2});
+  STATIC_REQUIRE(parse_topology_sizes("dp2, ep2 ,pp4") == topology_sizes{1, 2, 2, 4});
+  constexpr offload_spec o = "shared-cooperative";
+  STATIC_REQUIRE(o.parsed());
+  STATIC_REQUIRE(o.kind() == offload_kind::shared_cooperative);
+  STATIC_REQUIRE(offload_spec(offload::per_rank_host{}).kind() == offload_kind::per_rank_host);
+  REQUIRE(typed.text() == "tp4,dp1,ep1,pp2");
+  REQUIRE(t.to_topology().world_size() == 8);
+  // A run-time string: kept, and parsed by the same parser when asked.
+  const std::string text = "tp2,dp4,ep8";
+  const topology_spec r = text;
+  REQUIRE_FALSE(r.parsed());
+  REQUIRE(r.sizes() == t.sizes());
+  REQUIRE(r.text() == text);
+  const std::string bad = "tp1,xx8";
+  const topology_spec b = bad;  // no parse yet
+  REQUIRE_THROWS_WITH(b.sizes(), Catch::Contains("topology 'tp1,xx8': cannot parse 'xx8'"));
+  REQUIRE_THROWS_WITH(topology_spec(std::string_view("tp1,dp8,ep3")).sizes(), Catch::Contains("EP=3 does not divide the world size TP*DP=8"));
+  REQUIRE_THROWS_WITH(topology_spec(std::string_view("tp99999999999999999999999")).sizes(), Catch::Contains("cannot parse"));
+  const std::string pinned = "pinned";
+  REQUIRE_THROWS_WITH(offload_spec(pinned).kind(), Catch::Contains("offload 'pinned': expected none, per-rank"));
+  REQUIRE(offload_spec(std::string_view("per-rank")).kind() == offload_kind::per_rank_host);
 }

@@ -51,6 +51,7 @@
 #include <sluice/error.hpp>
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/plan.hpp>
+#include <sluice/policy/schedule.hpp>
 #include <sluice/sink/any_sink.hpp>
 #include <sluice/sink/concepts.hpp>
 #include <sluice/stages/pipeline.hpp>
@@ -142,10 +143,13 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   if (plan.entries.size() != ck.tensors().size())
     throw config_error(fmt::format("the plan has {} tensors, the checkpoint {}", plan.entries.size(), ck.tensors().size()));
 
-  // Every rank must have computed the same plan.
+  // Every window's layout and messages, for every rank, planned once; every
+  // rank must have computed the same schedule (its digest covers the plan).
+  constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
+  const auto schedule = policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one);
   fault_point("plan", me);
   {
-    const std::uint64_t d = plan_digest(plan);
+    const std::uint64_t d = schedule.digest;
     std::vector<std::byte> all(8 * c.size());
     in_phase("comparing load plans", [&] { c.all_gather(std::as_bytes(std::span(&d, 1)), all); });
     run_phase(c, "comparing load plans", [&] {
@@ -154,6 +158,18 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
           throw config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r));
     });
   }
+
+  // A load with a device lane delivers view_kind::device views: a sink that
+  // does not take them fails every rank here, before any read (a typed host
+  // sink does not compile; an erased one carries its traits as a value).
+  if constexpr (with_lane)
+    run_phase(c, "checking the sink", [&] {
+      if (!s.traits().device_views)
+        throw config_error(fmt::format("the load has a device lane, which delivers view_kind::device views, and the sink "
+                                       "({}) takes none (it does not declare `static constexpr bool device_views = true`): "
+                                       "use cuda::device_sink, or load without the lane",
+                                       s.name()));
+    });
 
   // A sink that sizes its memory from the plan does so once, before any read
   // (cuda::device_sink: one arena for this rank's device tensors at their part
@@ -244,7 +260,7 @@ distributed_stats drive(const checkpoint& ck, Comm& c, const policy::load_plan& 
   st.overlapped = overlap;
   std::optional<asio::thread_pool> exchange_thread;
   if (overlap) exchange_thread.emplace(1);
-  auto pipeline = read_window<Lane>(ck, plan, me, lane, *buffers, *reader) |
+  auto pipeline = read_window<Lane>(ck, plan, schedule, me, lane, *buffers, *reader) |
                   exchange_window<Comm, Lane>(c, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
                   deliver_window(ck, plan, me, segment, s, opt.placeholders);
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
@@ -292,7 +308,7 @@ template <comm::communicator Comm, sink Sink, class OpenSource, device_lane Lane
   requires std::invocable<OpenSource&, asio::io_context&>
 distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                         const distributed_options& opt, OpenSource open_source, Lane& lane) {
-  static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
+  static_assert(std::is_same_v<Lane, no_device_lane> || std::is_same_v<Sink, any_sink> || takes_device_views<Sink>(),
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
@@ -330,11 +346,14 @@ distributed_stats load_distributed_with(const checkpoint& ck, Comm& c, const pol
 /// With a device lane (e.g. comm::nccl_lane with cuda::device_sink), tensors
 /// destined for the device reach `s` as `view_kind::device` views of the
 /// lane's memory; `s` must then declare that it takes them
-/// (`static constexpr bool device_views = true`).
+/// (`static constexpr bool device_views = true`; a host sink does not
+/// compile). An any_sink carries the traits of the sink it erases: one that
+/// takes no device views fails every rank with config_error naming its type,
+/// before any read.
 template <comm::communicator Comm, sink Sink, device_lane Lane>
 distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
                                    const distributed_options& opt, Lane& lane) {
-  static_assert(std::is_same_v<Lane, no_device_lane> || takes_device_views<Sink>(),
+  static_assert(std::is_same_v<Lane, no_device_lane> || std::is_same_v<Sink, any_sink> || takes_device_views<Sink>(),
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");

@@ -89,18 +89,6 @@ void run_phase(Comm& c, std::string_view phase, F&& f) {
   check_peers(c, failure, phase);
 }
 
-inline std::uint64_t plan_digest(const policy::load_plan& p) {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  for (const auto& e : p.entries) {
-    for (char ch : e.info.name) mix(static_cast<unsigned char>(ch));
-    mix(e.info.size);
-    for (const auto& r : e.reads) mix(r.reader), mix(r.offset);
-  }
-  mix(p.world), mix(p.windows), mix(static_cast<std::uint64_t>(p.offload));
-  return h;
-}
-
 }  // namespace detail
 
 }  // namespace sluice::inline v0

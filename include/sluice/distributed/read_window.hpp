@@ -2,7 +2,8 @@
 /// \file
 /// read_window: window_ticket → window_state. The first stage of a
 /// distributed load's window pipeline (read_window | exchange_window |
-/// deliver_window). For each ticket it lays the window out (window.hpp),
+/// deliver_window). For each ticket it takes this rank's layout of the window
+/// from the schedule (policy/schedule.hpp),
 /// reads this rank's planned slices through the slice reader (a task on the
 /// driver's io_context: coalesce | fetch | stage | place, into the window's
 /// host memory), cuts column parts, and lists the device lane's uploads. A
@@ -30,6 +31,7 @@
 #include <sluice/distributed/slice_reader.hpp>
 #include <sluice/distributed/window.hpp>
 #include <sluice/policy/plan.hpp>
+#include <sluice/policy/schedule.hpp>
 #include <sluice/stages/concepts.hpp>
 
 namespace sluice::inline v0::detail {
@@ -40,9 +42,9 @@ class read_window : public pipeable {
   using input_type = window_ticket;  ///< the window to read, in plan order
   using output_type = window_state;
 
-  read_window(const checkpoint& ck, const policy::load_plan& plan, policy::rank_t me, Lane& lane, window_buffers& buffers,
-              slice_reader& reader)
-      : ck_(&ck), plan_(&plan), me_(me), lane_(&lane), buffers_(&buffers), reader_(&reader) {}
+  read_window(const checkpoint& ck, const policy::load_plan& plan, const policy::schedule& schedule, policy::rank_t me,
+              Lane& lane, window_buffers& buffers, slice_reader& reader)
+      : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(&lane), buffers_(&buffers), reader_(&reader) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     using clock = std::chrono::steady_clock;
@@ -80,21 +82,18 @@ class read_window : public pipeable {
     return ws;
   }
 
-  // Lays window `w` out: its entries, lanes, memory and messages; returns this
-  // rank's reads of it (into the window's host memory).
+  // Lays window `w` out from the schedule: its entries, lanes, memory and
+  // messages; returns this rank's reads of it (into the window's host memory).
   planned_reads lay_out(std::uint32_t w, window_state& ws) {
     const auto& plan = *plan_;
     const auto me = me_;
+    const auto& sched = schedule_->windows.at(w);
     ws.window = w;
-    while (next_entry_ < plan.entries.size() && plan.entries[next_entry_].window < w) ++next_entry_;
-    ws.begin = next_entry_;
-    ws.end = ws.begin;
-    while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
-    next_entry_ = ws.end;
+    ws.begin = sched.begin;
+    ws.end = sched.end;
     ws.kept_at.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);
     constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
-    constexpr auto none = window_layout::none;
     if constexpr (with_lane) {
       ws.lanes.resize(2);
       ws.lanes[0].which = window_lane::host;
@@ -102,14 +101,16 @@ class read_window : public pipeable {
     } else {
       ws.lanes.resize(1);
     }
-    // The layouts' offsets become spans of this window's buffers (host
-    // memory for the reads; for the device lane, also its memory).
+    // The schedule's layouts of this window (one per lane): their offsets
+    // become spans of this window's buffers (host memory for the reads; for
+    // the device lane, also its memory).
     planned_reads reads;
     for (std::uint8_t k = 0; k < ws.lanes.size(); ++k) {
       auto& L = ws.lanes[k];
       const bool dev = L.which == window_lane::device;
-      L.layout = layout_window(plan, me, ws.begin, ws.end, L.which);
-      const auto& lay = L.layout;
+      const auto& scheduled = sched.lanes.at(k);
+      const auto& lay = scheduled.ranks.at(me);
+      L.layout = &lay;
       const unsigned slot = (w % 2) * 2;
       L.kept = dev ? lane_->host_buffer(slot, lay.kept_bytes) : buffers_->at(w % 2, 0).get(lay.kept_bytes);
       L.scratch = dev ? lane_->host_buffer(slot + 1, lay.scratch_bytes) : buffers_->at(w % 2, 1).get(lay.scratch_bytes);
@@ -117,16 +118,17 @@ class read_window : public pipeable {
         L.dev_kept = lane_->device_buffer(slot, lay.kept_bytes);
         L.dev_scratch = lane_->device_buffer(slot + 1, lay.scratch_bytes);
       }
-      for (std::size_t i = ws.begin; i < ws.end; ++i)
-        if (lay.kept_off[i - ws.begin] != none) {
-          ws.kept_at[i - ws.begin] = L.data_at({true, lay.kept_off[i - ws.begin]}, plan.kept_bytes(plan.entries[i]));
-          ws.lane_of[i - ws.begin] = k;
-        }
-      for (const auto& m : window_messages(plan, lay, me, ws.begin, ws.end, L.which)) {
-        if (m.send)
-          L.sends.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.sent += m.size;
-        else
-          L.recvs.push_back({m.peer, m.tag, L.data_at(m.at, m.size)}), L.received += m.size;
+      for (const auto& part : lay.kept) {
+        ws.kept_at[part.entry - ws.begin] = L.data_at({true, part.off}, plan.kept_bytes(plan.entries[part.entry]));
+        ws.lane_of[part.entry - ws.begin] = k;
+      }
+      for (auto i : lay.sends) {
+        const auto& m = scheduled.messages[i];
+        L.sends.push_back({m.to, m.tag, L.data_at(m.src, m.size)}), L.sent += m.size;
+      }
+      for (auto i : lay.recvs) {
+        const auto& m = scheduled.messages[i];
+        L.recvs.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
       }
       for (const auto& r : lay.reads) {
         const auto& e = plan.entries[r.entry];
@@ -146,8 +148,8 @@ class read_window : public pipeable {
   void cut_and_list_uploads(lane_window& L) const {
     const auto& plan = *plan_;
     const bool dev = L.which == window_lane::device;
-    const auto& mine = L.layout.reads;
-    for (const auto& cut : L.layout.cuts) {
+    const auto& mine = L.layout->reads;
+    for (const auto& cut : L.layout->cuts) {
       const auto& e = plan.entries[mine[cut.from].entry];
       const auto& rd = e.reads[mine[cut.from].read];
       const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
@@ -172,11 +174,11 @@ class read_window : public pipeable {
 
   const checkpoint* ck_;
   const policy::load_plan* plan_;
+  const policy::schedule* schedule_;
   policy::rank_t me_;
   Lane* lane_;
   window_buffers* buffers_;
   slice_reader* reader_;
-  std::size_t next_entry_ = 0;   // the plan's first entry not yet laid out
   std::exception_ptr failure_;   // this rank's first failure (sticky)
 };
 

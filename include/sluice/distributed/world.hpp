@@ -45,13 +45,15 @@ extern template distributed_stats drive<comm::any_communicator, no_device_lane>(
 
 namespace sluice::inline v0 {
 
-/// The plan for `ck` under a topology string ("tp1,dp8,ep8", "tp4,pp2") and an offload
-/// name ("none|per-rank|shared-single|shared-cooperative").
-[[nodiscard]] inline policy::load_plan plan_for(const checkpoint& ck, std::string_view topology, std::string_view offload,
+/// The plan for `ck` under a topology ("tp1,dp8,ep8", "tp4,pp2", or a static
+/// `policy::topology<...>`) and an offload strategy ("none|per-rank|shared-single|
+/// shared-cooperative", or a strategy type). Literals are checked at compile
+/// time (policy::topology_spec, policy::offload_spec); run-time strings are
+/// parsed here, by the same parser (config_error naming the bad part).
+[[nodiscard]] inline policy::load_plan plan_for(const checkpoint& ck, policy::topology_spec topology, policy::offload_spec offload,
                                                 const distributed_options& opt = {}) {
-  const auto topo = policy::parse_topology(topology);
-  return policy::make_plan(policy::tensor_infos(ck), policy::classifier(opt.classify), topo, policy::parse_offload(offload),
-                           opt.plan);
+  const auto topo = topology.to_topology();
+  return policy::make_plan(policy::tensor_infos(ck), policy::classifier(opt.classify), topo, offload.kind(), opt.plan);
 }
 
 namespace detail {
@@ -70,11 +72,11 @@ distributed_stats in_world(const comm::rank_info& who, F&& f) {
 }
 
 // The tool-level plan: `topology` must have WORLD_SIZE ranks.
-inline policy::load_plan tool_plan(const checkpoint& ck, std::string_view topology, std::string_view offload,
+inline policy::load_plan tool_plan(const checkpoint& ck, policy::topology_spec topology, policy::offload_spec offload,
                                    const comm::rank_info& who, const distributed_options& opt) {
   auto plan = plan_for(ck, topology, offload, opt);
   if (plan.world != who.world_size)
-    throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology, plan.world, who.world_size));
+    throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology.text(), plan.world, who.world_size));
   return plan;
 }
 
@@ -82,8 +84,8 @@ inline policy::load_plan tool_plan(const checkpoint& ck, std::string_view topolo
 // the failure protocol, so that a rank that cannot open it fails every rank at
 // once rather than leaving its peers to time out.
 template <comm::communicator Comm, class Open>
-std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std::string_view topology,
-                                                       std::string_view offload, const comm::rank_info& who,
+std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, policy::topology_spec topology,
+                                                       policy::offload_spec offload, const comm::rank_info& who,
                                                        const distributed_options& opt) {
   std::optional<checkpoint> ck;
   std::optional<policy::load_plan> plan;
@@ -103,7 +105,7 @@ std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, std
 /// without it, missing_component_error) and loads this rank's part into `s`
 /// from wherever `ck` is (local files, S3).
 template <sink Sink>
-distributed_stats load_distributed(const checkpoint& ck, std::string_view topology, std::string_view offload,
+distributed_stats load_distributed(const checkpoint& ck, policy::topology_spec topology, policy::offload_spec offload,
                                    const comm::rank_info& who, Sink& s, distributed_options opt = {}) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   const auto plan = detail::tool_plan(ck, topology, offload, who, opt);
@@ -123,8 +125,8 @@ distributed_stats load_distributed(const checkpoint& ck, std::string_view topolo
 /// device reach `s` as `view_kind::device` views (cuda::device_sink).
 /// Without one (the default) everything is delivered in host memory.
 template <sink Sink, device_lane Lane>
-distributed_stats load_distributed(const location& where, std::string_view topology,
-                                   std::string_view offload, const comm::rank_info& who, Sink& s,
+distributed_stats load_distributed(const location& where, policy::topology_spec topology,
+                                   policy::offload_spec offload, const comm::rank_info& who, Sink& s,
                                    distributed_options opt, const open_options& open, Lane& lane) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
@@ -152,7 +154,7 @@ distributed_stats load_distributed(const location& where, std::string_view topol
 template <sink Sink, class MakeLane>
   requires(!device_lane<std::remove_cvref_t<MakeLane>> && std::invocable<MakeLane&, comm::local&> &&
            std::invocable<MakeLane&, comm::any_communicator&>)
-distributed_stats load_distributed(const location& where, std::string_view topology, std::string_view offload,
+distributed_stats load_distributed(const location& where, policy::topology_spec topology, policy::offload_spec offload,
                                    const comm::rank_info& who, Sink& s, distributed_options opt, const open_options& open,
                                    MakeLane&& make_lane) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
@@ -165,8 +167,8 @@ distributed_stats load_distributed(const location& where, std::string_view topol
 }
 
 template <sink Sink>
-distributed_stats load_distributed(const location& where, std::string_view topology,
-                                   std::string_view offload, const comm::rank_info& who, Sink& s,
+distributed_stats load_distributed(const location& where, policy::topology_spec topology,
+                                   policy::offload_spec offload, const comm::rank_info& who, Sink& s,
                                    distributed_options opt = {}, const open_options& open = {}) {
   no_device_lane none;
   return load_distributed(where, topology, offload, who, s, std::move(opt), open, none);

@@ -10,7 +10,9 @@
 /// - `offload::shared_host<cooperative>`: every local rank reads a disjoint slice
 ///   of each table into the same segment (read once, not by one reader).
 
+#include <concepts>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -63,13 +65,51 @@ concept offload_strategy = requires {
   return "?";
 }
 
-/// Parses an offload_name (throws config_error listing the choices).
-[[nodiscard]] inline offload_kind parse_offload(std::string_view s) {
+namespace detail {
+// Not constexpr: an offload literal it rejects does not compile (offload_spec).
+[[noreturn]] inline void offload_name_error(std::string_view s) {
+  throw config_error(fmt::format("offload '{}': expected none, per-rank, shared-single or shared-cooperative", s));
+}
+}  // namespace detail
+
+/// Parses an offload_name, at compile time (offload_spec's literals) or at
+/// run time (throws config_error listing the choices).
+[[nodiscard]] constexpr offload_kind parse_offload(std::string_view s) {
   for (auto k : {offload_kind::none, offload_kind::per_rank_host, offload_kind::shared_single,
                  offload_kind::shared_cooperative})
     if (s == offload_name(k)) return k;
-  throw config_error(fmt::format("offload '{}': expected none, per-rank, shared-single or shared-cooperative", s));
+  detail::offload_name_error(s);
 }
+
+/// An offload strategy where an API takes one as text ("per-rank"): a
+/// literal is parsed at compile time (one that names no strategy does not
+/// compile), an offload strategy type gives its kind with no parse, and a
+/// run-time string is parsed by the same parser when `kind()` is asked.
+/// Refers to the text it was made from: a parameter type, not for storing.
+class offload_spec {
+ public:
+  template <std::size_t N>
+  consteval offload_spec(const char (&literal)[N])  // NOLINT(google-explicit-constructor)
+      : text_(literal, N - 1), kind_(parse_offload(text_)), parsed_(true) {}
+  constexpr offload_spec(std::string_view text) noexcept : text_(text) {}  // NOLINT(google-explicit-constructor)
+  offload_spec(const std::string& text) noexcept : text_(text) {}         // NOLINT(google-explicit-constructor)
+  template <class P>
+    requires std::same_as<P, const char*> || std::same_as<P, char*>
+  constexpr offload_spec(P text) noexcept : text_(text) {}  // NOLINT(google-explicit-constructor)
+  constexpr offload_spec(offload_kind k) noexcept : kind_(k), parsed_(true) {}  // NOLINT(google-explicit-constructor)
+  template <offload_strategy O>
+  constexpr offload_spec(O) noexcept : kind_(O::kind), parsed_(true) {}  // NOLINT(google-explicit-constructor)
+
+  /// Whether the kind is known without a run-time parse.
+  [[nodiscard]] constexpr bool parsed() const noexcept { return parsed_; }
+  /// The strategy (a run-time string: parsed now; throws config_error).
+  [[nodiscard]] constexpr offload_kind kind() const { return parsed_ ? kind_ : parse_offload(text_); }
+
+ private:
+  std::string_view text_;
+  offload_kind kind_ = offload_kind::none;
+  bool parsed_ = false;
+};
 
 /// Whether tables go to the shared segment.
 [[nodiscard]] constexpr bool is_shared(offload_kind k) noexcept {

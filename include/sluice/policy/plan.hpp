@@ -113,6 +113,8 @@ struct plan_entry {
   std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
   std::uint32_t window = 0;
   std::int32_t stage = -1;          ///< the pipeline stage that owns it; -1: every stage
+  std::size_t first_message = 0;    ///< its messages: load_plan::messages[first_message, + message_count)
+  std::size_t message_count = 0;
 
   [[nodiscard]] bool shared() const noexcept { return owner_destination == destination::shared_host; }
 };
@@ -135,6 +137,9 @@ class load_plan {
   std::vector<std::uint64_t> read_bytes;  ///< storage bytes each rank reads
   std::vector<std::uint64_t> sent_bytes;      ///< bytes each rank sends in the exchanges (per receiver)
   std::vector<std::uint64_t> received_bytes;  ///< bytes each rank receives in the exchanges
+  /// Every exchange message, entry by entry (plan_entry::first_message):
+  /// enumerated once, read by the counters above and by the schedule.
+  std::vector<planned_message> messages;
   /// TP > 1 with plan_options::uneven_tp_keep_whole: the tensors that would be
   /// split but are kept whole because TP does not divide their dimension.
   std::vector<std::string> kept_whole;
@@ -168,26 +173,17 @@ class load_plan {
     if (e.split == tp_split::none) return true;
     return rd.offset >= kept_begin(e, r) && rd.offset + rd.size <= kept_begin(e, r) + kept_bytes(e);
   }
-  /// Calls f(planned_message) for every message that carries `e`'s bytes from
-  /// their reader to the other ranks that keep them, in one order every rank
+  /// The messages that carry `e`'s bytes from their reader to the other
+  /// ranks that keep them (and to no other rank), in one order every rank
   /// agrees on (read, then TP part, then receiver). Shared tables: none.
+  /// Enumerated once, by make_plan.
+  [[nodiscard]] std::span<const planned_message> messages_of(const plan_entry& e) const noexcept {
+    return std::span(messages).subspan(e.first_message, e.message_count);
+  }
+  /// Calls f(planned_message) for each of messages_of(e).
   template <class F>
   void for_each_message(const plan_entry& e, F&& f) const {
-    if (e.shared()) return;
-    const auto owners = e.owners.members();
-    for (std::size_t k = 0; k < e.reads.size(); ++k) {
-      const auto& rd = e.reads[k];
-      if (e.split == tp_split::columns) {
-        const auto row = row_bytes(e), w = row / tp, a = rd.offset / row, b = (rd.offset + rd.size) / row;
-        for (std::uint32_t part = 0; part < tp; ++part)
-          for (auto q : owners)
-            if (q != rd.reader && tp_rank(q) == part) f(planned_message{k, q, (b - a) * w, a * w, part});
-      } else {
-        for (auto q : owners)
-          if (q != rd.reader && keeps_as_read(e, rd, q))
-            f(planned_message{k, q, rd.size, rd.offset - kept_begin(e, q), static_cast<std::uint32_t>(tp_rank(q))});
-      }
-    }
+    for (const auto& m : messages_of(e)) f(m);
   }
   /// "tp1,dp8,ep8" (",pp2" appended when PP > 1)
   [[nodiscard]] std::string topology_string() const {
@@ -226,6 +222,8 @@ class load_plan {
 };
 
 namespace detail {
+// [begin, begin + size) cut into `parts` near-equal pieces whose inner cuts
+// are multiples of `align` (empty pieces dropped): (offset, size) pairs.
 inline std::vector<std::pair<std::uint64_t, std::uint64_t>> split_range(std::uint64_t begin, std::uint64_t size,
                                                                         std::size_t parts, std::uint64_t align) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
@@ -267,20 +265,56 @@ inline std::vector<std::uint64_t> pp_stage_bounds(std::uint64_t layers, std::siz
   for (std::size_t k = 0; k < pp; ++k) begin[k + 1] = begin[k] + counts[k];
   return begin;
 }
-}  // namespace detail
 
-/// Computes the plan for `tensors` (metadata, file order; classes, and under
-/// PP > 1 layers, are assigned here by `cls`) on `topo`. Throws config_error
-/// for an inconsistent request.
-[[nodiscard]] inline load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls,
-                                         const dynamic_topology& topo, offload_kind off, const plan_options& opt = {}) {
-  load_plan p;
-  p.tp = topo.tp(), p.dp = topo.dp(), p.ep = topo.ep(), p.pp = topo.pp(), p.world = topo.world_size(), p.offload = off;
-  p.experts_placed = opt.experts;
-  p.local_size = opt.local_size ? opt.local_size : p.world;
-  if (p.world % p.local_size)
-    throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
-  p.read_bytes.assign(p.world, 0);
+// The rank sets a plan draws owners and readers from, by name: a pipeline
+// stage's ranks (`stage(-1)`: every rank), a node's ranks, and the ranks of a
+// stage that keep TP part `part` (`keepers`).
+class rank_sets {
+ public:
+  explicit rank_sets(const load_plan& p) {
+    const auto world = p.world, stage_size = p.pp_stage_size();
+    every_ = rank_set::all(world);
+    for (std::size_t k = 0; k < p.pp; ++k) {
+      rank_set s(world);
+      for (std::size_t r = 0; r < stage_size; ++r) s.insert(static_cast<rank_t>(k * stage_size + r));
+      stages_.push_back(std::move(s));
+    }
+    for (std::size_t n = 0; n < p.nodes(); ++n) {
+      rank_set node(world);
+      for (std::size_t r = 0; r < p.local_size; ++r) node.insert(static_cast<rank_t>(n * p.local_size + r));
+      nodes_.push_back(std::move(node));
+    }
+    every_keepers_ = keepers_of(p, every_);
+    for (const auto& s : stages_) stage_keepers_.push_back(keepers_of(p, s));
+  }
+  /// The ranks of pipeline stage `k` (-1: every stage, i.e. every rank).
+  [[nodiscard]] const rank_set& stage(std::int32_t k) const {
+    return k < 0 ? every_ : stages_.at(static_cast<std::size_t>(k));
+  }
+  /// The ranks of node `n`.
+  [[nodiscard]] const rank_set& node(std::size_t n) const { return nodes_.at(n); }
+  /// The ranks of stage `k` (-1: every stage) whose TP rank is `part`.
+  [[nodiscard]] const rank_set& keepers(std::int32_t k, std::size_t part) const {
+    return (k < 0 ? every_keepers_ : stage_keepers_.at(static_cast<std::size_t>(k))).at(part);
+  }
+
+ private:
+  static std::vector<rank_set> keepers_of(const load_plan& p, const rank_set& ranks) {
+    std::vector<rank_set> by_part(p.tp, rank_set(p.world));
+    for (auto q : ranks.members()) by_part[p.tp_rank(q)].insert(q);
+    return by_part;
+  }
+  rank_set every_;
+  std::vector<rank_set> stages_, nodes_;
+  std::vector<rank_set> every_keepers_;
+  std::vector<std::vector<rank_set>> stage_keepers_;
+};
+
+// Pass 1, classify: every tensor's class (and, under PP > 1, its layer); the
+// routed experts per layer, the layers and the stages' bounds; the checks
+// that need only these (experts over EP, stages over layers).
+inline void classify_tensors(load_plan& p, std::vector<tensor_info>& tensors, const classifier& cls,
+                             const plan_options& opt) {
   for (auto& t : tensors) {
     cls.classify(t);
     if (t.cls == tensor_class::routed_expert) p.experts = std::max<std::uint64_t>(p.experts, static_cast<std::uint64_t>(t.expert) + 1);
@@ -292,172 +326,173 @@ inline std::vector<std::uint64_t> pp_stage_bounds(std::uint64_t layers, std::siz
   if (p.experts && p.experts % p.ep && p.ep % p.experts && !opt.uneven_experts)
     throw config_error(fmt::format("plan: {} routed experts per layer do not spread evenly over EP={} "
                                    "(neither is a multiple of the other)", p.experts, p.ep));
-  if (p.pp > 1) p.pp_stage_begin = detail::pp_stage_bounds(p.layers, p.pp, opt, cls.options().layer_pattern);
-  // The stage of tensor t (-1: every stage) and the ranks of stage k (all ranks for -1).
-  const auto stage_of_tensor = [&](const tensor_info& t) -> std::int32_t {
-    if (p.pp == 1) return -1;
-    if (t.layer >= 0) {
-      const auto it = std::upper_bound(p.pp_stage_begin.begin(), p.pp_stage_begin.end(), static_cast<std::uint64_t>(t.layer));
-      return static_cast<std::int32_t>(it - p.pp_stage_begin.begin() - 1);
-    }
-    switch (cls.anchor(t)) {
-      case pp_anchor::first: return 0;
-      case pp_anchor::last: return static_cast<std::int32_t>(p.pp - 1);
-      case pp_anchor::every: break;
-    }
-    return -1;
-  };
-  const auto stage_ranks = [&](std::int32_t k) {
-    if (k < 0) return rank_set::all(p.world);
-    rank_set s(p.world);
-    for (std::size_t r = 0; r < p.pp_stage_size(); ++r) s.insert(static_cast<rank_t>(k * p.pp_stage_size() + r));
-    return s;
-  };
-  reader_balancer bal(p.world);
-  std::vector<rank_set> stage_sets;  // index k + 1: stage k; 0: every stage
-  for (std::int32_t k = -1; k < static_cast<std::int32_t>(p.pp); ++k) stage_sets.push_back(stage_ranks(k));
-  // Who may read a pending read: the entry's owners (set < 0) or sets[set]
-  // (a node's ranks; a stage's keepers of one TP part), shared by many reads.
-  std::vector<rank_set> sets;
-  for (std::size_t n = 0; n < p.nodes(); ++n) {  // sets[n]: node n
-    rank_set node(p.world);
-    for (std::size_t r = 0; r < p.local_size; ++r) node.insert(static_cast<rank_t>(n * p.local_size + r));
-    sets.push_back(std::move(node));
+  if (p.pp > 1) p.pp_stage_begin = pp_stage_bounds(p.layers, p.pp, opt, cls.options().layer_pattern);
+}
+
+// The pipeline stage that owns tensor `t` (-1: every stage): its layer's
+// stage, or the stage its name anchors it to.
+inline std::int32_t stage_of(const load_plan& p, const tensor_info& t, const classifier& cls) {
+  if (p.pp == 1) return -1;
+  if (t.layer >= 0) {
+    const auto it = std::upper_bound(p.pp_stage_begin.begin(), p.pp_stage_begin.end(), static_cast<std::uint64_t>(t.layer));
+    return static_cast<std::int32_t>(it - p.pp_stage_begin.begin() - 1);
   }
-  const auto keepers_base = sets.size();  // sets[keepers_base + (stage + 1) * tp + part]
-  for (const auto& st : stage_sets)
-    for (std::size_t k = 0; k < p.tp; ++k) {
-      rank_set keep(p.world);
-      for (auto q : st.members())
-        if (p.tp_rank(q) == k) keep.insert(q);
-      sets.push_back(std::move(keep));
-    }
-  struct pending { std::size_t entry, read; std::ptrdiff_t set; };
-  std::vector<pending> greedy;
+  switch (cls.anchor(t)) {
+    case pp_anchor::first: return 0;
+    case pp_anchor::last: return static_cast<std::int32_t>(p.pp - 1);
+    case pp_anchor::every: break;
+  }
+  return -1;
+}
+
+// The owners of a routed expert: in each of its stages, the ranks whose EP
+// rank holds it (p.experts_placed: linear, E/EP contiguous experts per EP
+// rank; round_robin, expert e on EP rank e % EP).
+inline rank_set expert_owners(const load_plan& p, const tensor_info& t, std::int32_t stage) {
+  const auto expert = static_cast<std::uint64_t>(t.expert);
+  const auto block = static_cast<std::size_t>(p.experts_placed == expert_placement::round_robin ? expert % p.ep
+                                                                                               : expert * p.ep / p.experts);
+  rank_set owners(p.world);
+  for (std::size_t k = 0; k < p.pp; ++k)
+    if (stage < 0 || static_cast<std::size_t>(stage) == k)
+      for (std::size_t r = block; r < p.pp_stage_size(); r += p.ep) owners.insert(static_cast<rank_t>(k * p.pp_stage_size() + r));
+  return owners;
+}
+
+// Where owners keep a tensor of class `c` under offload `off`.
+inline destination owner_destination(tensor_class c, offload_kind off) noexcept {
+  if (c != tensor_class::shared_table || off == offload_kind::none) return destination::device;
+  return off == offload_kind::per_rank_host ? destination::host : destination::shared_host;
+}
+
+// Pass 2, owners and split: one entry per tensor, in file order, with its
+// stage, owners, destination and TP split; a tensor the classifier would
+// split but TP does not divide goes to p.kept_whole.
+inline void place_tensors(load_plan& p, std::vector<tensor_info>& tensors, const classifier& cls, const rank_sets& sets) {
   p.entries.reserve(tensors.size());
-  std::uint64_t seg = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     plan_entry e;
     e.index = i;
     e.info = std::move(tensors[i]);
-    const auto size = e.info.size;
-    e.stage = stage_of_tensor(e.info);
-    const rank_set& stage = stage_sets[static_cast<std::size_t>(e.stage + 1)];
-    auto add_read = [&e](std::uint64_t at, std::uint64_t n) { e.reads.push_back({at, n, 0, false}); };
-    switch (e.info.cls) {
-      case tensor_class::routed_expert: {
-        const auto expert = static_cast<std::uint64_t>(e.info.expert);
-        const auto block = static_cast<std::size_t>(opt.experts == expert_placement::round_robin ? expert % p.ep
-                                                                                                 : expert * p.ep / p.experts);
-        e.owners = rank_set(p.world);
-        for (std::size_t k = 0; k < p.pp; ++k)
-          if (e.stage < 0 || static_cast<std::size_t>(e.stage) == k)
-            for (std::size_t r = block; r < p.pp_stage_size(); r += p.ep)
-              e.owners.insert(static_cast<rank_t>(k * p.pp_stage_size() + r));
-        e.owner_destination = destination::device;
-        break;
-      }
-      case tensor_class::shared_table:
-        e.owners = stage;
-        e.owner_destination = off == offload_kind::none            ? destination::device
-                              : off == offload_kind::per_rank_host ? destination::host
-                                                                   : destination::shared_host;
-        break;
-      case tensor_class::replicated:
-        e.owners = stage;
-        e.owner_destination = destination::device;
-        break;
-    }
+    e.stage = stage_of(p, e.info, cls);
+    e.owners = e.info.cls == tensor_class::routed_expert ? expert_owners(p, e.info, e.stage) : sets.stage(e.stage);
+    e.owner_destination = owner_destination(e.info.cls, p.offload);
     // TP parts: replicated weights, and routed experts when there is no
     // expert parallelism (EP=1: every TP rank holds a part of every expert).
-    if (p.tp > 1 && (e.info.cls == tensor_class::replicated || (e.info.cls == tensor_class::routed_expert && p.ep == 1)))
-    {
+    if (p.tp > 1 && (e.info.cls == tensor_class::replicated || (e.info.cls == tensor_class::routed_expert && p.ep == 1))) {
       e.split = cls.split(e.info, p.tp);
       if (e.split == tp_split::none && e.info.size && (cls.row_sliced(e.info) || cls.column_sliced(e.info)))
         p.kept_whole.push_back(e.info.name);
     }
-    if (size) {
-      if (e.info.cls == tensor_class::routed_expert && e.split == tp_split::none) {
-        add_read(0, size);  // its reader: below, an owner
-      } else if (e.shared()) {
-        e.shared_offset = seg;
-        seg = (seg + size + opt.segment_alignment - 1) / opt.segment_alignment * opt.segment_alignment;
-        for (std::size_t n = 0; n < p.nodes(); ++n) {
-          const auto first = e.reads.size();
-          if (off == offload_kind::shared_cooperative) {
-            auto parts = detail::split_range(0, size, p.local_size, opt.slice_alignment);
-            // Slice k goes to local rank k (forced).
-            std::size_t k = 0;
-            for (auto [so, len] : parts) {
-              add_read(so, len);
-              e.reads.back().reader = static_cast<rank_t>(n * p.local_size + k++);
-            }
-          } else {
-            add_read(0, size);
-            greedy.push_back({i, first, static_cast<std::ptrdiff_t>(n)});
-          }
-        }
-      } else if (e.split == tp_split::rows) {
-        // One read per TP part, by a rank that keeps it (with DP > 1, the
-        // other replicas of that part receive it).
-        const auto part = size / p.tp;
-        for (std::size_t k = 0; k < p.tp; ++k) {
-          add_read(k * part, part);
-          greedy.push_back({i, e.reads.size() - 1,
-                            static_cast<std::ptrdiff_t>(keepers_base + static_cast<std::size_t>(e.stage + 1) * p.tp + k)});
-        }
-      } else if (e.split == tp_split::columns) {
-        // Whole rows (every part's columns), in blocks of rows across the
-        // owners when large; the reader slices them (load_plan::for_each_message).
-        const auto row = p.row_bytes(e);
-        const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
-        for (auto [r0, n] : detail::split_range(0, e.info.shape[0], parts, 1)) {
-          add_read(r0 * row, n * row);
-          greedy.push_back({i, e.reads.size() - 1, -1});
-        }
-      } else {
-        const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
-        for (auto [so, len] : detail::split_range(0, size, parts, opt.slice_alignment)) {
-          add_read(so, len);
-          greedy.push_back({i, e.reads.size() - 1, -1});
-        }
-      }
-    }
     p.entries.push_back(std::move(e));
   }
+}
+
+// A read whose reader the balancer picks from `eligible`.
+struct pending_read {
+  std::size_t entry = 0, read = 0;
+  const rank_set* eligible = nullptr;
+};
+
+// What pass 3 leaves to pass 4: routed experts read whole (by one of their
+// owners, placed first), and every other read that has no forced reader.
+struct pending_reads {
+  std::vector<std::size_t> experts;  // entries, file order
+  std::vector<pending_read> balanced;
+};
+
+// Pass 3, reads: the byte ranges of each tensor and the ranks each may be
+// read by; the shared tables' places in the node's segment. Cooperative
+// slices get their (forced) reader here.
+inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_options& opt) {
+  pending_reads out;
+  std::uint64_t seg = 0;
+  for (std::size_t i = 0; i < p.entries.size(); ++i) {
+    auto& e = p.entries[i];
+    const auto size = e.info.size;
+    if (size == 0) continue;
+    auto add_read = [&e](std::uint64_t at, std::uint64_t n) { e.reads.push_back({at, n, 0, false}); };
+    auto balance = [&](const rank_set& eligible) { out.balanced.push_back({i, e.reads.size() - 1, &eligible}); };
+    if (e.info.cls == tensor_class::routed_expert && e.split == tp_split::none) {
+      add_read(0, size);  // read by an owner (pass 4)
+      out.experts.push_back(i);
+    } else if (e.shared()) {
+      e.shared_offset = seg;
+      seg = (seg + size + opt.segment_alignment - 1) / opt.segment_alignment * opt.segment_alignment;
+      for (std::size_t n = 0; n < p.nodes(); ++n) {
+        if (p.offload == offload_kind::shared_cooperative) {
+          // Slice k of the node's copy is read by the node's local rank k.
+          std::size_t k = 0;
+          for (auto [so, len] : split_range(0, size, p.local_size, opt.slice_alignment)) {
+            add_read(so, len);
+            e.reads.back().reader = static_cast<rank_t>(n * p.local_size + k++);
+          }
+        } else {
+          add_read(0, size);
+          balance(sets.node(n));
+        }
+      }
+    } else if (e.split == tp_split::rows) {
+      // One read per TP part, by a rank that keeps it (with DP > 1, the
+      // other replicas of that part receive it).
+      const auto part = size / p.tp;
+      for (std::size_t k = 0; k < p.tp; ++k) {
+        add_read(k * part, part);
+        balance(sets.keepers(e.stage, k));
+      }
+    } else if (e.split == tp_split::columns) {
+      // Whole rows (every part's columns), in blocks of rows across the
+      // owners when large; the reader slices them (load_plan::for_each_message).
+      const auto row = load_plan::row_bytes(e);
+      const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
+      for (auto [r0, n] : split_range(0, e.info.shape[0], parts, 1)) {
+        add_read(r0 * row, n * row);
+        balance(e.owners);
+      }
+    } else {
+      const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
+      for (auto [so, len] : split_range(0, size, parts, opt.slice_alignment)) {
+        add_read(so, len);
+        balance(e.owners);
+      }
+    }
+  }
   p.shared_bytes = seg;
-  // Forced readers first: cooperative slices, then experts (an owner reads its own experts).
-  for (auto& e : p.entries)
-    if (e.shared() && off == offload_kind::shared_cooperative)
-      for (auto& r : e.reads) bal.charge(r.reader, r.size);
-  std::vector<std::size_t> experts;
-  for (std::size_t i = 0; i < p.entries.size(); ++i)
-    if (p.entries[i].info.cls == tensor_class::routed_expert && p.entries[i].split == tp_split::none &&
-        !p.entries[i].reads.empty())
-      experts.push_back(i);
-  std::stable_sort(experts.begin(), experts.end(),
+  return out;
+}
+
+// Pass 4, readers: forced readers are charged first (cooperative slices),
+// then each routed expert goes to the least-loaded of its owners (largest
+// first), then every other read, largest first, to the least-loaded rank
+// it may be read by (reader_balancer: LPT).
+inline void assign_readers(load_plan& p, pending_reads pending) {
+  reader_balancer bal(p.world);
+  if (p.offload == offload_kind::shared_cooperative)
+    for (const auto& e : p.entries)
+      if (e.shared())
+        for (const auto& r : e.reads) bal.charge(r.reader, r.size);
+  std::stable_sort(pending.experts.begin(), pending.experts.end(),
                    [&](auto a, auto b) { return p.entries[a].info.size > p.entries[b].info.size; });
-  for (auto i : experts) p.entries[i].reads[0].reader = bal.assign(p.entries[i].owners, p.entries[i].info.size);
-  // Then everything else, largest first, onto the least-loaded eligible rank.
-  std::stable_sort(greedy.begin(), greedy.end(), [&](const pending& a, const pending& b) {
+  for (auto i : pending.experts) p.entries[i].reads[0].reader = bal.assign(p.entries[i].owners, p.entries[i].info.size);
+  std::stable_sort(pending.balanced.begin(), pending.balanced.end(), [&](const pending_read& a, const pending_read& b) {
     return p.entries[a.entry].reads[a.read].size > p.entries[b.entry].reads[b.read].size;
   });
-  for (auto& g : greedy) {
+  for (const auto& g : pending.balanced) {
     auto& r = p.entries[g.entry].reads[g.read];
-    r.reader = bal.assign(g.set < 0 ? p.entries[g.entry].owners : sets[static_cast<std::size_t>(g.set)], r.size);
+    r.reader = bal.assign(*g.eligible, r.size);
   }
-  // Exchange flags and windows.
+  p.read_bytes.assign(p.world, 0);
+  for (const auto& e : p.entries)
+    for (const auto& r : e.reads) p.read_bytes[r.reader] += r.size;
+}
+
+// Pass 5, windows: the non-shared tensors cut into windows of about
+// `window_bytes`, in file order (a larger tensor is a window of its own);
+// a shared table takes the number of the window it falls in.
+inline void cut_windows(load_plan& p, const plan_options& opt) {
   std::uint64_t acc = 0;
-  p.sent_bytes.assign(p.world, 0);
-  p.received_bytes.assign(p.world, 0);
+  p.windows = 0;
   for (auto& e : p.entries) {
-    for (auto& r : e.reads) p.read_bytes[r.reader] += r.size;
-    p.for_each_message(e, [&](const planned_message& m) {
-      auto& rd = e.reads[m.read];
-      rd.exchanged = true;
-      p.sent_bytes[rd.reader] += m.size;
-      p.received_bytes[m.to] += m.size;
-    });
     if (!e.shared()) {
       if (acc > 0 && acc + e.info.size > opt.window_bytes) {
         ++p.windows;
@@ -468,15 +503,86 @@ inline std::vector<std::uint64_t> pp_stage_bounds(std::uint64_t layers, std::siz
     e.window = p.windows;
   }
   p.windows += 1;
-  if (!p.kept_whole.empty() && !opt.uneven_tp_keep_whole) {
-    std::string names;
-    for (std::size_t i = 0; i < p.kept_whole.size() && i < 8; ++i) names += fmt::format("{}'{}'", i ? ", " : "", p.kept_whole[i]);
-    if (p.kept_whole.size() > 8) names += fmt::format(" and {} more", p.kept_whole.size() - 8);
-    throw config_error(fmt::format("plan: TP={} does not divide the split dimension of {} {} ({}); choose a TP that "
-                                   "divides them, or keep them whole on every owner (plan_options::uneven_tp_keep_whole, "
-                                   "sluice-load --uneven keep-whole)",
-                                   p.tp, p.kept_whole.size(), p.kept_whole.size() == 1 ? "tensor" : "tensors", names));
+}
+
+// The messages that carry `e`'s bytes from their reader to the other ranks
+// that keep them, in the order every rank agrees on (read, then TP part, then
+// receiver). Shared tables: none.
+inline void enumerate_messages(const load_plan& p, const plan_entry& e, std::vector<planned_message>& out) {
+  if (e.shared()) return;
+  const auto owners = e.owners.members();
+  for (std::size_t k = 0; k < e.reads.size(); ++k) {
+    const auto& rd = e.reads[k];
+    if (e.split == tp_split::columns) {
+      const auto row = load_plan::row_bytes(e), w = row / p.tp, a = rd.offset / row, b = (rd.offset + rd.size) / row;
+      for (std::uint32_t part = 0; part < p.tp; ++part)
+        for (auto q : owners)
+          if (q != rd.reader && p.tp_rank(q) == part) out.push_back(planned_message{k, q, (b - a) * w, a * w, part});
+    } else {
+      for (auto q : owners)
+        if (q != rd.reader && p.keeps_as_read(e, rd, q))
+          out.push_back(planned_message{k, q, rd.size, rd.offset - p.kept_begin(e, q), static_cast<std::uint32_t>(p.tp_rank(q))});
+    }
   }
+}
+
+// Pass 6, messages: every exchange message of the plan, enumerated once and
+// stored (load_plan::messages; the schedule and the counters read them),
+// with each read's `exchanged` flag and the bytes each rank sends and receives.
+inline void plan_messages(load_plan& p) {
+  p.messages.clear();
+  p.sent_bytes.assign(p.world, 0);
+  p.received_bytes.assign(p.world, 0);
+  for (auto& e : p.entries) {
+    e.first_message = p.messages.size();
+    enumerate_messages(p, e, p.messages);
+    e.message_count = p.messages.size() - e.first_message;
+    for (const auto& m : p.messages_of(e)) {
+      auto& rd = e.reads[m.read];
+      rd.exchanged = true;
+      p.sent_bytes[rd.reader] += m.size;
+      p.received_bytes[m.to] += m.size;
+    }
+  }
+}
+
+// TP does not divide the split dimension of p.kept_whole's tensors: an error
+// naming them, unless the options keep them whole.
+inline void check_kept_whole(const load_plan& p, const plan_options& opt) {
+  if (p.kept_whole.empty() || opt.uneven_tp_keep_whole) return;
+  std::string names;
+  for (std::size_t i = 0; i < p.kept_whole.size() && i < 8; ++i) names += fmt::format("{}'{}'", i ? ", " : "", p.kept_whole[i]);
+  if (p.kept_whole.size() > 8) names += fmt::format(" and {} more", p.kept_whole.size() - 8);
+  throw config_error(fmt::format("plan: TP={} does not divide the split dimension of {} {} ({}); choose a TP that "
+                                 "divides them, or keep them whole on every owner (plan_options::uneven_tp_keep_whole, "
+                                 "sluice-load --uneven keep-whole)",
+                                 p.tp, p.kept_whole.size(), p.kept_whole.size() == 1 ? "tensor" : "tensors", names));
+}
+}  // namespace detail
+
+/// Computes the plan for `tensors` (metadata, file order; classes, and under
+/// PP > 1 layers, are assigned here by `cls`) on `topo`. Throws config_error
+/// for an inconsistent request. Six passes, each a function of the plan so
+/// far (detail::classify_tensors, place_tensors, plan_reads, assign_readers,
+/// cut_windows, plan_messages): classify → owners and split → reads →
+/// readers → windows → messages. The windows' layouts and coalesced messages
+/// for every rank are the schedule's (policy/schedule.hpp), computed from
+/// this plan.
+[[nodiscard]] inline load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls,
+                                         const dynamic_topology& topo, offload_kind off, const plan_options& opt = {}) {
+  load_plan p;
+  p.tp = topo.tp(), p.dp = topo.dp(), p.ep = topo.ep(), p.pp = topo.pp(), p.world = topo.world_size(), p.offload = off;
+  p.experts_placed = opt.experts;
+  p.local_size = opt.local_size ? opt.local_size : p.world;
+  if (p.world % p.local_size)
+    throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
+  detail::classify_tensors(p, tensors, cls, opt);
+  const detail::rank_sets sets(p);
+  detail::place_tensors(p, tensors, cls, sets);
+  detail::assign_readers(p, detail::plan_reads(p, sets, opt));
+  detail::cut_windows(p, opt);
+  detail::plan_messages(p);
+  detail::check_kept_whole(p, opt);
   p.index();
   return p;
 }

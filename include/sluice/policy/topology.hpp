@@ -13,8 +13,8 @@
 /// tp_rank = s % TP, dp_rank = s / TP, ep_rank = s % EP (ranks of a stage
 /// with equal ep_rank hold the same experts when EP < TP*DP).
 
-#include <charconv>
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -118,11 +118,33 @@ using tp1_dp8_ep8 = topology<1, 8, 8>;
 /// TP4 x PP2 on one 8-GPU node.
 using tp4_pp2 = topology<4, 1, 1, 2>;
 
-/// Parses "tp1,dp8,ep8" or "tp4,pp2" (any order; omitted sizes are 1; spaces
-/// ignored). Throws config_error naming the bad part.
-[[nodiscard]] inline dynamic_topology parse_topology(std::string_view s) {
+/// The four sizes of a topology string.
+struct topology_sizes {
   std::size_t tp = 1, dp = 1, ep = 1, pp = 1;
-  const std::string text(s);
+  friend bool operator==(const topology_sizes&, const topology_sizes&) = default;
+};
+
+namespace detail {
+// The parser's errors: not constexpr, so that a string literal they reject
+// (topology_spec's consteval constructor) does not compile, the diagnostic
+// naming the function; at run time they throw config_error.
+[[noreturn]] inline void topology_syntax_error(std::string_view text, std::string_view part) {
+  throw config_error(fmt::format("topology '{}': cannot parse '{}' (expected e.g. tp1,dp8,ep8 or tp4,pp2)", text, part));
+}
+[[noreturn]] inline void topology_size_error(const topology_sizes& z) {
+  if (z.tp == 0 || z.dp == 0 || z.ep == 0 || z.pp == 0) throw config_error("topology: TP, DP, EP and PP must be >= 1");
+  throw config_error(fmt::format("topology: EP={} does not divide the world size TP*DP={}", z.ep, z.tp * z.dp));
+}
+}  // namespace detail
+
+/// The one topology parser, for compile time (topology_spec's literals) and
+/// run time (parse_topology): "tp1,dp8,ep8" or "tp4,pp2" (any order; omitted
+/// sizes are 1; spaces ignored). Throws config_error naming the bad part, or
+/// the sizes that are not a topology (a size of 0, an EP that does not
+/// divide TP*DP).
+[[nodiscard]] constexpr topology_sizes parse_topology_sizes(std::string_view s) {
+  topology_sizes z;
+  const std::string_view text = s;
   while (!s.empty()) {
     const auto comma = s.find(',');
     auto part = s.substr(0, comma);
@@ -131,18 +153,73 @@ using tp4_pp2 = topology<4, 1, 1, 2>;
     while (!part.empty() && part.back() == ' ') part.remove_suffix(1);
     if (part.empty()) continue;
     std::size_t* dst = nullptr;
-    if (part.starts_with("tp")) dst = &tp;
-    else if (part.starts_with("dp")) dst = &dp;
-    else if (part.starts_with("ep")) dst = &ep;
-    else if (part.starts_with("pp")) dst = &pp;
+    if (part.starts_with("tp")) dst = &z.tp;
+    else if (part.starts_with("dp")) dst = &z.dp;
+    else if (part.starts_with("ep")) dst = &z.ep;
+    else if (part.starts_with("pp")) dst = &z.pp;
     const auto digits = part.size() > 2 ? part.substr(2) : std::string_view{};
+    if (!dst || digits.empty()) detail::topology_syntax_error(text, part);
     std::size_t v = 0;
-    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-    if (!dst || digits.empty() || ec != std::errc{} || p != digits.data() + digits.size())
-      throw config_error(fmt::format("topology '{}': cannot parse '{}' (expected e.g. tp1,dp8,ep8 or tp4,pp2)", text, part));
+    for (char ch : digits) {
+      if (ch < '0' || ch > '9' || v > (~std::size_t{0} - 9) / 10) detail::topology_syntax_error(text, part);
+      v = v * 10 + static_cast<std::size_t>(ch - '0');
+    }
     *dst = v;
   }
-  return dynamic_topology(tp, dp, ep, pp);
+  if (z.tp == 0 || z.dp == 0 || z.ep == 0 || z.pp == 0 || (z.tp * z.dp) % z.ep != 0) detail::topology_size_error(z);
+  return z;
 }
+
+/// Parses a topology string (parse_topology_sizes) into a run-time topology.
+/// Throws config_error naming the bad part.
+[[nodiscard]] inline dynamic_topology parse_topology(std::string_view s) {
+  const auto z = parse_topology_sizes(s);
+  return dynamic_topology(z.tp, z.dp, z.ep, z.pp);
+}
+
+/// A topology where an API takes one as text ("tp1,dp8,ep8"): a string
+/// literal is parsed at compile time (a literal that is not a topology does
+/// not compile: the string API is the typed API, as fmt's format strings),
+/// a static `topology<...>` gives its sizes with no parse at all, and a
+/// run-time string is kept and parsed by the same parser when `sizes()` is
+/// first asked (so its config_error surfaces where the API reads it, inside
+/// the failure protocol of a distributed load). Refers to the text it was made
+/// from (as a std::string_view): a parameter type, not for storing.
+class topology_spec {
+ public:
+  /// A literal: parsed here, at compile time.
+  template <std::size_t N>
+  consteval topology_spec(const char (&literal)[N])  // NOLINT(google-explicit-constructor)
+      : text_(literal, N - 1), sizes_(parse_topology_sizes(text_)), parsed_(true) {}
+  /// A run-time string: parsed by sizes().
+  constexpr topology_spec(std::string_view text) noexcept : text_(text) {}  // NOLINT(google-explicit-constructor)
+  topology_spec(const std::string& text) noexcept : text_(text) {}         // NOLINT(google-explicit-constructor)
+  /// A run-time C string (a template, so that a literal still takes the consteval constructor).
+  template <class P>
+    requires std::same_as<P, const char*> || std::same_as<P, char*>
+  constexpr topology_spec(P text) noexcept : text_(text) {}  // NOLINT(google-explicit-constructor)
+  /// A static topology: its sizes, no text to parse.
+  template <std::size_t TP, std::size_t DP, std::size_t EP, std::size_t PP>
+    requires policy::topology<TP, DP, EP, PP>::is_static
+  constexpr topology_spec(const policy::topology<TP, DP, EP, PP>&) noexcept  // NOLINT(google-explicit-constructor)
+      : sizes_{TP, DP, EP, PP}, parsed_(true) {}
+
+  /// Whether the sizes are known without a run-time parse (a literal, a static topology).
+  [[nodiscard]] constexpr bool parsed() const noexcept { return parsed_; }
+  /// The sizes (a run-time string: parsed now; throws config_error).
+  [[nodiscard]] constexpr topology_sizes sizes() const { return parsed_ ? sizes_ : parse_topology_sizes(text_); }
+  /// The run-time topology.
+  [[nodiscard]] dynamic_topology to_topology() const {
+    const auto z = sizes();
+    return dynamic_topology(z.tp, z.dp, z.ep, z.pp);
+  }
+  /// As given ("tp1,dp8,ep8"), or the static topology's to_string().
+  [[nodiscard]] std::string text() const { return text_.empty() && parsed_ ? to_topology().to_string() : std::string(text_); }
+
+ private:
+  std::string_view text_;
+  topology_sizes sizes_{};
+  bool parsed_ = false;
+};
 
 }  // namespace sluice::inline v0::policy

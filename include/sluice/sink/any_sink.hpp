@@ -8,12 +8,19 @@
 /// indirect call per view (a view is a tensor or a piece of one: megabytes),
 /// nothing per byte. `any_sink` is itself a sink with every optional member:
 /// `direct_destination` returns an empty span (stage it) for a sink without
-/// one, `finish` does nothing for a sink without one, and `whole_tensors()`
-/// carries the sink's compile-time choice as a value.
+/// one, `finish` does nothing for a sink without one, and `traits()` carries
+/// the sink's compile-time traits as a value (sink_traits: device_views,
+/// whole_tensors). A distributed load with a device lane checks
+/// `traits().device_views` before any read (an erased sink cannot be checked
+/// at compile time), naming the sink's type (`name()`).
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <typeinfo>
+
+#include <boost/core/demangle.hpp>
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/sink/concepts.hpp>
@@ -27,8 +34,6 @@ struct load_plan;
 
 class any_sink {
  public:
-  /// Erased: the sink behind it checks at run time (require_host_view).
-  static constexpr bool device_views = true;
   /// Refers to `s`, which must outlive every use of this any_sink.
   template <sink S>
     requires(!std::same_as<S, any_sink>)
@@ -47,7 +52,8 @@ class any_sink {
         reserve_([](void* p, const policy::load_plan& plan, std::uint32_t rank) {
           if constexpr (requires(S& x) { x.reserve(plan, rank); }) static_cast<S*>(p)->reserve(plan, rank);
         }),
-        whole_(wants_whole_tensors<S>()) {}
+        traits_(sink_traits_of<S>()),
+        type_(&typeid(S)) {}
 
   bool accept(tensor_view v) { return accept_(self_, std::move(v)); }
   /// The sink's destination for `t`, or an empty span (the tensor is staged).
@@ -57,8 +63,12 @@ class any_sink {
   /// Calls the sink's reserve(plan, rank), if it has one (a distributed load
   /// calls it once, before any read).
   void reserve(const policy::load_plan& plan, std::uint32_t rank) { reserve_(self_, plan, rank); }
+  /// The sink's traits (its compile-time declarations, as values).
+  [[nodiscard]] sink_traits traits() const noexcept { return traits_; }
   /// Whether the sink wants whole tensors (its `whole_tensors`).
-  [[nodiscard]] bool whole_tensors() const noexcept { return whole_; }
+  [[nodiscard]] bool whole_tensors() const noexcept { return traits_.whole_tensors; }
+  /// The sink's type, demangled (for error messages).
+  [[nodiscard]] std::string name() const { return boost::core::demangle(type_->name()); }
 
  private:
   void* self_;
@@ -66,7 +76,8 @@ class any_sink {
   std::span<std::byte> (*direct_)(void*, const tensor_ref&);
   void (*finish_)(void*);
   void (*reserve_)(void*, const policy::load_plan&, std::uint32_t);
-  bool whole_;
+  sink_traits traits_;
+  const std::type_info* type_;
 };
 
 static_assert(direct_sink<any_sink>);

@@ -15,7 +15,11 @@
 /// - `void finish()`: called once after the last view;
 /// - `void reserve(const policy::load_plan&, policy::rank_t)`: called by a
 ///   distributed load once the ranks agree on the plan, before any read (a
-///   device sink reserves its tensors' memory at their part sizes, once).
+///   device sink reserves its tensors' memory at their part sizes, once);
+/// - `static constexpr bool device_views`: it takes a device lane's views.
+/// Their values are its traits (`sink_traits_of`). A wrapper that forwards to
+/// another sink derives from `forwarding_sink` (sink/forwarding_sink.hpp) and
+/// gets every one of them, and the traits, without restating them.
 
 #include <concepts>
 #include <span>
@@ -65,6 +69,24 @@ template <class S>
     return S::whole_tensors;
   else
     return false;
+}
+
+/// What a sink declares about itself, as values: whether it takes
+/// `view_kind::device` views and whether it wants whole tensors. The query
+/// (`sink_traits_of<S>()`) reads the sink's `static constexpr` members; a
+/// wrapper that derives from forwarding_sink (sink/forwarding_sink.hpp) has its
+/// inner sink's by default, and any_sink carries them as a value
+/// (`any_sink::traits()`), which the distributed driver checks before any read.
+struct sink_traits {
+  bool device_views = false;
+  bool whole_tensors = false;
+  friend bool operator==(const sink_traits&, const sink_traits&) = default;
+};
+
+/// The traits sink type `S` declares (false where it declares nothing).
+template <class S>
+[[nodiscard]] constexpr sink_traits sink_traits_of() noexcept {
+  return {takes_device_views<S>(), wants_whole_tensors<S>()};
 }
 
 }  // namespace sluice::inline v0

@@ -1,0 +1,340 @@
+#pragma once
+/// \file
+/// The exchange schedule of a load plan: for every window and lane, every
+/// rank's layout (where its kept parts, its reads and the column parts it
+/// cuts lie in its window memory) and the lane's messages as they travel
+/// (a pair's back-to-back messages coalesced into one), for all ranks at
+/// once.
+///
+/// Pure: a function of the plan and of the lanes a load uses, computed once
+/// (`make_schedule`) and digested whole (`schedule::digest`, which covers the
+/// plan's names, sizes, owners, splits, destinations, reads, windows and
+/// every layout and message: the ranks compare it before any read, so two
+/// ranks that agree on it lay every window out alike). The window stages of
+/// a distributed load (sluice/distributed/read_window.hpp) only read it. The
+/// messages themselves are the plan's (load_plan::messages, enumerated once
+/// by make_plan); the schedule gives each a tag, both ends' regions, and
+/// merges them.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <sluice/policy/concepts.hpp>
+#include <sluice/policy/plan.hpp>
+
+namespace sluice::inline v0::policy {
+
+/// Which tensors of a window a lane carries: every one that travels (a load
+/// without a device lane), those destined for host memory, or those for the
+/// device. Shared tables are in none (they never travel).
+enum class window_lane : std::uint8_t { all, host, device };
+
+/// Whether entry `e` travels in `lane`.
+[[nodiscard]] inline bool travels_in(const plan_entry& e, window_lane lane) noexcept {
+  if (e.shared()) return false;
+  switch (lane) {
+    case window_lane::all: return true;
+    case window_lane::host: return e.owner_destination != destination::device;
+    case window_lane::device: return e.owner_destination == destination::device;
+  }
+  return false;
+}
+
+/// The lanes of a load's windows: one (window_lane::all: everything travels
+/// over the host communicator) or two (host, then device: a load with a
+/// device lane).
+enum class lane_split : std::uint8_t { one, host_and_device };
+
+/// A place in one rank's memory of one window lane: its `kept` region (its
+/// parts of the tensors it owns) or its scratch region (what it reads only
+/// for others, and the column parts it packs for them), at byte `off`.
+struct region {
+  bool kept = true;
+  std::uint64_t off = 0;
+  friend bool operator==(const region&, const region&) = default;
+};
+
+/// One message on the wire: `size` bytes from `from`'s `src` to `to`'s `dst`.
+/// `tag` is the first planned message it carries (unique within its window
+/// lane; both ends use it to match the message).
+struct scheduled_message {
+  std::uint32_t tag = 0;
+  rank_t from = 0, to = 0;
+  std::uint64_t size = 0;
+  region src, dst;
+};
+
+/// One rank's layout of one window lane.
+struct rank_layout {
+  struct kept_part {
+    std::size_t entry = 0;   ///< plan entry this rank owns
+    std::uint64_t off = 0;   ///< where its part lies in the kept region
+  };
+  struct read_at {
+    std::size_t entry = 0, read = 0;  ///< plan_entry::reads[read] of plan entry `entry`
+    region at;                        ///< where the bytes land as read
+  };
+  struct cut_at {
+    std::size_t from = 0;     ///< index in `reads`: whole rows of a column-split tensor
+    std::uint32_t part = 0;   ///< TP part cut out of them (packed)
+    region at;
+  };
+  std::vector<kept_part> kept;        ///< plan order
+  std::vector<read_at> reads;         ///< this rank's reads, plan order
+  std::vector<cut_at> cuts;           ///< in the order they are cut
+  std::vector<std::size_t> sends;     ///< indexes into lane_schedule::messages, tag order
+  std::vector<std::size_t> recvs;     ///< likewise
+  std::uint64_t kept_bytes = 0, scratch_bytes = 0;
+};
+
+/// One lane of one window: every rank's layout and every message.
+struct lane_schedule {
+  window_lane lane = window_lane::all;
+  std::vector<rank_layout> ranks;           ///< by rank
+  std::vector<scheduled_message> messages;  ///< tag order
+};
+
+/// One window: plan entries [begin, end) and its lanes (one, or host and device).
+struct window_schedule {
+  std::uint32_t window = 0;
+  std::size_t begin = 0, end = 0;
+  std::vector<lane_schedule> lanes;
+};
+
+/// Every window of a plan, for every rank.
+struct schedule {
+  lane_split lanes = lane_split::one;
+  std::vector<window_schedule> windows;  ///< by window number
+  std::uint64_t digest = 0;              ///< of the plan and of everything above
+};
+
+namespace detail {
+
+struct schedule_hash {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, over 64-bit words
+  void mix(std::uint64_t v) noexcept { h = (h ^ v) * 1099511628211ull; }
+  void mix(std::string_view s) noexcept {
+    mix(s.size());
+    for (char ch : s) mix(static_cast<unsigned char>(ch));
+  }
+  void mix(const region& r) noexcept { mix(r.kept), mix(r.off); }
+};
+
+// What the window's layouts depend on, from the plan: the world, the
+// parallel sizes, the windows, and every entry's name, size, shape, owners,
+// split, destination, stage, window, segment offset, reads and messages.
+inline void hash_plan(schedule_hash& d, const load_plan& p) {
+  for (auto v : {p.tp, p.dp, p.ep, p.pp, p.world, p.local_size}) d.mix(v);
+  d.mix(static_cast<std::uint64_t>(p.offload)), d.mix(p.windows), d.mix(p.shared_bytes);
+  for (const auto& e : p.entries) {
+    d.mix(e.info.name), d.mix(e.info.size), d.mix(e.index);
+    for (auto n : e.info.shape) d.mix(n);
+    d.mix(e.owners.size());
+    for (auto r : e.owners.members()) d.mix(r);
+    d.mix(static_cast<std::uint64_t>(e.split)), d.mix(static_cast<std::uint64_t>(e.owner_destination));
+    d.mix(static_cast<std::uint64_t>(e.stage)), d.mix(e.window), d.mix(e.shared_offset);
+    for (const auto& r : e.reads) d.mix(r.offset), d.mix(r.size), d.mix(r.reader);
+    for (const auto& m : p.messages_of(e)) d.mix(m.read), d.mix(m.to), d.mix(m.size), d.mix(m.at), d.mix(m.part);
+  }
+}
+
+inline void hash_window(schedule_hash& d, const window_schedule& w) {
+  d.mix(w.window), d.mix(w.begin), d.mix(w.end);
+  for (const auto& L : w.lanes) {
+    d.mix(static_cast<std::uint64_t>(L.lane));
+    for (const auto& r : L.ranks) {
+      d.mix(r.kept_bytes), d.mix(r.scratch_bytes);
+      for (const auto& k : r.kept) d.mix(k.entry), d.mix(k.off);
+      for (const auto& x : r.reads) d.mix(x.entry), d.mix(x.read), d.mix(x.at);
+      for (const auto& c : r.cuts) d.mix(c.from), d.mix(c.part), d.mix(c.at);
+      for (auto i : r.sends) d.mix(i);
+      for (auto i : r.recvs) d.mix(i);
+    }
+    for (const auto& m : L.messages) d.mix(m.tag), d.mix(m.from), d.mix(m.to), d.mix(m.size), d.mix(m.src), d.mix(m.dst);
+  }
+}
+
+// A planned message of one window lane, tagged, with both ends' regions once
+// the sender's and the receiver's layouts are made.
+struct tagged_message {
+  std::size_t entry = 0;
+  const planned_message* m = nullptr;
+  rank_t from = 0;
+  region src, dst;
+};
+
+// Rank `me`'s layout of entries [begin, end) in `lane`: fills `out` and its
+// ends (src where it sends, dst where it receives) of the window lane's
+// messages `msgs`; `mine` lists the tags of those it sends or receives, in
+// tag order (so, entry by entry).
+//
+// Kept parts are grouped by who sends them (the reader of a tensor read in
+// one piece, and the ranks that read goes to), plan order within a group:
+// then what one reader sends one receiver in a window lies back to back at
+// both ends and travels as one message.
+inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, std::size_t end, window_lane lane,
+                         const std::vector<std::uint32_t>& mine, const std::vector<std::uint64_t>& receivers_key,
+                         std::vector<tagged_message>& msgs, rank_layout& out) {
+  constexpr auto none = ~std::uint64_t{0};
+  std::vector<std::uint64_t> kept_off(end - begin, none);
+  struct keyed { rank_t reader; std::uint64_t receivers; std::size_t entry; };
+  std::vector<keyed> order;
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto& e = plan.entries[i];
+    if (!travels_in(e, lane) || !e.owners.contains(me)) continue;
+    keyed k{static_cast<rank_t>(plan.world), 0, i};
+    if (e.reads.size() == 1 && e.split != tp_split::columns) k.reader = e.reads[0].reader, k.receivers = receivers_key[i - begin];
+    order.push_back(k);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const keyed& x, const keyed& y) {
+    return x.reader != y.reader ? x.reader < y.reader : x.receivers < y.receivers;
+  });
+  for (const auto& k : order) kept_off[k.entry - begin] = out.kept_bytes, out.kept_bytes += plan.kept_bytes(plan.entries[k.entry]);
+  for (std::size_t i = begin; i < end; ++i)
+    if (kept_off[i - begin] != none) out.kept.push_back({i, kept_off[i - begin]});
+  std::size_t next = 0;  // in `mine`
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto& e = plan.entries[i];
+    if (!travels_in(e, lane)) continue;
+    const bool owned = e.owners.contains(me);
+    const bool reads = std::any_of(e.reads.begin(), e.reads.end(), [me](const planned_read& r) { return r.reader == me; });
+    if (!owned && !reads) continue;  // none of its messages is this rank's
+    const auto kept = kept_off[i - begin];
+    const auto first = out.reads.size();
+    for (std::size_t k = 0; k < e.reads.size(); ++k) {
+      const auto& rd = e.reads[k];
+      if (rd.reader != me) continue;
+      if (plan.keeps_as_read(e, rd, me)) {
+        out.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}});
+      } else {
+        out.reads.push_back({i, k, {false, out.scratch_bytes}});
+        out.scratch_bytes += rd.size;
+      }
+      if (e.split == tp_split::columns && owned) {  // its own part of these rows
+        const auto row = load_plan::row_bytes(e);
+        out.cuts.push_back({out.reads.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
+                            {true, kept + rd.offset / row * (row / plan.tp)}});
+      }
+    }
+    for (; next < mine.size() && msgs[mine[next]].entry == i; ++next) {
+      auto& t = msgs[mine[next]];
+      const auto& m = *t.m;
+      const auto& rd = e.reads[m.read];
+      if (rd.reader == me) {
+        std::size_t from = first;  // this read among its reads
+        while (out.reads[from].read != m.read) ++from;
+        region src = out.reads[from].at;  // the bytes as read (no split, or a row split)
+        if (e.split == tp_split::columns) {
+          if (owned && m.part == plan.tp_rank(me)) {
+            src = {true, kept + m.at};  // its own part, cut from the rows
+          } else {  // one packed copy of part m.part of these rows, for all its receivers
+            auto& c = out.cuts;
+            if (c.empty() || c.back().from != from || c.back().part != m.part) {
+              c.push_back({from, m.part, {false, out.scratch_bytes}});
+              out.scratch_bytes += m.size;
+            }
+            src = c.back().at;
+          }
+        }
+        t.src = src;
+      }
+      if (m.to == me) t.dst = {true, kept + m.at};
+    }
+  }
+}
+
+// Coalesces a window lane's tagged messages: consecutive messages of one
+// pair (in tag order) become one where they lie back to back at both ends.
+// The merged message keeps the first one's tag.
+inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>& msgs, const load_plan& plan) {
+  std::vector<scheduled_message> out;
+  std::unordered_map<std::uint64_t, std::size_t> last;  // pair (from * world + to): index in out
+  auto next_to = [](const region& a, std::uint64_t n, const region& b) { return a.kept == b.kept && a.off + n == b.off; };
+  for (std::size_t tag = 0; tag < msgs.size(); ++tag) {
+    const auto& t = msgs[tag];
+    const auto pair = static_cast<std::uint64_t>(t.from) * plan.world + t.m->to;
+    if (auto it = last.find(pair); it != last.end()) {
+      auto& prev = out[it->second];
+      if (next_to(prev.src, prev.size, t.src) && next_to(prev.dst, prev.size, t.dst)) {
+        prev.size += t.m->size;
+        continue;
+      }
+    }
+    last[pair] = out.size();
+    out.push_back({static_cast<std::uint32_t>(tag), t.from, t.m->to, t.m->size, t.src, t.dst});
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Lane `lane` of the window of plan entries [begin, end): every rank's
+/// layout and the lane's messages.
+[[nodiscard]] inline lane_schedule schedule_lane(const load_plan& plan, std::size_t begin, std::size_t end,
+                                                 window_lane lane) {
+  lane_schedule L;
+  L.lane = lane;
+  // The window lane's messages, tagged in plan order (entry, then the
+  // plan's message order), and each single-read entry's receivers (the key
+  // that groups kept parts by who sends them).
+  // Each rank's messages (those it sends or receives) by tag.
+  std::vector<detail::tagged_message> msgs;
+  std::vector<std::uint64_t> receivers_key(end - begin, 0);
+  std::vector<std::vector<std::uint32_t>> by_rank(plan.world);
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto& e = plan.entries[i];
+    if (!travels_in(e, lane)) continue;
+    for (const auto& m : plan.messages_of(e)) {
+      const auto tag = static_cast<std::uint32_t>(msgs.size());
+      msgs.push_back({i, &m, e.reads[m.read].reader, {}, {}});
+      by_rank[msgs.back().from].push_back(tag);
+      by_rank[m.to].push_back(tag);
+      receivers_key[i - begin] = receivers_key[i - begin] * 1099511628211ull + m.to + 1;
+    }
+  }
+  L.ranks.resize(plan.world);
+  for (std::size_t r = 0; r < plan.world; ++r)
+    detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, msgs, L.ranks[r]);
+  L.messages = detail::coalesce(msgs, plan);
+  for (std::size_t k = 0; k < L.messages.size(); ++k) {
+    L.ranks[L.messages[k].from].sends.push_back(k);
+    L.ranks[L.messages[k].to].recvs.push_back(k);
+  }
+  return L;
+}
+
+/// The schedule of every window of `plan` for every rank, with the lanes of
+/// `lanes`; digested whole. Pure: every rank computes the same one from
+/// the same plan.
+[[nodiscard]] inline schedule make_schedule(const load_plan& plan, lane_split lanes = lane_split::one) {
+  schedule s;
+  s.lanes = lanes;
+  detail::schedule_hash d;
+  detail::hash_plan(d, plan);
+  d.mix(static_cast<std::uint64_t>(lanes));
+  std::size_t begin = 0;
+  for (std::uint32_t w = 0; w < plan.windows; ++w) {
+    window_schedule ws;
+    ws.window = w;
+    ws.begin = begin;
+    ws.end = begin;
+    while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
+    begin = ws.end;
+    if (lanes == lane_split::one) {
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::all));
+    } else {
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::host));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::device));
+    }
+    detail::hash_window(d, ws);
+    s.windows.push_back(std::move(ws));
+  }
+  s.digest = d.h;
+  return s;
+}
+
+}  // namespace sluice::inline v0::policy

@@ -1,0 +1,328 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <sluice/policy/schedule.hpp>
+#include <sluice/testing/generator.hpp>
+
+using namespace sluice;
+using namespace sluice::policy;
+
+namespace {
+std::vector<tensor_info> deepseek_like(std::uint64_t bytes) {
+  const auto p = testing::make_layout(testing::options_for_size(bytes));
+  std::vector<tensor_info> v;
+  for (const auto& t : p.tensors) v.push_back({t.name, t.size, t.shape});
+  return v;
+}
+
+// The byte at `off` of tensor `index` (what storage holds: the oracle).
+std::uint8_t file_byte(std::size_t index, std::uint64_t off) {
+  return static_cast<std::uint8_t>(index * 131 + off * 7 + (off >> 8) + 1);
+}
+
+// What rank `r` must hold of entry `e`: its TP part (rows: one range;
+// columns: its columns of every row, packed) or the whole tensor.
+std::vector<std::uint8_t> expected_part(const load_plan& p, const plan_entry& e, rank_t r) {
+  std::vector<std::uint8_t> v(p.kept_bytes(e));
+  if (e.split == tp_split::columns) {
+    const auto row = load_plan::row_bytes(e), part = row / p.tp, rows = e.info.size / row, k = p.tp_rank(r);
+    for (std::uint64_t j = 0; j < rows; ++j)
+      for (std::uint64_t b = 0; b < part; ++b) v[j * part + b] = file_byte(e.index, j * row + k * part + b);
+  } else {
+    const auto begin = p.kept_begin(e, r);
+    for (std::uint64_t b = 0; b < v.size(); ++b) v[b] = file_byte(e.index, begin + b);
+  }
+  return v;
+}
+
+rank_set without(const rank_set& s, rank_t out) {
+  rank_set t(s.world());
+  for (auto r : s.members())
+    if (r != out) t.insert(r);
+  return t;
+}
+
+// One rank's memory of a window lane, and how often each kept byte was written.
+struct rank_memory {
+  std::vector<std::uint8_t> kept, scratch;
+  std::vector<std::uint32_t> writes;  // per kept byte
+  std::uint8_t* at(const region& g, std::uint64_t n) {
+    auto& mem = g.kept ? kept : scratch;
+    REQUIRE(g.off + n <= mem.size());
+    return mem.data() + g.off;
+  }
+  void wrote(const region& g, std::uint64_t n) {
+    if (!g.kept) return;
+    for (std::uint64_t b = 0; b < n; ++b) ++writes[g.off + b];
+  }
+};
+
+// Runs a whole schedule the way the window stages do (each rank reads its
+// slices, cuts its column parts, then every message is copied from its
+// sender to its receiver), and checks against the oracle that every rank
+// holds exactly its part of every tensor it owns, each byte written once.
+void require_schedule_delivers(const load_plan& p, const schedule& s) {
+  REQUIRE(s.windows.size() == p.windows);
+  std::vector<std::vector<std::uint32_t>> kept_in(p.entries.size(), std::vector<std::uint32_t>(p.world, 0));
+  std::size_t next = 0;
+  for (const auto& w : s.windows) {
+    REQUIRE(w.begin == next);
+    next = w.end;
+    for (std::size_t i = w.begin; i < w.end; ++i) REQUIRE(p.entries[i].window == w.window);
+    for (const auto& L : w.lanes) {
+      INFO("window " << w.window << " lane " << static_cast<int>(L.lane));
+      REQUIRE(L.ranks.size() == p.world);
+      std::vector<rank_memory> mem(p.world);
+      for (std::size_t r = 0; r < p.world; ++r) {
+        const auto& lay = L.ranks[r];
+        mem[r].kept.assign(lay.kept_bytes, 0);
+        mem[r].scratch.assign(lay.scratch_bytes, 0);
+        mem[r].writes.assign(lay.kept_bytes, 0);
+        for (const auto& x : lay.reads) {
+          const auto& e = p.entries[x.entry];
+          const auto& rd = e.reads.at(x.read);
+          REQUIRE(rd.reader == r);
+          auto* dst = mem[r].at(x.at, rd.size);
+          for (std::uint64_t b = 0; b < rd.size; ++b) dst[b] = file_byte(e.index, rd.offset + b);
+          mem[r].wrote(x.at, rd.size);
+        }
+        for (const auto& c : lay.cuts) {
+          const auto& x = lay.reads.at(c.from);
+          const auto& e = p.entries[x.entry];
+          const auto& rd = e.reads[x.read];
+          REQUIRE(e.split == tp_split::columns);
+          const auto row = load_plan::row_bytes(e), part = row / p.tp, rows = rd.size / row;
+          const auto* src = mem[r].at(x.at, rd.size);
+          auto* dst = mem[r].at(c.at, rows * part);
+          for (std::uint64_t j = 0; j < rows; ++j) std::memcpy(dst + j * part, src + j * row + c.part * part, part);
+          mem[r].wrote(c.at, rows * part);
+        }
+      }
+      std::set<std::uint32_t> tags;
+      for (const auto& m : L.messages) {
+        REQUIRE(tags.insert(m.tag).second);  // tags are unique in a window lane
+        REQUIRE(m.from != m.to);
+        REQUIRE(m.dst.kept);                 // a message lands in kept bytes
+        std::memcpy(mem[m.to].at(m.dst, m.size), mem[m.from].at(m.src, m.size), m.size);
+        mem[m.to].wrote(m.dst, m.size);
+      }
+      for (std::size_t r = 0; r < p.world; ++r) {
+        const auto& lay = L.ranks[r];
+        for (auto i : lay.sends) REQUIRE(L.messages.at(i).from == r);
+        for (auto i : lay.recvs) REQUIRE(L.messages.at(i).to == r);
+        REQUIRE(std::is_sorted(lay.sends.begin(), lay.sends.end()));
+        std::uint64_t parts = 0;
+        for (const auto& k : lay.kept) {
+          const auto& e = p.entries[k.entry];
+          INFO("rank " << r << " tensor " << e.info.name);
+          REQUIRE(travels_in(e, L.lane));
+          REQUIRE(e.owners.contains(static_cast<rank_t>(r)));
+          ++kept_in[k.entry][r];
+          const auto want = expected_part(p, e, static_cast<rank_t>(r));
+          REQUIRE(k.off + want.size() <= mem[r].kept.size());
+          REQUIRE(std::equal(want.begin(), want.end(), mem[r].kept.begin() + static_cast<std::ptrdiff_t>(k.off)));
+          parts += want.size();
+        }
+        REQUIRE(parts == lay.kept_bytes);  // the kept region is exactly the kept parts
+        const auto& wr = mem[r].writes;
+        REQUIRE(std::all_of(wr.begin(), wr.end(), [](std::uint32_t n) { return n == 1; }));  // every byte arrives once
+      }
+    }
+  }
+  REQUIRE(next == p.entries.size());
+  // Every owner keeps every travelling tensor it owns in exactly one lane; shared tables travel in none.
+  for (std::size_t i = 0; i < p.entries.size(); ++i)
+    for (std::size_t r = 0; r < p.world; ++r)
+      REQUIRE(kept_in[i][r] == (!p.entries[i].shared() && p.entries[i].owners.contains(static_cast<rank_t>(r)) ? 1u : 0u));
+}
+}  // namespace
+
+TEST_CASE("a hand-checked window: layouts, tags and one coalesced message", "[policy][schedule]") {
+  // DP2, three replicated tensors read whole (LPT: a -> rank 0; b, c -> rank 1).
+  std::vector<tensor_info> t{{"a.weight", 64, {32}}, {"b.weight", 32, {16}}, {"c.weight", 16, {8}}};
+  const auto p = make_plan(t, classifier::deepseek(), 1, 2, 1, offload_kind::none);
+  REQUIRE(p.entry("a.weight").reads.front().reader == 0);
+  REQUIRE(p.entry("b.weight").reads.front().reader == 1);
+  REQUIRE(p.entry("c.weight").reads.front().reader == 1);
+  const auto s = make_schedule(p);
+  REQUIRE(s.windows.size() == 1);
+  REQUIRE(s.windows[0].lanes.size() == 1);
+  const auto& L = s.windows[0].lanes[0];
+  REQUIRE(L.lane == window_lane::all);
+  for (rank_t r = 0; r < 2; ++r) {
+    const auto& lay = L.ranks[r];
+    // Kept parts grouped by reader: a (rank 0's), then b and c (rank 1's), back to back.
+    REQUIRE(lay.kept_bytes == 112);
+    REQUIRE(lay.scratch_bytes == 0);
+    REQUIRE(lay.kept.size() == 3);
+    CHECK(lay.kept[0].entry == 0);
+    CHECK(lay.kept[0].off == 0);
+    CHECK(lay.kept[1].off == 64);
+    CHECK(lay.kept[2].off == 96);
+  }
+  REQUIRE(L.ranks[0].reads.size() == 1);
+  CHECK(L.ranks[0].reads[0].at == region{true, 0});
+  REQUIRE(L.ranks[1].reads.size() == 2);
+  CHECK(L.ranks[1].reads[0].at == region{true, 64});
+  CHECK(L.ranks[1].reads[1].at == region{true, 96});
+  // Three planned messages (tags 0, 1, 2); b and c lie back to back at both ends: one message of 48 bytes, tag 1.
+  REQUIRE(p.messages.size() == 3);
+  REQUIRE(L.messages.size() == 2);
+  CHECK(L.messages[0].tag == 0);
+  CHECK(L.messages[0].from == 0);
+  CHECK(L.messages[0].to == 1);
+  CHECK(L.messages[0].size == 64);
+  CHECK(L.messages[0].src == region{true, 0});
+  CHECK(L.messages[0].dst == region{true, 0});
+  CHECK(L.messages[1].tag == 1);
+  CHECK(L.messages[1].from == 1);
+  CHECK(L.messages[1].to == 0);
+  CHECK(L.messages[1].size == 48);
+  CHECK(L.messages[1].src == region{true, 64});
+  CHECK(L.messages[1].dst == region{true, 64});
+  CHECK(L.ranks[0].sends == std::vector<std::size_t>{0});
+  CHECK(L.ranks[0].recvs == std::vector<std::size_t>{1});
+  CHECK(L.ranks[1].sends == std::vector<std::size_t>{1});
+  CHECK(L.ranks[1].recvs == std::vector<std::size_t>{0});
+  require_schedule_delivers(p, s);
+}
+
+TEST_CASE("a column split: the reader cuts its own part and packs one copy of each other part", "[policy][schedule]") {
+  // TP2: o_proj 8 x 8 (2-byte elements: rows of 16 bytes), read whole by one rank.
+  std::vector<tensor_info> t{{"model.layers.0.self_attn.o_proj.weight", 128, {8, 8}}};
+  const auto p = make_plan(t, classifier::deepseek(), 2, 1, 1, offload_kind::none);
+  const auto& e = p.entries[0];
+  REQUIRE(e.split == tp_split::columns);
+  REQUIRE(e.reads.size() == 1);
+  const auto reader = e.reads[0].reader, other = 1 - reader;
+  const auto s = make_schedule(p);
+  const auto& L = s.windows[0].lanes[0];
+  const auto& lay = L.ranks[reader];
+  REQUIRE(lay.reads.size() == 1);
+  CHECK(lay.reads[0].at == region{false, 0});  // whole rows: scratch
+  CHECK(lay.kept_bytes == 64);                 // its 8 x 4 part
+  REQUIRE(lay.cuts.size() == 2);
+  CHECK(lay.cuts[0].part == p.tp_rank(reader));
+  CHECK(lay.cuts[0].at == region{true, 0});
+  CHECK(lay.cuts[1].part == p.tp_rank(other));
+  CHECK(lay.cuts[1].at == region{false, 128});  // packed after the rows
+  CHECK(lay.scratch_bytes == 128 + 64);
+  REQUIRE(L.messages.size() == 1);
+  CHECK(L.messages[0].src == region{false, 128});
+  CHECK(L.messages[0].dst == region{true, 0});
+  CHECK(L.messages[0].size == 64);
+  CHECK(L.ranks[other].reads.empty());
+  require_schedule_delivers(p, s);
+}
+
+TEST_CASE("every byte a rank keeps arrives exactly once, and is its part of the tensor", "[policy][schedule][property]") {
+  const auto tensors = deepseek_like(1u << 20);
+  std::size_t checked = 0;
+  for (const char* topo : {"tp1,dp4,ep4", "tp2,dp2,ep4", "tp4,dp1,ep1", "tp2,dp2,ep1", "tp2,pp2", "dp2,ep2,pp2", "tp1,dp1,ep1"}) {
+    for (auto off : {offload_kind::none, offload_kind::per_rank_host, offload_kind::shared_single, offload_kind::shared_cooperative}) {
+      for (int variant = 0; variant < 2; ++variant) {
+        plan_options o;
+        o.uneven_tp_keep_whole = true;
+        if (variant == 1) {  // many windows, slices and blocks of rows across readers, two nodes
+          o.window_bytes = 64u << 10;
+          o.split_bytes = 16u << 10;
+          o.slice_alignment = 512;
+          const auto world = parse_topology(topo).world_size();
+          o.local_size = world >= 2 ? world / 2 : 1;
+        }
+        const auto p = make_plan(tensors, classifier::deepseek(), parse_topology(topo), off, o);
+        for (auto lanes : {lane_split::one, lane_split::host_and_device}) {
+          INFO(topo << " " << offload_name(off) << " variant " << variant << " lanes " << static_cast<int>(lanes));
+          const auto s = make_schedule(p, lanes);
+          REQUIRE(s.windows.front().lanes.size() == (lanes == lane_split::one ? 1u : 2u));
+          require_schedule_delivers(p, s);
+          ++checked;
+        }
+      }
+    }
+  }
+  REQUIRE(checked == 7 * 4 * 2 * 2);
+}
+
+TEST_CASE("the schedule's messages carry what the plan's counters say", "[policy][schedule]") {
+  const auto tensors = deepseek_like(1u << 20);
+  plan_options o;
+  o.window_bytes = 64u << 10;
+  const auto p = make_plan(tensors, classifier::deepseek(), 2, 2, 4, offload_kind::per_rank_host, o);
+  const auto s = make_schedule(p);
+  std::vector<std::uint64_t> sent(p.world, 0), received(p.world, 0);
+  for (const auto& w : s.windows)
+    for (const auto& L : w.lanes)
+      for (const auto& m : L.messages) sent[m.from] += m.size, received[m.to] += m.size;
+  CHECK(sent == p.sent_bytes);
+  CHECK(received == p.received_bytes);
+  REQUIRE(std::accumulate(sent.begin(), sent.end(), std::uint64_t{0}) > 0);
+}
+
+TEST_CASE("the schedule's digest covers owners, split and destination, not just names and readers", "[policy][schedule]") {
+  const auto tensors = deepseek_like(1u << 20);
+  const auto p = make_plan(tensors, classifier::deepseek(), 2, 2, 4, offload_kind::shared_single);
+  const auto d = make_schedule(p).digest;
+  REQUIRE(make_schedule(make_plan(tensors, classifier::deepseek(), 2, 2, 4, offload_kind::shared_single)).digest == d);
+  REQUIRE(make_schedule(p, lane_split::host_and_device).digest != d);
+  // A shared table's owners never reach a window layout: only the digest of
+  // the plan itself can tell two ranks apart that disagree on them.
+  const auto table = static_cast<std::size_t>(
+      std::find_if(p.entries.begin(), p.entries.end(), [](const plan_entry& e) { return e.shared(); }) - p.entries.begin());
+  REQUIRE(table < p.entries.size());
+  {
+    auto q = p;
+    q.entries[table].owners = without(q.entries[table].owners, 1);
+    const auto s = make_schedule(q);
+    CHECK(s.digest != d);
+  }
+  {  // one expert's owner
+    auto q = p;
+    auto& e = *std::find_if(q.entries.begin(), q.entries.end(), [](const plan_entry& x) { return x.info.cls == tensor_class::routed_expert; });
+    const auto owner = e.owners.members().front();
+    e.owners = without(e.owners, owner);
+    e.owners.insert((owner + 1) % static_cast<rank_t>(q.world));
+    CHECK(make_schedule(q).digest != d);
+  }
+  {
+    auto q = p;
+    auto& e = *std::find_if(q.entries.begin(), q.entries.end(), [](const plan_entry& x) { return x.split == tp_split::rows; });
+    e.split = tp_split::none;
+    CHECK(make_schedule(q).digest != d);
+  }
+  {
+    auto q = p;
+    q.entries[table].owner_destination = destination::host;
+    CHECK(make_schedule(q).digest != d);
+  }
+}
+
+TEST_CASE("with a device lane, host-destined tensors travel in the host lane, the rest in the device lane", "[policy][schedule]") {
+  const auto tensors = deepseek_like(1u << 20);
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::per_rank_host);
+  const auto s = make_schedule(p, lane_split::host_and_device);
+  std::size_t host = 0, device = 0;
+  for (const auto& w : s.windows) {
+    REQUIRE(w.lanes.size() == 2);
+    REQUIRE(w.lanes[0].lane == window_lane::host);
+    REQUIRE(w.lanes[1].lane == window_lane::device);
+    for (const auto& L : w.lanes)
+      for (const auto& lay : L.ranks)
+        for (const auto& k : lay.kept) {
+          const bool to_host = p.entries[k.entry].owner_destination == destination::host;
+          REQUIRE(to_host == (L.lane == window_lane::host));
+          (to_host ? host : device) += 1;
+        }
+  }
+  CHECK(host > 0);
+  CHECK(device > 0);
+}
