@@ -77,6 +77,14 @@ struct load_options {
   /// A gate fetch asks before each read (stages/admission.hpp): how a
   /// tensor_stream keeps the load within its budget ahead of the consumer.
   admission* admit = nullptr;
+  /// Tensors of at least this many bytes that the sink does not take
+  /// straight into its own memory, and whose bytes are mostly in the page
+  /// cache already, are handed out as views of the page cache
+  /// (file_source::map: no copy, no staging, no memory of the process's
+  /// own) where the source has them (local files, not io_mode::direct).
+  /// 0: never. tensor_stream sets it to the tensors larger than a slot,
+  /// which would otherwise need fresh memory of their own.
+  std::uint64_t map_above = 0;
 };
 
 /// What a load did.
@@ -92,6 +100,8 @@ struct load_stats {
   std::size_t slot_size = 0;
   std::size_t slots = 0;
   std::size_t slots_used = 0;           ///< most slots leased at once
+  std::uint64_t mapped_tensors = 0;     ///< tensors handed out as page-cache views (load_options::map_above)
+  std::uint64_t mapped_bytes = 0;
   double seconds = 0;                   ///< wall time of the data path
   step_counters fetch;                 ///< reads in flight (busy time)
   step_counters place;                 ///< time in the sink
@@ -156,6 +166,16 @@ template <source Source, sink Sink>
   st.slots = pool.slot_count();
   const auto read_before = src.counters().bytes_read.load();
   auto jobs = whole_extents(ck, s);
+  if (opt.map_above) {
+    if constexpr (requires(std::uint32_t f, std::uint64_t o) { src.can_map(f, o, o); }) {
+      for (auto& j : jobs) {
+        if (!j.direct.empty() || j.size < opt.map_above || !src.can_map(j.tensor->shard, j.file_offset(), j.size)) continue;
+        j.map = true;
+        st.mapped_tensors += 1;
+        st.mapped_bytes += j.size;
+      }
+    }
+  }
   if (opt.progress) {
     opt.progress->total_bytes = ck.tensor_bytes();
     opt.progress->total_tensors = ck.tensors().size();

@@ -20,6 +20,11 @@
 ///   nothing else to drop), and nothing else is read until it is handed out;
 /// - at small budgets the slots shrink (the pool keeps 2 x queue_depth of
 ///   them), so reads still overlap.
+/// - a tensor larger than a slot whose file is mostly in the page cache is
+///   handed out as a view of the page cache instead (`map_cached`;
+///   load_options::map_above): no copy and no memory of its own, the fresh
+///   memory that a hot load in a new process would otherwise pay to fault
+///   in. It counts as ahead until handed out, and never pins a slot.
 /// Tensors the consumer holds pin their slots (a slot is reused only when
 /// every tensor in it is gone). When pinning one more would leave the load
 /// fewer than queue_depth free slots, the tensor is copied out into memory of
@@ -31,6 +36,7 @@
 /// buffer not held by a stream_tensor is returned. A stop while the load
 /// waits in the gate or in the queue ends it with cancelled_error.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +89,8 @@ struct stream_stats {
   std::uint64_t own_tensors = 0;         ///< tensors read into a buffer of their own (larger than a slot)
   std::uint64_t own_tensor_bytes = 0;
   std::uint64_t read_alone = 0;          ///< of which larger than own_bytes: read with nothing else ahead
+  std::uint64_t mapped_tensors = 0;      ///< tensors handed out as page-cache views (map_cached)
+  std::uint64_t mapped_bytes = 0;
   std::uint64_t peak_ahead_bytes = 0;    ///< most tensor bytes read (or reading) and not yet handed out
   std::uint64_t peak_own_bytes = 0;      ///< most bytes of own buffers ahead or held at once
   std::uint64_t gate_waits = 0;          ///< reads the gate held back
@@ -95,6 +103,10 @@ struct stream_options {
   load_options load;
   std::size_t queue = 8;                 ///< tensors queued for next() at most
   on_exhausted exhausted = on_exhausted::copy;
+  /// Hand tensors larger than a slot out as views of the page cache where
+  /// their file is mostly cached (sets load.map_above when it is 0). The
+  /// views are private mappings of the files: see file_source::map.
+  bool map_cached = true;
   /// Where the pool and the own buffers come from and go back to between
   /// loads; null: memory_cache::process(). Must outlive the stream.
   memory_cache* cache = nullptr;
@@ -165,7 +177,9 @@ class tensor_stream {
   [[nodiscard]] stream_stats stats() const;
   /// Live progress of the load.
   [[nodiscard]] const load_progress& progress() const noexcept { return progress_; }
-  /// The staging pool (null for a producer's stream).
+  /// The staging pool (null for a producer's stream). Once the load has
+  /// ended (next() returned the end, or stop()) the pool is back in the
+  /// memory cache, and the next stream may be using it.
   [[nodiscard]] const staging_pool* pool() const noexcept;
   /// Slots pinned by tensors handed out (queued or alive).
   [[nodiscard]] std::size_t pinned_slots() const;
@@ -174,11 +188,13 @@ class tensor_stream {
 
  private:
   void body();
+  void return_pool() noexcept;
   std::shared_ptr<const checkpoint> ck_;
   producer run_;
   stream_options opt_;
   std::shared_ptr<detail::stream_state> st_;
   std::shared_ptr<staging_pool> pool_;
+  std::atomic<bool> pool_returned_{false};  // next() and stop() may race to return it
   load_progress progress_;
   std::thread thread_;
 };

@@ -34,6 +34,12 @@ class ring_file_source {
   [[nodiscard]] std::string file_uri(std::uint32_t file) const { return src_.file_uri(file); }
   [[nodiscard]] const io_counters& counters() const noexcept { return src_.counters(); }
   [[nodiscard]] std::uint32_t direct_alignment(std::uint32_t file) const { return src_.direct_alignment(file); }
+  [[nodiscard]] bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    return src_.can_map(file, offset, length);
+  }
+  [[nodiscard]] task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    return src_.map(file, offset, length);
+  }
   void cancel() { ring_.cancel_all(); }
   void register_buffers(staging_pool& pool) { ring_.register_buffers(pool.region(), pool.slot_size()); }
 

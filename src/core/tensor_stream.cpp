@@ -13,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stop_token>
 #include <vector>
 
@@ -72,7 +73,8 @@ struct stream_state final : admission {
   struct queued {
     tensor_view view;
     int slot = -1;
-    std::size_t own = 0;
+    std::size_t own = 0;       // bytes of own buffer (held once handed out)
+    std::size_t mapped = 0;    // bytes of a page-cache view (nothing held once handed out)
     bool alone = false;
   };
   struct own_buffer {
@@ -104,6 +106,8 @@ struct stream_state final : admission {
   bool alone_ahead = false;         // a tensor larger than own_bytes is ahead: nothing else goes
   bool consumer_waiting = false;    // next() waits on an empty queue
   std::map<const tensor_ref*, own_buffer> own;
+  std::set<const tensor_ref*> mapped_ahead;  // page-cache views admitted, not yet queued
+  const tensor_ref* alone_mapped = nullptr;    // the one of them admitted alone
   detail::waiter_queue gate_waiters;
 
   stream_stats counters;
@@ -125,7 +129,11 @@ struct stream_state final : admission {
 
   bool admit_locked(read_request& req) {
     if (!gated) return true;
-    if (req.pieces.size() == 1 && is_own(*req.pieces.front().tensor)) {
+    // A tensor larger than a slot: a buffer of its own, or (mapped) a view of
+    // the page cache, which takes no memory of ours but is admitted by the
+    // same rule while it is ahead, so that mapping pages in never runs further
+    // ahead than reading would.
+    if (req.mapped || (req.pieces.size() == 1 && is_own(*req.pieces.front().tensor))) {
       const auto& p = req.pieces.front();
       const tensor_ref* t = p.tensor;
       if (auto it = own.find(t); it != own.end()) {  // a later chunk of an admitted tensor
@@ -134,21 +142,29 @@ struct stream_state final : admission {
       }
       if (alone_ahead) return false;
       const bool alone = t->size > plan.own_bytes;
-      const bool ok = alone ? ahead == 0 && (own_held == 0 || consumer_waiting)
-                            : own_ahead + own_held + t->size <= plan.own_bytes || (ahead == 0 && consumer_waiting);
+      const std::uint64_t held = req.mapped ? 0 : own_held;  // views held by the consumer cost nothing
+      const bool ok = alone ? ahead == 0 && (held == 0 || consumer_waiting)
+                            : own_ahead + held + t->size <= plan.own_bytes || (ahead == 0 && consumer_waiting);
       if (!ok) return false;
-      auto hold = cache->buffer(static_cast<std::size_t>(t->size));
-      // Idle buffers kept for reuse count against the own share too.
-      const std::uint64_t used = own_ahead + own_held + t->size;
-      cache->trim(used < plan.own_bytes ? static_cast<std::size_t>(plan.own_bytes - used) : 0);
-      req.direct = hold.bytes().subspan(p.tensor_offset, p.length);
-      own.emplace(t, own_buffer{std::move(hold), 0, alone});
+      if (req.mapped) {
+        mapped_ahead.insert(t);
+        if (alone) alone_mapped = t;
+        counters.mapped_tensors += 1;
+        counters.mapped_bytes += t->size;
+      } else {
+        auto hold = cache->buffer(static_cast<std::size_t>(t->size));
+        // Idle buffers kept for reuse count against the own share too.
+        const std::uint64_t used = own_ahead + own_held + t->size;
+        cache->trim(used < plan.own_bytes ? static_cast<std::size_t>(plan.own_bytes - used) : 0);
+        req.direct = hold.bytes().subspan(p.tensor_offset, p.length);
+        own.emplace(t, own_buffer{std::move(hold), 0, alone});
+        counters.own_tensors += 1;
+        counters.own_tensor_bytes += t->size;
+        counters.read_alone += alone ? 1 : 0;
+      }
       ahead += t->size;
       own_ahead += t->size;
       alone_ahead = alone;
-      counters.own_tensors += 1;
-      counters.own_tensor_bytes += t->size;
-      counters.read_alone += alone ? 1 : 0;
       counters.peak_own_bytes = std::max(counters.peak_own_bytes, own_ahead + own_held);
       counters.peak_ahead_bytes = std::max(counters.peak_ahead_bytes, ahead);
       return true;
@@ -225,7 +241,14 @@ class queue_sink {
       st.own.erase(it);
     }
     int slot = -1;
+    std::size_t mapped = 0;
     if (st.pool && v.kind == view_kind::bytes && own == 0) slot = st.pool->slot_index(v.bytes.data());
+    if (auto it = st.mapped_ahead.find(v.tensor); it != st.mapped_ahead.end()) {  // a page-cache view
+      mapped = static_cast<std::size_t>(v.tensor->size);
+      alone = v.tensor == st.alone_mapped;
+      if (alone) st.alone_mapped = nullptr;
+      st.mapped_ahead.erase(it);
+    }
     const auto over = [&] { return slot >= 0 && st.pins[static_cast<std::size_t>(slot)] == 0 && st.pinned_slots + 1 > st.pin_limit; };
     if (over()) {
       // Pinning this slot would eat into the load's reserve. Tensors queued
@@ -267,7 +290,7 @@ class queue_sink {
       if (st.consumer_error) std::rethrow_exception(st.consumer_error);
       throw cancelled_error();
     }
-    st.queue.push_back({std::move(v), slot, own, alone});
+    st.queue.push_back({std::move(v), slot, own, mapped, alone});
     st.changed.notify_all();
     return true;
   }
@@ -315,6 +338,7 @@ tensor_stream::tensor_stream(std::shared_ptr<const checkpoint> ck, stream_option
   st.cache = opt_.cache ? opt_.cache : &memory_cache::process();
   st.plan = stream_memory_plan::make(opt_.load.staging_budget, opt_.load.max_read, opt_.load.queue_depth, *ck_);
   st.counters.plan = st.plan;
+  if (opt_.map_cached && opt_.load.map_above == 0) opt_.load.map_above = st.plan.own_min + 1;
   st.gated = true;
   pool_ = st.cache->pool(staging_options{.budget = st.plan.pool_bytes ? st.plan.pool_bytes : st.plan.budget,
                                          .slot_size = st.plan.slot_size,
@@ -331,9 +355,16 @@ tensor_stream::tensor_stream(producer run, stream_options opt)
   st_->exhausted = opt_.exhausted;
 }
 
-tensor_stream::~tensor_stream() {
-  stop();
-  if (pool_) (opt_.cache ? opt_.cache : &memory_cache::process())->put_pool(std::move(pool_));
+tensor_stream::~tensor_stream() { stop(); }
+
+// Once the load has ended its pool goes back to the cache, for the next
+// stream to reuse (the cache hands it out only when every slot is free), not
+// when this object dies: a caller that keeps a finished stream (for its
+// stats) while it starts the next one would otherwise make that one fault in
+// a pool of its own. This stream keeps its pointer for pool() and slots().
+void tensor_stream::return_pool() noexcept {
+  if (!pool_ || pool_returned_.exchange(true)) return;
+  (opt_.cache ? opt_.cache : &memory_cache::process())->put_pool(pool_);
 }
 
 void tensor_stream::start() {
@@ -382,7 +413,7 @@ pull_status tensor_stream::next(std::chrono::milliseconds timeout, stream_tensor
     st.queue.pop_front();
     if (st.gated) {
       st.ahead -= q.view.tensor->size;
-      st.own_ahead -= q.own;
+      st.own_ahead -= q.own + q.mapped;
       st.own_held += q.own;
       if (q.alone) st.alone_ahead = false;
     }
@@ -399,6 +430,7 @@ pull_status tensor_stream::next(std::chrono::milliseconds timeout, stream_tensor
   if (!st.done) return pull_status::timeout;
   l.unlock();
   if (thread_.joinable()) thread_.join();
+  return_pool();
   if (st.error) std::rethrow_exception(st.error);
   return pull_status::end;
 }
@@ -430,7 +462,8 @@ void tensor_stream::stop() {
       if (q.slot >= 0 && --st_->pins[static_cast<std::size_t>(q.slot)] == 0) --st_->pinned_slots;
     st_->done = true;
   }
-  // `dropped` goes here, outside the lock: its leases return slots and buffers.
+  dropped.clear();  // outside the lock: its leases return slots and buffers
+  return_pool();
 }
 
 void tensor_stream::fail(std::exception_ptr e) {

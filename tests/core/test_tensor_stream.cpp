@@ -61,6 +61,16 @@ stream_options small_stream(memory_cache& cache) {
   o.load.max_read = 256 * KiB;
   o.load.queue_depth = 2;
   o.cache = &cache;
+  o.map_cached = false;  // own buffers for the tensors larger than a slot, cached or not (the mapped ones: below)
+  return o;
+}
+
+// The same stream, handing tensors larger than a slot out as page-cache views
+// (io_mode::buffered maps every such range, cached or not: deterministic).
+stream_options mapping_stream(memory_cache& cache) {
+  auto o = small_stream(cache);
+  o.map_cached = true;
+  o.load.io = io_mode::buffered;
   return o;
 }
 
@@ -311,4 +321,80 @@ TEST_CASE("next() before start() and start() twice are usage errors", "[core][te
   auto o = small_stream(cache);
   o.load.staging_budget = 4096;
   CHECK_THROWS_AS(tensor_stream(ck, o), config_error);
+}
+
+TEST_CASE("tensors larger than a slot come as page-cache views: no buffer of their own, no copy, no slot pinned",
+          "[core][tensor_stream][map]") {
+  sluice_test::scratch_dir dir;
+  auto ck = write_sized(dir.path, mixed_sizes());
+  memory_cache cache;
+  tensor_stream s(ck, mapping_stream(cache));
+  s.start();
+  std::vector<stream_tensor> large;  // held to the end: mapped views pin nothing
+  std::size_t n = 0;
+  const auto region = s.pool()->region();
+  while (auto t = s.next()) {
+    INFO(t->view.name());
+    REQUIRE(has_its_bytes(t->view));
+    REQUIRE(t->view.whole());
+    const auto* p = t->view.bytes.data();
+    const bool in_slot = p >= region.data() && p < region.data() + region.size();
+    if (t->view.tensor->size > 248 * KiB) {
+      REQUIRE_FALSE(in_slot);
+      large.push_back(std::move(*t));
+    }
+    ++n;
+  }
+  const auto st = s.stats();
+  REQUIRE(n == ck->tensors().size());
+  CHECK(st.mapped_tensors == 7);  // the 600 KiB, 700 KiB and 3 MiB ones
+  CHECK(st.mapped_bytes == 4 * 600 * KiB + 6 + 2 * 700 * KiB + 1 + 3 * MiB + 5);
+  CHECK(st.load.mapped_tensors == 7);
+  CHECK(st.own_tensors == 0);
+  CHECK(st.read_alone == 0);
+  CHECK(st.copied_out == 0);
+  CHECK(cache.stats().idle_buffer_bytes == 0);  // no buffer of its own was ever made
+  CHECK(s.pinned_slots() == 0);
+  for (const auto& t : large) REQUIRE(has_its_bytes(t.view));  // still valid after the load
+}
+
+TEST_CASE("page-cache views count against the budget ahead of the consumer", "[core][tensor_stream][map][concurrent]") {
+  sluice_test::scratch_dir dir;
+  auto ck = write_sized(dir.path, mixed_sizes());
+  memory_cache cache;
+  auto o = mapping_stream(cache);
+  tensor_stream s(ck, o);
+  s.start();
+  std::uint64_t handed = 0, most_queued = 0;
+  while (auto t = s.next()) {
+    handed += t->view.tensor->size;
+    const auto placed = s.progress().bytes_done.load();
+    most_queued = std::max(most_queued, placed > handed ? placed - handed : 0);
+    t->reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto st = s.stats();
+  // As for buffers of their own: within the budget, except the 3 MiB tensor
+  // (larger than the budget), which is mapped only with nothing else ahead.
+  CHECK(most_queued <= o.load.staging_budget);
+  CHECK(st.peak_ahead_bytes == 3 * MiB + 5);
+  CHECK(st.mapped_tensors == 7);
+  CHECK(st.gate_waits > 0);
+}
+
+TEST_CASE("a shard cut after opening fails a mapping stream naming the file and tensor", "[core][tensor_stream][map][errors]") {
+  sluice_test::scratch_dir dir;
+  auto ck = write_sized(dir.path, {10 * KiB, 600 * KiB, 600 * KiB});
+  std::filesystem::resize_file(ck->shards().front().uri, ck->tensors()[1].offset + 1000);
+  memory_cache cache;
+  tensor_stream s(ck, mapping_stream(cache));
+  s.start();
+  try {
+    while (auto t = s.next()) {
+    }
+    FAIL("no error");
+  } catch (const truncated_error& e) {
+    CHECK(e.file() == ck->shards().front().uri);
+    CHECK(e.tensor() == "t001");
+  }
 }

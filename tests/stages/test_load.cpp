@@ -290,3 +290,47 @@ TEST_CASE("a request is max_read bytes, capped by what a slot holds beside its a
   STATIC_REQUIRE(request_bytes_for(0, slot_size_for(mib)) == 4096);
   STATIC_REQUIRE(request_bytes_for(mib, 4096) == 4096);  // a slot without the room: one page
 }
+
+TEST_CASE("tensors of map_above bytes or more come whole as views of the page cache, outside the staging pool", "[stages][load][map]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  auto o = small_staging();
+  o.io = io_mode::buffered;  // every range maps (automatic: only cached ones)
+  o.map_above = 300 << 10;   // above a slot's read, so these would otherwise come in pieces
+  std::uint64_t large = 0, large_bytes = 0;
+  for (const auto& t : ck.tensors())
+    if (t.size >= o.map_above) ++large, large_bytes += t.size;
+  REQUIRE(large > 0);
+  staging_pool pool({o.staging_budget, slot_size_for(o.max_read)});
+  struct recording_sink {
+    const staging_pool* pool;
+    std::uint64_t map_above;
+    digest_sink digests;
+    std::vector<lease> kept;  // views kept after the load: their mappings stay valid
+    int outside_pool = 0, pieces_of_large = 0;
+    bool accept(tensor_view v) {
+      if (v.tensor->size >= map_above) {
+        if (!v.whole()) ++pieces_of_large;
+        if (pool->slot_index(v.bytes.data()) < 0) ++outside_pool;
+        kept.push_back(v.hold);
+      }
+      return digests.accept(std::move(v));
+    }
+  } s{&pool, o.map_above, {}, {}, 0, 0};
+  auto st = load(ck, s, pool, o);
+  REQUIRE(st.mapped_tensors == large);
+  REQUIRE(st.mapped_bytes == large_bytes);
+  REQUIRE(s.pieces_of_large == 0);
+  REQUIRE(s.outside_pool == static_cast<int>(large));
+  REQUIRE(st.bytes_read == ck.tensor_bytes());
+  const auto expected = python_digests(dir.path);
+  for (const auto& [name, dg] : s.digests.digests()) {
+    INFO(name);
+    REQUIRE(dg.sha256 == expected.at(name));
+  }
+  // Without map_above (and under io_mode::direct) nothing is mapped.
+  o.map_above = 0;
+  digest_sink plain;
+  REQUIRE(load(ck, plain, o).mapped_tensors == 0);
+}

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <vector>
@@ -34,6 +36,19 @@ void write_file(const std::filesystem::path& p, const std::vector<std::byte>& v)
 
 task<void> read_into(file_source& src, std::uint64_t off, std::span<std::byte> dst, std::size_t* got) {
   *got = co_await src.read_at(0, off, dst);
+}
+task<void> map_into(file_source& src, std::uint64_t off, std::uint64_t len, lease* out) {
+  *out = co_await src.map(0, off, len);
+}
+// Runs src.map(0, off, len) on `ioc` to completion; rethrows its error.
+lease map_range(asio::io_context& ioc, file_source& src, std::uint64_t off, std::uint64_t len) {
+  lease view;
+  std::exception_ptr failure;
+  asio::co_spawn(ioc, map_into(src, off, len, &view), [&failure](std::exception_ptr e) { failure = e; });
+  ioc.restart();
+  ioc.run();
+  if (failure) std::rethrow_exception(failure);
+  return view;
 }
 }  // namespace
 
@@ -155,4 +170,74 @@ TEST_CASE("opening a missing file names it", "[core][uring]") {
   } catch (const io_error& e) {
     REQUIRE(e.file() == "/nonexistent/sluice/shard.safetensors");
   }
+}
+
+TEST_CASE("map hands out a range as a writable view of the page cache that outlives the source", "[core][uring][map]") {
+  sluice_test::scratch_dir dir;
+  const auto data = pattern((3 << 20) + 123);
+  const auto path = dir.path / "f";
+  write_file(path, data);
+  asio::io_context ioc;
+  lease view;
+  {
+    uring_context ring(ioc);
+    file_source src(ring, {path.string()}, io_mode::buffered);
+    REQUIRE(src.can_map(0, 5, 1 << 20));
+    REQUIRE_FALSE(src.can_map(0, data.size() - 10, 11));  // past the end: read, and fail there, instead
+    view = map_range(ioc, src, 4097, (2 << 20) + 100);    // neither end on a page boundary
+    REQUIRE(src.mapped_bytes() == (2 << 20) + 100);
+    REQUIRE(src.counters().bytes_read == (2 << 20) + 100);
+  }
+  REQUIRE(view.bytes().size() == (2 << 20) + 100);
+  REQUIRE(std::memcmp(view.bytes().data(), data.data() + 4097, view.bytes().size()) == 0);
+  view.bytes()[0] = std::byte{0x5a};  // copy on write: the file keeps its bytes
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(4097);
+  char c = 0;
+  f.read(&c, 1);
+  REQUIRE(static_cast<std::byte>(c) == data[4097]);
+}
+
+TEST_CASE("map fails with truncated_error naming the file and bytes when the file was cut after it was opened", "[core][uring][map][errors]") {
+  sluice_test::scratch_dir dir;
+  const auto data = pattern(4 << 20);
+  const auto path = dir.path / "f";
+  write_file(path, data);
+  asio::io_context ioc;
+  uring_context ring(ioc);
+  file_source src(ring, {path.string()}, io_mode::buffered);
+  std::filesystem::resize_file(path, 1 << 20);  // the source saw 4 MiB
+  try {
+    (void)map_range(ioc, src, 2 << 20, 1 << 20);
+    FAIL("no error");
+  } catch (const truncated_error& e) {
+    REQUIRE(e.file() == path.string());
+    REQUIRE(e.range() == byte_range{2 << 20, 3 << 20});
+  }
+  REQUIRE(src.mapped_bytes() == 0);
+}
+
+TEST_CASE("io_mode::direct never maps; automatic maps what is cached", "[core][uring][map]") {
+  sluice_test::scratch_dir dir;
+  const auto path = dir.path / "f";
+  write_file(path, pattern(1 << 20));
+  asio::io_context ioc;
+  uring_context ring(ioc);
+  file_source automatic(ring, {path.string()}, io_mode::automatic);
+  if (automatic.direct_alignment(0) != 0) {  // a file system with O_DIRECT
+    file_source direct(ring, {path.string()}, io_mode::direct);
+    REQUIRE_FALSE(direct.can_map(0, 0, 1 << 20));
+  }
+  // Just written, so in the page cache; drop it (clean pages only) and it is not.
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  const bool cached = automatic.can_map(0, 0, 1 << 20);
+  REQUIRE(::fdatasync(fd) == 0);
+  REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  ::close(fd);
+  if (!cached) {
+    WARN("cachestat(2) unavailable (Linux < 6.5): automatic mode never maps");
+    return;
+  }
+  REQUIRE_FALSE(automatic.can_map(0, 0, 1 << 20));
 }

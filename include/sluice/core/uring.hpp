@@ -132,6 +132,23 @@ class uring_context {
         token);
   }
 
+  /// `madvise(addr, len, advice)` on an io-wq worker (io_uring always runs it
+  /// asynchronously): e.g. MADV_POPULATE_READ maps pages of a file mapping
+  /// into the page tables off the calling thread. Completes with
+  /// (error_code, 0); errno values in the system category (EFAULT: a page
+  /// past the file's end), operation_aborted when cancelled. Precondition:
+  /// `len` < 4 GiB (the SQE's length is 32 bits; callers cut larger ranges).
+  template <class Token>
+  auto async_madvise(void* addr, std::size_t len, int advice, Token&& token) {
+    return asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
+        [this, addr, len, advice](auto handler) {
+          using H = decltype(handler);
+          auto* op = new madvise_op<H>(std::move(handler), addr, len, advice);
+          asio::dispatch(strand_, [this, op] { submit(op); });
+        },
+        token);
+  }
+
   /// Awaitable form: returns bytes read (short reads possible); throws
   /// boost::system::system_error on failure.
   [[nodiscard]] task<std::size_t> read_at(int fd, std::span<std::byte> buf, std::uint64_t offset) {
@@ -163,19 +180,10 @@ class uring_context {
     virtual void complete(int res) noexcept = 0;   // posts the handler, then deletes this
     virtual void destroy() noexcept { delete this; }
   };
+  // An operation whose handler takes (error_code, bytes): its completion.
   template <class H>
-  struct read_op final : op_base {
-    read_op(H h, int f, std::span<std::byte> b, std::uint64_t o, bool p)
-        : handler(std::move(h)), work(asio::make_work_guard(asio::get_associated_executor(handler))), fd(f), buf(b), off(o), punt(p) {}
-    void prep(io_uring_sqe* s, const uring_context& ctx) override {
-      const unsigned len = static_cast<unsigned>(std::min<std::size_t>(buf.size(), 1u << 30));
-      const int idx = ctx.fixed_index(buf);
-      if (idx >= 0)
-        ::io_uring_prep_read_fixed(s, fd, buf.data(), len, off, idx);
-      else
-        ::io_uring_prep_read(s, fd, buf.data(), len, off);
-      if (punt) ::io_uring_sqe_set_flags(s, IOSQE_ASYNC);
-    }
+  struct handler_op : op_base {
+    explicit handler_op(H h) : handler(std::move(h)), work(asio::make_work_guard(asio::get_associated_executor(handler))) {}
     void complete(int res) noexcept override {
       boost::system::error_code ec;
       std::size_t n = 0;
@@ -193,10 +201,34 @@ class uring_context {
     }
     H handler;
     asio::executor_work_guard<asio::associated_executor_t<H>> work;  // keeps run() alive while the op is in the ring
+  };
+  template <class H>
+  struct read_op final : handler_op<H> {
+    read_op(H h, int f, std::span<std::byte> b, std::uint64_t o, bool p)
+        : handler_op<H>(std::move(h)), fd(f), buf(b), off(o), punt(p) {}
+    void prep(io_uring_sqe* s, const uring_context& ctx) override {
+      const unsigned len = static_cast<unsigned>(std::min<std::size_t>(buf.size(), 1u << 30));
+      const int idx = ctx.fixed_index(buf);
+      if (idx >= 0)
+        ::io_uring_prep_read_fixed(s, fd, buf.data(), len, off, idx);
+      else
+        ::io_uring_prep_read(s, fd, buf.data(), len, off);
+      if (punt) ::io_uring_sqe_set_flags(s, IOSQE_ASYNC);
+    }
     int fd;
     std::span<std::byte> buf;
     std::uint64_t off;
     bool punt;
+  };
+  template <class H>
+  struct madvise_op final : handler_op<H> {
+    madvise_op(H h, void* a, std::size_t l, int adv) : handler_op<H>(std::move(h)), addr(a), len(l), advice(adv) {}
+    void prep(io_uring_sqe* s, const uring_context&) override {
+      ::io_uring_prep_madvise(s, addr, static_cast<off_t>(len), advice);
+    }
+    void* addr;
+    std::size_t len;
+    int advice;
   };
 
   int fixed_index(std::span<std::byte> buf) const noexcept {

@@ -15,7 +15,9 @@
 #include <string>
 #include <utility>
 
+#include <sluice/core/lease.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/error.hpp>
 #include <sluice/source/concepts.hpp>
 
 namespace sluice::inline v0 {
@@ -39,7 +41,12 @@ class staging_pool;
 ///   fetch widens staged reads to it;
 /// - `register_buffers(pool)`: uses `pool`'s slots as the backend's fixed
 ///   buffers where it has them (io_uring), before the first read; a no-op for
-///   a backend without them.
+///   a backend without them;
+/// - `can_map(file, offset, length)` and `map(...)`: a view of the range in
+///   the page cache instead of a read (local files whose range is cached:
+///   file_source::map), for a load that asks for views of large extents
+///   (load_options::map_above); false, and usage_error, for a backend
+///   without them (S3).
 ///
 /// Its reads run on the executor it was opened on (catalog::open_source's
 /// io_context): a load co_awaits them there, never blocking a thread of it.
@@ -64,6 +71,14 @@ class any_source {
     return 0;
   }
   virtual void register_buffers(staging_pool& pool) { (void)pool; }
+  [[nodiscard]] virtual bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    (void)file, (void)offset, (void)length;
+    return false;
+  }
+  [[nodiscard]] virtual task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    (void)file, (void)offset, (void)length;
+    throw usage_error("this source has no page-cache views (can_map is false)");
+  }
 
   /// Owns `s` (any `source`) behind this interface, with the given preferred
   /// depth and staging threshold. What `s` does not have is taken as absent:
@@ -109,6 +124,18 @@ class source_holder final : public any_source {
   }
   void register_buffers(staging_pool& pool) override {
     if constexpr (requires(S& x) { x.register_buffers(pool); }) s_->register_buffers(pool);
+  }
+  [[nodiscard]] bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const override {
+    if constexpr (requires(const S& x) { x.can_map(file, offset, length); })
+      return s_->can_map(file, offset, length);
+    else
+      return false;
+  }
+  [[nodiscard]] task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) override {
+    if constexpr (requires(S& x) { x.map(file, offset, length); })
+      return s_->map(file, offset, length);
+    else
+      return any_source::map(file, offset, length);
   }
 
  private:

@@ -12,8 +12,20 @@
 /// speed (see bench/README.md, page-cache-aware reads). Short reads
 /// are returned as such (callers resume); errors throw io_error naming the
 /// file and byte range.
+///
+/// Page-cache views (`map`): a range that is mostly in the page cache (any
+/// range under io_mode::buffered) can be handed out instead of read, as a view into a private mapping of its file
+/// (one per file, made at the first map and kept alive by the views' leases),
+/// its pages mapped in beforehand by MADV_POPULATE_READ on the ring's io-wq
+/// workers. No copy and no memory of the process's own: what a hot load of a
+/// tensor larger than a staging slot would otherwise first-touch. The view
+/// is writable (copy on write: the file is never written). A file shortened
+/// after it was opened fails the map with truncated_error; one shortened
+/// while views of it are alive makes reading them raise SIGBUS, as with any
+/// mapped file (safetensors' mmap too).
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -22,6 +34,8 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +44,7 @@
 #include <boost/system/system_error.hpp>
 #include <fmt/format.h>
 
+#include <sluice/core/lease.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/error.hpp>
@@ -70,6 +85,51 @@ class file_source {
     const auto& f = files_.at(file);
     return f.direct_fd >= 0 ? f.align : 0;
   }
+
+  /// Whether [offset, offset + length) of `file` is better handed out by
+  /// `map` than read: io_mode::automatic when the range is mostly in the
+  /// page cache (else it is read, O_DIRECT where aligned); io_mode::buffered
+  /// always (its reads would go through the page cache too); never under
+  /// io_mode::direct.
+  [[nodiscard]] bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    const auto& f = files_.at(file);
+    if (mode_ == io_mode::direct || length == 0 || offset + length > f.size) return false;
+    return mode_ == io_mode::buffered || mostly_cached(f.fd, offset, length);
+  }
+
+  /// A view of bytes [offset, offset + length) of `file` in the page cache
+  /// (see the file comment), its pages mapped in first: the lease keeps the
+  /// file's mapping alive. Throws truncated_error when the file no longer
+  /// holds the range, io_error for other failures, cancelled_error after
+  /// the ring was cancelled.
+  [[nodiscard]] task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    auto& f = files_.at(file);
+    const error_context where{f.path, "", byte_range{offset, offset + length}};
+    if (offset + length > f.size) throw truncated_error(fmt::format("the file holds {} bytes", f.size), where);
+    auto m = mapping_of(f);
+    std::byte* base = static_cast<std::byte*>(m.get());
+    const std::uint64_t page = 4096;
+    const std::uint64_t begin = offset / page * page, end = std::min((offset + length + page - 1) / page * page,
+                                                                     (f.size + page - 1) / page * page);
+    counters_.requests.fetch_add(1, std::memory_order_relaxed);
+    // In pieces: the SQE's length is 32 bits, and one piece keeps one io-wq
+    // worker busy for a bounded time.
+    constexpr std::uint64_t piece = std::uint64_t{256} << 20;
+    for (std::uint64_t b = begin; b < end; b += piece) {
+      boost::system::error_code ec;
+      co_await ring_->async_madvise(base + b, static_cast<std::size_t>(std::min(piece, end - b)), MADV_POPULATE_READ,
+                                    asio::redirect_error(asio::use_awaitable, ec));
+      if (ec == asio::error::operation_aborted) throw cancelled_error("read cancelled");
+      if (ec == boost::system::errc::bad_address)  // a page past the end: the file was cut since it was opened
+        throw truncated_error("the file is shorter than when it was opened", where, ec.value());
+      if (ec) throw io_error(fmt::format("mapping the pages in failed: {}", ec.message()), where, ec.value());
+    }
+    counters_.bytes_read.fetch_add(length, std::memory_order_relaxed);
+    mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
+    co_return lease(std::move(m), {base + offset, static_cast<std::size_t>(length)});
+  }
+  /// Bytes handed out as page-cache views so far.
+  [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_bytes_.load(); }
 
   /// Reads up to dst.size() bytes at `offset` of file `file`; returns the
   /// count (short near end of file, 0 at or past it).
@@ -123,7 +183,20 @@ class file_source {
     int direct_fd = -1;
     std::uint32_t align = 4096;
     std::uint64_t size = 0;
+    std::shared_ptr<void> mapping;  // the whole file, private; made at the first map
   };
+  // The file's mapping, made once (reads may run on several threads of the
+  // io_context). It outlives the source: views hold it.
+  std::shared_ptr<void> mapping_of(file& f) {
+    std::lock_guard g(map_mu_);
+    if (!f.mapping) {
+      const auto n = static_cast<std::size_t>(f.size);
+      void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, f.fd, 0);
+      if (p == MAP_FAILED) throw io_error(fmt::format("mmap failed: {}", std::strerror(errno)), {f.path}, errno);
+      f.mapping = std::shared_ptr<void>(p, [n](void* q) { ::munmap(q, n); });
+    }
+    return f.mapping;
+  }
   file open_file(std::string path) {
     file f;
     f.path = std::move(path);
@@ -164,6 +237,8 @@ class file_source {
   io_counters counters_;
   std::atomic<std::uint64_t> counters_direct_{0};
   std::atomic<std::uint64_t> counters_buffered_{0};
+  std::atomic<std::uint64_t> mapped_bytes_{0};
+  std::mutex map_mu_;
 };
 
 static_assert(source<file_source>);

@@ -3,7 +3,9 @@
 /// coalesce: byte extents in file order → read requests. Adjacent extents of
 /// one file are merged into one request of at most `max_read` bytes; an
 /// extent larger than that is split into chunks. An extent with a direct
-/// destination gets requests of its own that read straight into it.
+/// destination gets requests of its own that read straight into it. An
+/// extent to be handed out as a page-cache view (`map`) gets one request of
+/// its own, whatever its size: no slot holds it.
 
 #include <algorithm>
 #include <cstdint>
@@ -28,6 +30,7 @@ struct byte_extent {
   std::uint64_t offset = 0;   ///< within the tensor
   std::uint64_t size = 0;
   std::span<std::byte> direct;
+  bool map = false;           ///< hand the bytes out as a view of the page cache (the source said it can)
   /// The whole tensor `t`.
   [[nodiscard]] static byte_extent whole(const tensor_ref& t, std::span<std::byte> direct = {}) noexcept {
     return {&t, 0, t.size, direct};
@@ -50,6 +53,7 @@ struct read_request {
   std::uint64_t length = 0;
   std::vector<request_piece> pieces;  ///< in file order, tiling the range
   std::span<std::byte> direct;        ///< non-empty: read into this, not a slot
+  bool mapped = false;                ///< a view of the page cache (source.map), not a read
 
   [[nodiscard]] std::uint64_t end() const noexcept { return offset + length; }
 };
@@ -71,6 +75,13 @@ class coalesce : public pipeable {
     std::optional<read_request> cur;
     while (auto job = co_await in.receive()) {
       const byte_extent x = *job;
+      if (x.map) {
+        if (cur) co_await out.send(std::exchange(cur, std::nullopt).value());
+        auto r = make_request(x, 0, x.size, {});
+        r.mapped = true;
+        co_await out.send(std::move(r));
+        continue;
+      }
       if (!x.direct.empty()) {
         if (cur) co_await out.send(std::exchange(cur, std::nullopt).value());
         for (std::uint64_t off = 0; off < x.size; off += opt_.max_read) {

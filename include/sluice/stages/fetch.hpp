@@ -4,7 +4,9 @@
 /// destination). Up to `queue_depth` reads are in flight; results leave in
 /// request order. Waiting for a free slot is the backpressure that bounds
 /// memory. Short reads are resumed; end of file before the request's end is a
-/// truncated_error naming the file, the tensor and the byte range.
+/// truncated_error naming the file, the tensor and the byte range. A mapped
+/// request (read_request::mapped) takes no slot: the source hands its bytes
+/// out as a view of the page cache (`map`), and the view's lease holds them.
 
 #include <utility>
 
@@ -80,11 +82,12 @@ class fetch : public pipeable {
         }
         // Never wait for a slot while finished reads sit here unsent: they
         // hold slots only downstream can release.
-        while (!q.empty() && (q.size() >= opt_.queue_depth || (req->direct.empty() && pool_->free_count() == 0)))
+        const bool needs_slot = req->direct.empty() && !req->mapped;
+        while (!q.empty() && (q.size() >= opt_.queue_depth || (needs_slot && pool_->free_count() == 0)))
           co_await deliver(q, out);
         auto o = std::make_shared<op>();
         o->result.request = std::move(*req);
-        if (o->result.request.direct.empty()) o->result.hold = co_await pool_->acquire();
+        if (needs_slot) o->result.hold = co_await pool_->acquire();
         if (in_flight_ == 0) busy_since_ = clock::now();
         ++in_flight_;
         asio::co_spawn(ex, read_one(src_, o), [o](std::exception_ptr e) {
@@ -129,6 +132,21 @@ class fetch : public pipeable {
   static task<void> read_one(Source* src, std::shared_ptr<op> o) {
     auto& r = o->result;
     const auto& req = r.request;
+    if (req.mapped) {
+      if constexpr (requires { src->map(req.file, req.offset, req.length); }) {
+        try {
+          r.hold = co_await src->map(req.file, req.offset, req.length);
+        } catch (const truncated_error& e) {  // name the tensor, which the source does not know
+          throw truncated_error(e.detail(), {e.file(), req.pieces.empty() ? std::string{} : req.pieces.front().tensor->name,
+                                             e.range()},
+                                e.code());
+        }
+        r.data = r.hold.bytes();
+        co_return;
+      } else {
+        throw usage_error("a mapped read request for a source without page-cache views");
+      }
+    }
     std::uint64_t begin = req.offset, end = req.end();
     std::span<std::byte> buf;
     if (!req.direct.empty()) {
