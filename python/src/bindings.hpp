@@ -3,13 +3,13 @@
 // torch/csrc/Module.cpp is split), each with an init_x(module) that
 // module.cpp's PYBIND11_MODULE calls, in this order:
 //   errors.cpp      sluice.Error and its subclasses, from one table
+//   dlpack.cpp      TensorItem: a tensor as it crosses, its DLPack capsule
 //   checkpoint.cpp  Checkpoint, open_checkpoint (tensor list, inspect, select)
 //   stream.cpp      StreamOptions, Stream (iter_weights), plan_owners, the memory cache
 //   load_into.cpp   load_into, load_into_cuda
 //   contract.cpp    Contract, RecorderCore, ReloadCore
-// and the helpers one concern lends another: dlpack.cpp (a tensor as it
-// crosses, its DLPack capsule), store.cpp (a torch.distributed store as
-// comm::kv_store), stats.cpp (the library's stats as Python dicts).
+// and the helpers one concern lends another: store.cpp (a torch.distributed
+// store as comm::kv_store), stats.cpp (the library's stats as Python dicts).
 // The units that see no pybind11 (distributed.cpp, cuda.cpp) share glue.hpp.
 //
 // Threads and the GIL: every load runs on a C++ thread of its own, with the
@@ -88,14 +88,15 @@ struct py_stream_options {
 /// translator of C++ errors into them.
 void init_errors(py::module_& m);
 
-/// dlpack.cpp: (name, capsule or None, dtype, part shape, kind, (dim,
-/// index, count) or None, source name) for `v`. The capsule (None for a
-/// view that carries no bytes: a placeholder, metadata) is DLPack's; its
-/// deleter drops `v`'s lease and then `owner` (a stream's tensor: its slot
-/// pin and budget); deleters never touch Python, so torch may run them on
-/// any thread. A device view is a config_error (the package's host path
-/// never makes one).
-py::object view_tuple(tensor_view v, stream_tensor owner);
+/// dlpack.cpp: the class TensorItem.
+void init_dlpack(py::module_& m);
+/// A TensorItem for `v`: its name, a DLPack capsule over its bytes (None for
+/// a view that carries none: a placeholder, metadata), its dtype, part shape,
+/// kind, TP part and source name. The capsule's deleter drops `v`'s lease and
+/// then `owner` (a stream's tensor: its slot pin and budget); deleters never
+/// touch Python, so torch may run them on any thread. A device view is a
+/// config_error (the package's host path never makes one).
+py::object tensor_item(tensor_view v, stream_tensor owner);
 
 /// checkpoint.cpp: the class Checkpoint and open_checkpoint.
 void init_checkpoint(py::module_& m);

@@ -17,7 +17,7 @@ namespace sluice_py {
 
 namespace {
 
-// A Python weight loader as a C++ one. `adapter(name, tuple_or_tensor)` (the
+// A Python weight loader as a C++ one. `adapter(name, item_or_tensor)` (the
 // package's Python side) calls the engine's loader and returns
 // (accepted, [(destination, {selector: value})]). Called with the GIL taken,
 // from whichever thread the load calls its sink on.
@@ -29,7 +29,7 @@ struct py_loader {
     py::gil_scoped_acquire gil;
     py::object arg;
     if (current && !current->is_none()) arg = *current;
-    else arg = view_tuple(std::move(v), {});
+    else arg = tensor_item(std::move(v), {});
     py::tuple r = adapter(py::str(std::string(log.source())), arg);
     const bool accepted = r[0].cast<bool>();
     for (auto rec : r[1].cast<py::list>()) {

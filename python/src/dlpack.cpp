@@ -1,5 +1,5 @@
-// Tensors as they cross into Python: a tuple (name, DLPack capsule, dtype,
-// shape, kind, TP part, source name) and the capsule itself.
+// Tensors as they cross into Python: TensorItem (name, DLPack capsule,
+// dtype, shape, kind, TP part, source name) and the capsule itself.
 //
 // Leases: a capsule's deleter drops the view's lease (returning its staging
 // slot when it was the last one) and then the stream's tensor (its pin, its
@@ -94,17 +94,49 @@ const char* kind_name(view_kind k) {
   return "?";
 }
 
+// sluice.TensorItem: read-only, made only here.
+struct item {
+  std::string name;
+  py::object capsule;  // a DLPack capsule, or None
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::string kind;
+  py::object part;  // (dim, index, count), or None
+  std::string source_name;
+};
+
 }  // namespace
 
-// (name, capsule or None, dtype, part shape, kind, (dim, index, count) or None, source name)
-py::object view_tuple(tensor_view v, stream_tensor owner) {
+py::object tensor_item(tensor_view v, stream_tensor owner) {
   if (v.kind == view_kind::device) throw config_error("a device view reached the host package", {"", v.name()});
-  py::object part = v.is_part() ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count)) : py::none();
-  const auto shape = v.part_shape();
-  py::object cap = py::none();
-  if (v.carries_data()) cap = make_capsule(v.bytes, std::move(v.hold), v.dtype(), shape, std::move(owner));
-  return py::make_tuple(v.name(), cap, std::string(format::name(v.dtype())), shape, kind_name(v.kind), part,
-                        v.tensor->source_name);
+  item it;
+  it.name = v.name();
+  it.dtype = std::string(format::name(v.dtype()));
+  it.shape = v.part_shape();
+  it.kind = kind_name(v.kind);
+  it.part = v.is_part() ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count)) : py::none();
+  it.source_name = v.tensor->source_name;
+  it.capsule = v.carries_data() ? py::object(make_capsule(v.bytes, std::move(v.hold), v.dtype(), it.shape, std::move(owner)))
+                                : py::none();
+  return py::cast(std::move(it));
+}
+
+void init_dlpack(py::module_& m) {
+  py::class_<item>(m, "TensorItem",
+                   "A tensor as the extension hands it out (Stream.next, a weight loader's argument); "
+                   "sluice._torch.tensor_from makes the torch tensor.")
+      .def_readonly("name", &item::name, "The name engines see (after renaming).")
+      .def_readonly("capsule", &item::capsule,
+                    "A DLPack capsule over the bytes (consumed once), or None where there are none (a placeholder).")
+      .def_readonly("dtype", &item::dtype, "The safetensors dtype name, e.g. 'BF16', 'F8_E4M3'.")
+      .def_readonly("shape", &item::shape, "The shape of this rank's part (the whole tensor's when not split).")
+      .def_readonly("kind", &item::kind, "'bytes', 'placed', 'metadata', 'shared' or 'placeholder'.")
+      .def_readonly("part", &item::part, "(dim, index, count) of this rank's TP part, or None.")
+      .def_readonly("source_name", &item::source_name, "The name in the file.")
+      .def("__repr__", [](const item& i) {
+        return "<sluice.TensorItem " + std::string(py::repr(py::str(i.name))) + " " + i.dtype + " " +
+               std::string(py::str(py::cast(i.shape))) + " " + i.kind + ">";
+      });
 }
 
 }  // namespace sluice_py

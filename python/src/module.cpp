@@ -1,7 +1,7 @@
 // sluice._sluice: the module. Each concern binds itself in its own unit
 // (bindings.hpp lists them); this one says what the build has and calls them
 // in order: the exception classes first (every later binding may raise
-// them), Checkpoint before the functions that take it.
+// them), TensorItem and Checkpoint before the functions that take or return them.
 #include "bindings.hpp"
 
 PYBIND11_MODULE(_sluice, m) {
@@ -26,6 +26,7 @@ PYBIND11_MODULE(_sluice, m) {
 #endif
 
   init_errors(m);
+  init_dlpack(m);
   init_checkpoint(m);
   init_stream(m);
   init_load_into(m);

@@ -63,7 +63,7 @@ class stream {
 
   void start() { s_->start(); }
 
-  // The next tensor tuple, or None at the end. Raises the load's error, or
+  // The next TensorItem, or None at the end. Raises the load's error, or
   // KeyboardInterrupt (after stopping the load).
   py::object next() {
     for (;;) {
@@ -75,7 +75,7 @@ class stream {
       }
       if (r == pull_status::tensor) {
         tensor_view v = std::move(t.view);  // the capsule's deleter releases `t` (the pin, the budget) after the bytes
-        return view_tuple(std::move(v), std::move(t));
+        return tensor_item(std::move(v), std::move(t));
       }
       if (r == pull_status::end) return py::none();
       if (PyErr_CheckSignals() != 0) {

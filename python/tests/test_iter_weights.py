@@ -34,6 +34,25 @@ def test_every_tensor_through_torch_equals_the_generators_digest_with_its_dtype_
     assert it.stats["tensors"] == len(digests)
 
 
+def test_the_extension_hands_out_read_only_typed_items_that_name_each_tensor(small):
+    path, digests = small
+    from sluice import _sluice
+    from sluice._torch import tensor_from
+    s = _sluice.Stream(sluice.open(path)._core, _sluice.StreamOptions())
+    s.start()
+    seen = []
+    while (item := s.next()) is not None:
+        assert isinstance(item, _sluice.TensorItem)
+        dtype, shape, digest = digests[item.name]
+        assert (item.dtype, item.shape, item.part, item.source_name) == (dtype, shape, None, item.name)
+        assert item.kind in ("bytes", "placed") and type(item.capsule).__name__ == "PyCapsule"
+        with pytest.raises(AttributeError):
+            item.name = "other"
+        assert sha256(tensor_from(item)) == digest, item.name
+        seen.append(item.name)
+    assert sorted(seen) == sorted(digests)
+
+
 def test_tensors_are_views_of_staging_memory_not_copies(medium):
     path, digests = medium
     it = sluice.iter_weights(path, staging="32MiB", max_read="2MiB")
