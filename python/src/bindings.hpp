@@ -122,7 +122,10 @@ void init_contract(py::module_& m);
 /// one) as the store a distributed load meets its peers through; None: null.
 std::shared_ptr<comm::kv_store> torch_store(py::object store);
 
-/// stats.cpp: JSON as Python objects (through Python's json.loads).
+/// stats.cpp: JSON as Python objects, directly (no text in between):
+/// objects are dicts (keys in nlohmann's sorted order), arrays lists,
+/// numbers int or float; a non-finite float is None, as the JSON text once
+/// made it; strings that are not UTF-8 keep their bytes backslash-escaped.
 py::object to_py(const nlohmann::json& j);
 /// The CPU seconds this process has used (user + system).
 double cpu_seconds();

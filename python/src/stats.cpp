@@ -5,6 +5,8 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 namespace sluice_py {
@@ -20,9 +22,37 @@ std::uint64_t peak_rss() {
 }  // namespace
 
 py::object to_py(const nlohmann::json& j) {
-  // Leaked on purpose: a static py::object would be released after the interpreter is gone.
-  static auto* loads = new py::object(py::module_::import("json").attr("loads"));
-  return (*loads)(j.dump());
+  using t = nlohmann::json::value_t;
+  switch (j.type()) {
+    case t::null:
+    case t::discarded: return py::none();
+    case t::boolean: return py::bool_(j.get<bool>());
+    case t::number_integer: return py::int_(j.get<std::int64_t>());
+    case t::number_unsigned: return py::int_(j.get<std::uint64_t>());
+    case t::number_float: {
+      // why: the stats once crossed as JSON text, where nlohmann writes NaN and
+      // infinities as null; callers json.dump the dict, which must stay valid JSON.
+      const double d = j.get<double>();
+      return std::isfinite(d) ? py::object(py::float_(d)) : py::object(py::none());
+    }
+    case t::string: return lenient_str(j.get_ref<const std::string&>());
+    case t::binary: {
+      const auto& b = j.get_binary();
+      return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+    }
+    case t::array: {
+      py::list l(j.size());
+      std::size_t i = 0;
+      for (const auto& e : j) l[i++] = to_py(e);
+      return l;
+    }
+    case t::object: {
+      py::dict d;
+      for (const auto& [k, v] : j.items()) d[lenient_str(k)] = to_py(v);
+      return d;
+    }
+  }
+  return py::none();
 }
 
 double cpu_seconds() {

@@ -123,6 +123,22 @@ def test_stats_carry_sluice_loads_json_names_and_figures(small):
     assert set(ref["staging"]) <= set(it.stats["staging"]) and set(ref["stages"]) <= set(it.stats["stages"])
 
 
+def test_stats_are_plain_python_values_that_survive_a_json_round_trip(small):
+    path, _ = small
+    it = sluice.iter_weights(path)
+    for _ in it:
+        pass
+
+    def plain(v):
+        if isinstance(v, dict):
+            return all(isinstance(k, str) and plain(x) for k, x in v.items())
+        if isinstance(v, list):
+            return all(plain(x) for x in v)
+        return v is None or isinstance(v, (bool, int, float, str))
+    assert plain(it.stats) and isinstance(it.stats["stream"], dict)
+    assert json.loads(json.dumps(it.stats, allow_nan=False)) == it.stats
+
+
 def test_a_truncated_shard_raises_a_typed_exception_naming_the_file(tmp_path):
     from conftest import generate
     d = tmp_path / "trunc"
