@@ -15,7 +15,8 @@
 # tests skip) and the Python CUDA tests. Several minutes on 2 cores.
 # --quick (the ctest entry, label rehearsal): preflight, deps, configure, and
 # at -O0 the units that a missing header or package breaks: examples/load.cpp,
-# bench/gpu.cpp, one cuda and one nccl unit, the Python extension's module.
+# bench/gpu.cpp, one cuda and one nccl unit, the Python extension's DLPack unit
+# (pybind11 and dlpack.h).
 #
 # Not hidden, as the GPU machine brings its own: the compiler
 # (build-essential), CMake, and a python with its headers (python3-dev,
@@ -122,7 +123,7 @@ if [ -n "$quick" ]; then
   extra="-DCMAKE_CXX_FLAGS=-O0"
   targets="examples/CMakeFiles/sluice-load.dir/load.cpp.o bench/CMakeFiles/bench-gpu.dir/gpu.cpp.o
            CMakeFiles/sluice_cuda.dir/src/cuda/device_sink.cpp.o CMakeFiles/sluice_nccl.dir/src/nccl/nccl_lane.cpp.o
-           python/CMakeFiles/sluice_python.dir/src/module.cpp.o"
+           python/CMakeFiles/sluice_python.dir/src/dlpack.cpp.o"
   deadline=600
 else
   steps=preflight,deps,configure,build,tests,python

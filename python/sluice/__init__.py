@@ -234,7 +234,7 @@ class WeightIterator:
             self.stats = self._stream.stats()
             self._close_bar()
             raise StopIteration
-        return item[0], self._tensor_from(item)
+        return item.name, self._tensor_from(item)
 
     def _report(self):
         done, total, tensors, total_tensors = self._stream.progress()

@@ -1,4 +1,4 @@
-"""sluice dtypes <-> torch dtypes, and tensors from the extension's tuples."""
+"""sluice dtypes <-> torch dtypes, and tensors from the extension's TensorItems."""
 import torch
 import torch.utils.dlpack
 
@@ -34,9 +34,8 @@ def arrival_shape(dtype: str, shape):
 
 
 def tensor_from(item):
-    """A torch tensor from the extension's tuple
-    (name, capsule|None, dtype, shape, kind, part|None, source_name)."""
-    name, capsule, dtype, shape, kind, part, _source = item
+    """A torch tensor from the extension's TensorItem (its capsule is consumed)."""
+    capsule, dtype, shape, kind, part = item.capsule, item.dtype, item.shape, item.kind, item.part
     target = as_torch_dtype(dtype)
     if capsule is None:  # a placeholder: a tensor another rank owns
         t = torch.empty(arrival_shape(dtype, shape), dtype=target, device="meta")

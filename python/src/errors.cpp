@@ -1,9 +1,10 @@
 // sluice's exceptions in Python: one table, in the order of error.hpp's
 // hierarchy (a class after its bases), makes the Python classes and the
 // translator, which names each C++ error by its most derived class in it.
-#include "glue.hpp"
+#include "bindings.hpp"
 
-#include <pybind11/pybind11.h>
+#include <string_view>
+#include <vector>
 
 #include <sluice/comm/concepts.hpp>
 #if defined(SLUICE_HAS_S3)
@@ -12,8 +13,6 @@
 #if defined(SLUICE_HAS_CUDA)
 #include <sluice/cuda/error.hpp>
 #endif
-
-namespace py = pybind11;
 
 namespace sluice_py {
 namespace {
@@ -67,13 +66,6 @@ constexpr std::size_t class_count = sizeof(classes) / sizeof(classes[0]);
 // The Python classes, by the table's index: made once at import, kept for the
 // process (never freed: a translation may run while the interpreter exits).
 PyObject* made[class_count] = {};
-
-// Messages and names may carry bytes of a malformed file that are not UTF-8.
-py::str lenient_str(const std::string& s) {
-  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
-  if (!o) throw py::error_already_set();
-  return py::reinterpret_steal<py::str>(o);
-}
 
 void set_python_error(PyObject* type, const error& e) {
   py::object exc = py::reinterpret_borrow<py::object>(type)(lenient_str(e.what()));

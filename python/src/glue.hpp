@@ -1,40 +1,29 @@
 #pragma once
-// The Python package's C++ glue, shared by its translation units:
-// module.cpp (the bindings, the local loads) and distributed.cpp (the
-// distributed driver over any_sink, which is the costly instantiation).
-// The stream itself (queue, pins, budget) is the library's tensor_stream.
-// Everything here calls sluice's public API only, so an API change upstream
-// is adapted here.
+// The Python package's C++ glue that needs no Python: the calls the binding
+// units (bindings.hpp) make into the units that see no pybind11, so that the
+// costly instantiations compile apart and in parallel: distributed.cpp (the
+// distributed driver over any_sink, the collective open) and cuda.cpp (CUDA
+// destinations, where the cuda component is built). Everything here calls
+// sluice's public API only, so an API change upstream is adapted here.
 
 #include <utility>  // before Asio (Boost 1.74)
 
-#include <chrono>
-#include <condition_variable>
-#include <cstddef>
 #include <cstdint>
-#include <map>
-#include <span>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <stop_token>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/comm/store.hpp>
-#include <sluice/core/staging_pool.hpp>
-#include <sluice/distributed/options.hpp>
-#include <sluice/error.hpp>
 #include <sluice/load.hpp>
 #include <sluice/sink/any_sink.hpp>
-#include <sluice/tensor_view.hpp>
 
-namespace pybind11 {
-class module_;
+// Declared only: distributed/options.hpp (the plan, the windows, all of
+// nlohmann::json) is for the units that make or take them, not for every
+// unit that includes this.
+namespace sluice::inline v0 {
+struct distributed_options;
 }
 
 namespace sluice_py {
@@ -71,10 +60,5 @@ struct device_destination {
 /// copy complete on return (cuda.cpp; only where the cuda component is built,
 /// SLUICE_PY_CUDA).
 load_stats load_into_device(const checkpoint& ck, const std::vector<device_destination>& dst, int device, load_options opt);
-
-/// Makes sluice's exception classes in `m` (sluice.Error and its
-/// subclasses, from one table mirroring error.hpp) and registers the
-/// translator of C++ errors into them (errors.cpp).
-void init_errors(pybind11::module_& m);
 
 }  // namespace sluice_py

@@ -34,6 +34,25 @@ def test_every_tensor_through_torch_equals_the_generators_digest_with_its_dtype_
     assert it.stats["tensors"] == len(digests)
 
 
+def test_the_extension_hands_out_read_only_typed_items_that_name_each_tensor(small):
+    path, digests = small
+    from sluice import _sluice
+    from sluice._torch import tensor_from
+    s = _sluice.Stream(sluice.open(path)._core, _sluice.StreamOptions())
+    s.start()
+    seen = []
+    while (item := s.next()) is not None:
+        assert isinstance(item, _sluice.TensorItem)
+        dtype, shape, digest = digests[item.name]
+        assert (item.dtype, item.shape, item.part, item.source_name) == (dtype, shape, None, item.name)
+        assert item.kind in ("bytes", "placed") and type(item.capsule).__name__ == "PyCapsule"
+        with pytest.raises(AttributeError):
+            item.name = "other"
+        assert sha256(tensor_from(item)) == digest, item.name
+        seen.append(item.name)
+    assert sorted(seen) == sorted(digests)
+
+
 def test_tensors_are_views_of_staging_memory_not_copies(medium):
     path, digests = medium
     it = sluice.iter_weights(path, staging="32MiB", max_read="2MiB")
@@ -102,6 +121,22 @@ def test_stats_carry_sluice_loads_json_names_and_figures(small):
     for k in ("tensors", "tensor_bytes", "bytes_read", "header_bytes_read", "files_opened", "shards"):
         assert it.stats[k] == ref[k], k
     assert set(ref["staging"]) <= set(it.stats["staging"]) and set(ref["stages"]) <= set(it.stats["stages"])
+
+
+def test_stats_are_plain_python_values_that_survive_a_json_round_trip(small):
+    path, _ = small
+    it = sluice.iter_weights(path)
+    for _ in it:
+        pass
+
+    def plain(v):
+        if isinstance(v, dict):
+            return all(isinstance(k, str) and plain(x) for k, x in v.items())
+        if isinstance(v, list):
+            return all(plain(x) for x in v)
+        return v is None or isinstance(v, (bool, int, float, str))
+    assert plain(it.stats) and isinstance(it.stats["stream"], dict)
+    assert json.loads(json.dumps(it.stats, allow_nan=False)) == it.stats
 
 
 def test_a_truncated_shard_raises_a_typed_exception_naming_the_file(tmp_path):

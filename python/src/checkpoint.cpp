@@ -1,0 +1,137 @@
+// Opened checkpoints in Python: open_checkpoint (selection by regex or
+// callable, renaming, a local index, a collective open) and the class
+// Checkpoint (its tensors, inspect, select).
+#include "bindings.hpp"
+#include "glue.hpp"
+
+#include <array>
+#include <map>
+#include <regex>
+#include <set>
+
+#include <pybind11/stl.h>
+
+#include <sluice/policy/classify.hpp>
+
+namespace sluice_py {
+
+namespace {
+
+// `who`: None, or the StreamOptions of a distributed load (rank, world, local
+// ranks, store, timeout) whose ranks open the checkpoint together: rank 0
+// reads the metadata and the others replay it (open_collective).
+py_checkpoint open_checkpoint(const std::string& where, py::object select_regex, py::object select_fn,
+                              const std::vector<std::pair<std::string, std::string>>& rename, const std::string& index,
+                              const py_stream_options* who) {
+  open_options opt;
+  if (!index.empty()) opt.index = index;
+  for (const auto& [from, to] : rename) opt.rename.push_back({from, to});
+  if (!select_regex.is_none()) {
+    const auto pattern = select_regex.cast<std::string>();
+    std::shared_ptr<std::regex> re;
+    try {
+      re = std::make_shared<std::regex>(pattern, std::regex::ECMAScript | std::regex::optimize);
+    } catch (const std::regex_error& e) {
+      throw config_error(fmt::format("select: '{}' is not a valid regular expression: {}", pattern, e.what()));
+    }
+    opt.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
+  } else if (!select_fn.is_none()) {
+    // Called on this thread. A collective open runs without the GIL (it waits
+    // on its peers), so the call takes it, and copies of the function share
+    // one reference that is dropped under the GIL.
+    std::shared_ptr<py::object> fn(new py::object(std::move(select_fn)), [](py::object* f) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    });
+    opt.select = [fn](std::string_view n) {
+      py::gil_scoped_acquire gil;
+      return py::cast<bool>((*fn)(py::str(n.data(), n.size())));
+    };
+  }
+  // A path, or an s3:// URI (its catalog reads the environment's S3 config).
+  const location at(where);
+  py_checkpoint r;
+  r.s3 = !at.local();
+  if (const auto ranks = who ? rank_info_of(*who) : comm::rank_info{}; ranks.world_size > 1) {
+    py::gil_scoped_release nogil;
+    r.ck = std::make_shared<checkpoint>(open_collective(at, opt, ranks));
+  } else {
+    r.ck = std::make_shared<checkpoint>(checkpoint::open(at, opt));
+  }
+  return r;
+}
+
+// (name, source name, dtype, shape, bytes, file, offset) per tensor, in file
+// order (the package makes its TensorInfo of them).
+py::list tensor_list(const py_checkpoint& p) {
+  py::list out;
+  const auto& ck = *p.ck;
+  for (const auto& t : ck.tensors())
+    out.append(py::make_tuple(t.name, t.source_name, std::string(format::name(t.type)), t.shape, t.size, file_of(ck, t),
+                              t.offset));
+  return out;
+}
+
+py::dict inspect_checkpoint(const py_checkpoint& p) {
+  const auto& ck = *p.ck;
+  const auto cls = policy::classifier::deepseek();
+  std::map<std::string, std::array<std::uint64_t, 2>> per_dtype, per_class;
+  for (const auto& t : ck.tensors()) {
+    const auto info = cls(policy::tensor_info::from(t));
+    for (auto* m : {&per_dtype[std::string(format::name(t.type))], &per_class[std::string(policy::class_name(info.cls))]}) {
+      (*m)[0] += 1;
+      (*m)[1] += t.size;
+    }
+  }
+  auto table = [](const auto& m) {
+    py::dict d;
+    for (const auto& [k, v] : m) {
+      py::dict e;
+      e["tensors"] = v[0];
+      e["bytes"] = v[1];
+      d[py::str(k)] = e;
+    }
+    return d;
+  };
+  py::dict j;
+  j["location"] = ck.location();
+  j["shards"] = ck.shards().size();
+  j["tensor_count"] = ck.tensors().size();
+  j["tensor_bytes"] = ck.tensor_bytes();
+  j["header_bytes_read"] = ck.header_bytes_read();
+  j["dtypes"] = table(per_dtype);
+  j["classes"] = table(per_class);
+  return j;
+}
+
+}  // namespace
+
+std::string file_of(const checkpoint& ck, const tensor_ref& t) {
+  return t.shard < ck.shards().size() ? ck.shards()[t.shard].uri : std::string();
+}
+
+void init_checkpoint(py::module_& m) {
+  py::class_<py_checkpoint>(m, "Checkpoint")
+      .def_property_readonly("location", [](const py_checkpoint& p) { return p.ck->location(); })
+      .def_property_readonly("tensor_bytes", [](const py_checkpoint& p) { return p.ck->tensor_bytes(); })
+      .def_property_readonly("header_bytes_read", [](const py_checkpoint& p) { return p.ck->header_bytes_read(); })
+      .def_property_readonly("is_s3", &py_checkpoint::is_s3)
+      .def("shards", [](const py_checkpoint& p) {
+        py::list l;
+        for (const auto& s : p.ck->shards()) l.append(py::make_tuple(s.name, s.uri));
+        return l;
+      })
+      .def("select", [](const py_checkpoint& p, const std::vector<std::string>& names) {
+        // A view over the named tensors of the same opened checkpoint: no
+        // header is read again; a name it lacks is a config_error naming it.
+        py_checkpoint sub = p;
+        sub.ck = std::make_shared<checkpoint>(p.ck->select(std::set<std::string>(names.begin(), names.end())));
+        return sub;
+      }, py::arg("names"))
+      .def("tensors", &tensor_list)
+      .def("inspect", &inspect_checkpoint);
+  m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"),
+        py::arg("index") = std::string(), py::arg("who") = nullptr);
+}
+
+}  // namespace sluice_py
