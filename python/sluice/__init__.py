@@ -276,7 +276,7 @@ class WeightIterator:
 def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto", on_exhausted="copy",
                  queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0,
                  world=None, pp_stage_layers=None, pp_first_pattern=None, pp_last_pattern=None,
-                 expert_placement="linear") -> WeightIterator:
+                 expert_placement="linear", map_cached=True) -> WeightIterator:
     """Streams the checkpoint's tensors as (name, torch.Tensor).
 
     staging: the staging budget (bytes or "4GiB"); memory stays within it.
@@ -285,6 +285,11 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       "copy" (default) hands out the next tensors as copies in memory of their
       own, so the load never waits on the caller; "raise" raises
       sluice.ResourceError naming the budget.
+    map_cached: a tensor larger than a staging slot whose file is in the page
+      cache (any file under io="buffered"; never under io="direct") comes as a
+      view of the page cache, a private mapping of its file (no copy and no
+      memory of its own; writing to it copies the page, never the file);
+      False reads it into memory of its own. A one-process load only.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
     topology/offload/store/world: a distributed load (see sluice._distributed):
@@ -305,6 +310,7 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
     if not isinstance(ck, Checkpoint):
         ck = open(ck)
     o = _options(staging, max_read, queue_depth, threads, io, on_exhausted, queue)
+    o.map_cached = bool(map_cached)
     if topology is not None or store is not None or world is not None:
         from ._distributed import configure
         configure(o, topology, offload, store, timeout, world)

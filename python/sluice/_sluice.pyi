@@ -66,6 +66,7 @@ class StreamOptions:
     threads: int
     io: str
     on_exhausted: str
+    map_cached: bool
     queue: int
     topology: str
     offload: str

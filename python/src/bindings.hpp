@@ -67,6 +67,7 @@ struct py_stream_options {
   unsigned threads = 1;
   std::string io = "auto";
   std::string exhausted = "copy";
+  bool map_cached = true;  // tensors larger than a slot whose file is cached: page-cache views
   std::size_t queue = 8;
   // distributed (world_size > 1 or a topology)
   std::string topology, offload = "none";

@@ -47,6 +47,7 @@ class stream {
     else if (opt_.exhausted != "copy")
       throw config_error(fmt::format("on_exhausted='{}': expected 'copy' or 'raise'", opt_.exhausted));
     lopt_ = make_load_options(opt_);
+    so.map_cached = opt_.map_cached;
     so.load = lopt_;
     distributed_ = opt_.world_size > 1 || !opt_.topology.empty();
     if (!distributed_) {
@@ -118,6 +119,8 @@ class stream {
       s["peak_ahead_bytes"] = st.peak_ahead_bytes;
       s["peak_own_bytes"] = st.peak_own_bytes;
       s["gate_waits"] = st.gate_waits;
+      s["mapped_tensors"] = st.mapped_tensors;
+      s["mapped_bytes"] = st.mapped_bytes;
       d["stream"] = s;
     }
     d["copied_out"] = st.copied_out;
@@ -213,6 +216,7 @@ void init_stream(py::module_& m) {
       .def_readwrite("threads", &py_stream_options::threads)
       .def_readwrite("io", &py_stream_options::io)
       .def_readwrite("on_exhausted", &py_stream_options::exhausted)
+      .def_readwrite("map_cached", &py_stream_options::map_cached)
       .def_readwrite("queue", &py_stream_options::queue)
       .def_readwrite("topology", &py_stream_options::topology)
       .def_readwrite("offload", &py_stream_options::offload)

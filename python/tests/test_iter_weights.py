@@ -55,7 +55,7 @@ def test_the_extension_hands_out_read_only_typed_items_that_name_each_tensor(sma
 
 def test_tensors_are_views_of_staging_memory_not_copies(medium):
     path, digests = medium
-    it = sluice.iter_weights(path, staging="32MiB", max_read="2MiB")
+    it = sluice.iter_weights(path, staging="32MiB", max_read="2MiB", map_cached=False)
     lo, size, slot = it.staging_region()
     assert size > 0
     inside = whole = 0
@@ -250,3 +250,30 @@ def test_ctrl_c_mid_load_raises_keyboardinterrupt_and_returns_every_slot(medium,
     word, n, stats, slots_back = r.stdout.split()
     assert word == "interrupted" and 3 <= int(n) < len(digests)
     assert stats == "None" and slots_back == "True"
+
+
+def test_tensors_larger_than_a_slot_are_page_cache_views_that_never_write_the_file(medium, tmp_path):
+    path, digests = medium
+    # io="buffered" maps every such tensor, cached or not (io="auto": the cached ones).
+    it = sluice.iter_weights(path, staging="8MiB", max_read="1MiB", queue_depth=2, io="buffered")
+    lo, size, _ = it.staging_region()
+    kept = {}
+    for name, t in it:
+        if t.numel() * t.element_size() > MiB:
+            assert not lo <= t.data_ptr() < lo + size, name  # not in a staging slot
+            kept[name] = t
+    assert kept
+    st = it.stats
+    assert st["stream"]["mapped_tensors"] == len(kept) == st["mapped"]["tensors"]
+    assert st["own_tensors"] == 0 and st["copied_out"] == 0
+    assert st["bytes_read"] == sluice.open(path).tensor_bytes
+    files = {f: open(os.path.join(path, f), "rb").read() for f in os.listdir(path) if f.endswith(".safetensors")}
+    for name, t in kept.items():  # valid after the load, and writable: copy on write, the file keeps its bytes
+        assert sha256(t) == digests[name][2], name
+        t.view(torch.uint8).reshape(-1)[:4096].fill_(0x5A)
+    for f, b in files.items():
+        assert open(os.path.join(path, f), "rb").read() == b, f
+    off = sluice.iter_weights(path, staging="8MiB", max_read="1MiB", queue_depth=2, io="buffered", map_cached=False)
+    for name, t in off:
+        assert sha256(t) == digests[name][2], name
+    assert off.stats["stream"]["mapped_tensors"] == 0 and off.stats["own_tensors"] == len(kept)

@@ -5,7 +5,7 @@ import sluice
 from conftest import sha256
 
 MiB = 1 << 20
-OPTS = dict(staging="8MiB", max_read="1MiB", queue_depth=2)
+OPTS = dict(staging="8MiB", max_read="1MiB", queue_depth=2, map_cached=False)  # buffers of their own, not page-cache views
 
 
 def large(t):
