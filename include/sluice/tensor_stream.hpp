@@ -20,11 +20,12 @@
 ///   nothing else to drop), and nothing else is read until it is handed out;
 /// - at small budgets the slots shrink (the pool keeps 2 x queue_depth of
 ///   them), so reads still overlap.
-/// - a tensor larger than a slot whose file is mostly in the page cache is
-///   handed out as a view of the page cache instead (`map_cached`;
-///   load_options::map_above): no copy and no memory of its own, the fresh
-///   memory that a hot load in a new process would otherwise pay to fault
-///   in. It counts as ahead until handed out, and never pins a slot.
+/// - a tensor of 1 MiB or more (or larger than a slot) whose bytes are mostly
+///   in the page cache is handed out as a view of the page cache instead
+///   (`map_cached`; load_options::map_above): no copy and no memory of its
+///   own, the fresh memory that a hot load in a new process would otherwise
+///   pay to fault in. It is admitted as a tensor of its own would be, counts
+///   as ahead until handed out, and never pins a slot.
 /// Tensors the consumer holds pin their slots (a slot is reused only when
 /// every tensor in it is gone). When pinning one more would leave the load
 /// fewer than queue_depth free slots, the tensor is copied out into memory of
@@ -103,9 +104,10 @@ struct stream_options {
   load_options load;
   std::size_t queue = 8;                 ///< tensors queued for next() at most
   on_exhausted exhausted = on_exhausted::copy;
-  /// Hand tensors larger than a slot out as views of the page cache where
-  /// their file is mostly cached (sets load.map_above when it is 0). The
-  /// views are private mappings of the files: see file_source::map.
+  /// Hand tensors of 1 MiB or more (and any larger than a slot) out as views
+  /// of the page cache where their bytes are mostly cached (sets
+  /// load.map_above when it is 0). The views are private mappings of the
+  /// files: see file_source::map.
   bool map_cached = true;
   /// Where the pool and the own buffers come from and go back to between
   /// loads; null: memory_cache::process(). Must outlive the stream.

@@ -285,11 +285,12 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       "copy" (default) hands out the next tensors as copies in memory of their
       own, so the load never waits on the caller; "raise" raises
       sluice.ResourceError naming the budget.
-    map_cached: a tensor larger than a staging slot whose file is in the page
-      cache (any file under io="buffered"; never under io="direct") comes as a
-      view of the page cache, a private mapping of its file (no copy and no
-      memory of its own; writing to it copies the page, never the file);
-      False reads it into memory of its own. A one-process load only.
+    map_cached: a tensor of 1 MiB or more (or larger than a staging slot)
+      whose bytes are in the page cache (any, under io="buffered"; never under
+      io="direct") comes as a view of the page cache, a private mapping of its
+      file: no copy and no memory of its own; writing to it copies the page,
+      never the file. False reads it into a slot or memory of its own. A
+      one-process load only.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
     topology/offload/store/world: a distributed load (see sluice._distributed):

@@ -13,7 +13,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <set>
 #include <stop_token>
 #include <vector>
 
@@ -74,7 +73,6 @@ struct stream_state final : admission {
     tensor_view view;
     int slot = -1;
     std::size_t own = 0;       // bytes of own buffer (held once handed out)
-    std::size_t mapped = 0;    // bytes of a page-cache view (nothing held once handed out)
     bool alone = false;
   };
   struct own_buffer {
@@ -106,8 +104,7 @@ struct stream_state final : admission {
   bool alone_ahead = false;         // a tensor larger than own_bytes is ahead: nothing else goes
   bool consumer_waiting = false;    // next() waits on an empty queue
   std::map<const tensor_ref*, own_buffer> own;
-  std::set<const tensor_ref*> mapped_ahead;  // page-cache views admitted, not yet queued
-  const tensor_ref* alone_mapped = nullptr;    // the one of them admitted alone
+  const tensor_ref* alone_mapped = nullptr;  // a page-cache view admitted alone, until it is queued
   detail::waiter_queue gate_waiters;
 
   stream_stats counters;
@@ -129,11 +126,24 @@ struct stream_state final : admission {
 
   bool admit_locked(read_request& req) {
     if (!gated) return true;
-    // A tensor larger than a slot: a buffer of its own, or (mapped) a view of
-    // the page cache, which takes no memory of ours but is admitted by the
-    // same rule while it is ahead, so that mapping pages in never runs further
-    // ahead than reading would.
-    if (req.mapped || (req.pieces.size() == 1 && is_own(*req.pieces.front().tensor))) {
+    // A page-cache view: no memory of ours, but it counts as ahead until it
+    // is handed out, so that mapping pages in never runs further ahead of the
+    // consumer than the budget; one larger than the budget goes alone.
+    if (req.mapped) {
+      const tensor_ref* t = req.pieces.front().tensor;
+      if (alone_ahead) return false;
+      const bool alone = t->size > plan.budget;
+      if (ahead != 0 && (alone || ahead + t->size > plan.budget)) return false;
+      if (alone) alone_mapped = t;
+      ahead += t->size;
+      alone_ahead = alone;
+      counters.mapped_tensors += 1;
+      counters.mapped_bytes += t->size;
+      counters.peak_ahead_bytes = std::max(counters.peak_ahead_bytes, ahead);
+      return true;
+    }
+    // A tensor larger than a slot: a buffer of its own.
+    if (req.pieces.size() == 1 && is_own(*req.pieces.front().tensor)) {
       const auto& p = req.pieces.front();
       const tensor_ref* t = p.tensor;
       if (auto it = own.find(t); it != own.end()) {  // a later chunk of an admitted tensor
@@ -142,26 +152,18 @@ struct stream_state final : admission {
       }
       if (alone_ahead) return false;
       const bool alone = t->size > plan.own_bytes;
-      const std::uint64_t held = req.mapped ? 0 : own_held;  // views held by the consumer cost nothing
-      const bool ok = alone ? ahead == 0 && (held == 0 || consumer_waiting)
-                            : own_ahead + held + t->size <= plan.own_bytes || (ahead == 0 && consumer_waiting);
+      const bool ok = alone ? ahead == 0 && (own_held == 0 || consumer_waiting)
+                            : own_ahead + own_held + t->size <= plan.own_bytes || (ahead == 0 && consumer_waiting);
       if (!ok) return false;
-      if (req.mapped) {
-        mapped_ahead.insert(t);
-        if (alone) alone_mapped = t;
-        counters.mapped_tensors += 1;
-        counters.mapped_bytes += t->size;
-      } else {
-        auto hold = cache->buffer(static_cast<std::size_t>(t->size));
-        // Idle buffers kept for reuse count against the own share too.
-        const std::uint64_t used = own_ahead + own_held + t->size;
-        cache->trim(used < plan.own_bytes ? static_cast<std::size_t>(plan.own_bytes - used) : 0);
-        req.direct = hold.bytes().subspan(p.tensor_offset, p.length);
-        own.emplace(t, own_buffer{std::move(hold), 0, alone});
-        counters.own_tensors += 1;
-        counters.own_tensor_bytes += t->size;
-        counters.read_alone += alone ? 1 : 0;
-      }
+      auto hold = cache->buffer(static_cast<std::size_t>(t->size));
+      // Idle buffers kept for reuse count against the own share too.
+      const std::uint64_t used = own_ahead + own_held + t->size;
+      cache->trim(used < plan.own_bytes ? static_cast<std::size_t>(plan.own_bytes - used) : 0);
+      req.direct = hold.bytes().subspan(p.tensor_offset, p.length);
+      own.emplace(t, own_buffer{std::move(hold), 0, alone});
+      counters.own_tensors += 1;
+      counters.own_tensor_bytes += t->size;
+      counters.read_alone += alone ? 1 : 0;
       ahead += t->size;
       own_ahead += t->size;
       alone_ahead = alone;
@@ -241,13 +243,10 @@ class queue_sink {
       st.own.erase(it);
     }
     int slot = -1;
-    std::size_t mapped = 0;
     if (st.pool && v.kind == view_kind::bytes && own == 0) slot = st.pool->slot_index(v.bytes.data());
-    if (auto it = st.mapped_ahead.find(v.tensor); it != st.mapped_ahead.end()) {  // a page-cache view
-      mapped = static_cast<std::size_t>(v.tensor->size);
-      alone = v.tensor == st.alone_mapped;
-      if (alone) st.alone_mapped = nullptr;
-      st.mapped_ahead.erase(it);
+    if (v.tensor == st.alone_mapped) {  // the page-cache view that went alone: others may go now
+      alone = true;
+      st.alone_mapped = nullptr;
     }
     const auto over = [&] { return slot >= 0 && st.pins[static_cast<std::size_t>(slot)] == 0 && st.pinned_slots + 1 > st.pin_limit; };
     if (over()) {
@@ -290,7 +289,7 @@ class queue_sink {
       if (st.consumer_error) std::rethrow_exception(st.consumer_error);
       throw cancelled_error();
     }
-    st.queue.push_back({std::move(v), slot, own, mapped, alone});
+    st.queue.push_back({std::move(v), slot, own, alone});
     st.changed.notify_all();
     return true;
   }
@@ -338,7 +337,13 @@ tensor_stream::tensor_stream(std::shared_ptr<const checkpoint> ck, stream_option
   st.cache = opt_.cache ? opt_.cache : &memory_cache::process();
   st.plan = stream_memory_plan::make(opt_.load.staging_budget, opt_.load.max_read, opt_.load.queue_depth, *ck_);
   st.counters.plan = st.plan;
-  if (opt_.map_cached && opt_.load.map_above == 0) opt_.load.map_above = st.plan.own_min + 1;
+  // Mapped: every tensor of 1 MiB or more (and any larger than a slot). Copying
+  // a hot tensor into a slot is no faster than mapping its pages in off this
+  // thread, and the slots it would fill are memory a fresh process must fault
+  // in first (bench/README.md, page-cache views); the small ones are merged
+  // into reads as before.
+  if (opt_.map_cached && opt_.load.map_above == 0)
+    opt_.load.map_above = std::min<std::uint64_t>(st.plan.own_min + 1, std::uint64_t{1} << 20);
   st.gated = true;
   pool_ = st.cache->pool(staging_options{.budget = st.plan.pool_bytes ? st.plan.pool_bytes : st.plan.budget,
                                          .slot_size = st.plan.slot_size,
@@ -413,7 +418,7 @@ pull_status tensor_stream::next(std::chrono::milliseconds timeout, stream_tensor
     st.queue.pop_front();
     if (st.gated) {
       st.ahead -= q.view.tensor->size;
-      st.own_ahead -= q.own + q.mapped;
+      st.own_ahead -= q.own;
       st.own_held += q.own;
       if (q.alone) st.alone_ahead = false;
     }

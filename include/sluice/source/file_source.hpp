@@ -46,6 +46,7 @@
 
 #include <sluice/core/lease.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/core/unmapper.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/error.hpp>
 #include <sluice/source/concepts.hpp>
@@ -193,7 +194,7 @@ class file_source {
       const auto n = static_cast<std::size_t>(f.size);
       void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, f.fd, 0);
       if (p == MAP_FAILED) throw io_error(fmt::format("mmap failed: {}", std::strerror(errno)), {f.path}, errno);
-      f.mapping = std::shared_ptr<void>(p, [n](void* q) { ::munmap(q, n); });
+      f.mapping = std::shared_ptr<void>(p, [n](void* q) { unmap_later(q, n); });  // off the thread dropping the last view
     }
     return f.mapping;
   }
