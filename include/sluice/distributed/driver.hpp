@@ -85,15 +85,7 @@ task<window_ticket> run_windows(Pipeline& pipeline, std::uint32_t windows, unsig
   auto ex = co_await this_executor;
   channel<window_ticket> in{credits}, out{credits};
   std::exception_ptr stage_failure;
-  joined_spawn runner(ex, pipeline.run(in, out), [&in, &out, &stage_failure](std::exception_ptr e) {
-    if (e) {
-      stage_failure = e;
-      out.abort(e);
-      in.abort(e);
-    } else {
-      out.close();
-    }
-  });
+  joined_spawn runner(ex, pipeline.run(in, out), stage_exit<window_ticket, window_ticket>{&in, &out, &stage_failure});
   window_ticket total;
   std::exception_ptr failure;
   try {
