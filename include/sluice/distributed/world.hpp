@@ -36,12 +36,6 @@
 #include <sluice/distributed/peers.hpp>
 #include <sluice/error.hpp>
 #include <sluice/policy/plan.hpp>
-namespace sluice::inline v0::detail {
-// The driver the tool-level loads use is compiled once (src/core/distributed.cpp).
-extern template distributed_stats drive<comm::any_communicator, no_device_lane>(
-    const checkpoint&, comm::any_communicator&, const policy::load_plan&, any_sink, const distributed_options&,
-    const source_factory&, bool, no_device_lane&);
-}  // namespace sluice::inline v0::detail
 
 namespace sluice::inline v0 {
 
