@@ -20,7 +20,8 @@
 /// (src/core/driver.cpp), over erased parts: comm::any_communicator,
 /// any_device_lane (or none), any_sink and the any_source a source_factory
 /// opens. The calls below are thin typed front ends: they check at compile
-/// time what the types allow (a host sink with a device lane), refer to
+/// time what the types allow (a host sink with a device lane; a static
+/// topology against a communicator whose type fixes its size), refer to
 /// their arguments through the erased interfaces, and call it.
 
 #include <utility>
@@ -91,6 +92,24 @@ constexpr void check_sink_takes_lane() {
                 "sluice: a load with a device lane delivers view_kind::device views, and this sink is host-only: use "
                 "cuda::device_sink (or a sink that declares `static constexpr bool device_views = true`), or load "
                 "without the lane");
+}
+
+/// A plan whose topology is static names its world size in its type: a
+/// communicator whose type fixes its size (comm::local: one rank) must have
+/// that many ranks, at compile time; any other is checked here, before any
+/// collective, with an error naming both.
+template <class Topology, comm::communicator Comm>
+void check_static_world(Comm& c) {
+  if constexpr (Topology::is_static) {
+    constexpr std::size_t world = Topology{}.world_size();
+    constexpr std::size_t fixed = comm::static_size_v<Comm>;
+    static_assert(fixed == std::dynamic_extent || fixed == world,
+                  "sluice: the plan's static topology has a different number of ranks than the communicator's type "
+                  "allows (comm::local is a world of one rank)");
+    if (c.size() != world)
+      throw config_error(fmt::format("the plan's static topology {} has {} ranks, the communicator {}", Topology{}.to_string(),
+                                     world, c.size()));
+  }
 }
 
 }  // namespace detail
@@ -168,6 +187,27 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
 
 template <comm::communicator Comm, sink Sink>
 distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::load_plan& plan, Sink& s,
+                                   const distributed_options& opt = {}) {
+  no_device_lane none;
+  return load_distributed(ck, c, plan, s, opt, none);
+}
+
+/// The typed front end: a plan whose topology and offload strategy are
+/// types (policy::plan<Topology, Offload>, from
+/// `plan_for(ck, policy::tp1_dp8_ep8{}, policy::offload::none{})`). Its
+/// static world is checked against `c`: at compile time where `c`'s type
+/// fixes its size (comm::local, a world of one), else before any collective
+/// (config_error naming both). Then the compiled driver runs over the plan,
+/// as for any load_plan: the topology's type selects no driver of its own.
+template <class Topology, policy::offload_strategy Offload, class Shape, comm::communicator Comm, sink Sink, device_lane Lane>
+distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::plan<Topology, Offload, Shape>& plan, Sink& s,
+                                   const distributed_options& opt, Lane& lane) {
+  detail::check_static_world<Topology>(c);
+  return load_distributed(ck, c, static_cast<const policy::load_plan&>(plan), s, opt, lane);
+}
+
+template <class Topology, policy::offload_strategy Offload, class Shape, comm::communicator Comm, sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::plan<Topology, Offload, Shape>& plan, Sink& s,
                                    const distributed_options& opt = {}) {
   no_device_lane none;
   return load_distributed(ck, c, plan, s, opt, none);
