@@ -12,11 +12,13 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <stdlib.h>
 
 #include <sluice/distributed.hpp>
+#include <sluice/policy/schedule.hpp>
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/discard_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
@@ -377,4 +379,72 @@ TEST_CASE("a read that fails on one window fails the load at that window's statu
     REQUIRE(log.first("exchange", 1) >= 0);
     REQUIRE(log.first("exchange", 2) < 0);
   }
+}
+
+namespace {
+std::map<std::string, std::string> sha256s(const digest_sink& d) {
+  std::map<std::string, std::string> m;
+  for (const auto& [n, t] : d.digests()) m[n] = t.sha256;
+  return m;
+}
+}  // namespace
+
+TEST_CASE("a static topology and an offload type reach the plan and the driver with no run-time parse",
+          "[distributed][typed]") {
+  using topo = policy::topology<1, 1, 1>;
+  using off = policy::offload::per_rank_host;
+  const auto ck = checkpoint::open(checkpoint_dir());
+  const auto opt = many_windows(false);
+  comm::rank_info who;
+  who.rank = 0, who.world_size = 1, who.local_rank = 0, who.local_size = 1;
+
+  const auto before = policy::run_time_parses();
+  const auto plan = plan_for(ck, topo{}, off{}, opt);
+  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(plan)>, policy::plan<topo, off>>);
+  STATIC_REQUIRE(std::remove_cvref_t<decltype(plan)>::static_world == 1);
+  STATIC_REQUIRE(std::remove_cvref_t<decltype(plan)>::static_offload == policy::offload_kind::per_rank_host);
+  comm::local c;
+  digest_sink typed, tool, opened;
+  (void)load_distributed(ck, c, plan, typed, opt);
+  (void)load_distributed(ck, topo{}, off{}, who, tool, opt);
+  (void)load_distributed(location(checkpoint_dir().string()), topo{}, off{}, who, opened, opt);
+  // The check: routing any of the three through topology or offload text
+  // (topology_spec(topo.to_string()), parse_offload(...)) parses it here.
+  REQUIRE(policy::run_time_parses() == before);
+
+  // The same load from run-time text: each string parsed once, where the
+  // API reads it (so the hook above does see a parse when there is one).
+  const std::string topology_text = "tp1,dp1,ep1", offload_text = "per-rank";
+  const auto parsed = plan_for(ck, topology_text, offload_text, opt);
+  REQUIRE(policy::run_time_parses() == before + 2);
+  digest_sink from_text;
+  (void)load_distributed(ck, c, parsed, from_text, opt);
+
+  // One plan and one load, whichever way in.
+  REQUIRE(plan.read_bytes == parsed.read_bytes);
+  REQUIRE(plan.windows == parsed.windows);
+  REQUIRE(policy::make_schedule(plan).digest == policy::make_schedule(parsed).digest);
+  const auto ref = reference_digests();
+  REQUIRE(sha256s(typed) == ref);
+  REQUIRE(sha256s(tool) == ref);
+  REQUIRE(sha256s(opened) == ref);
+  REQUIRE(sha256s(from_text) == ref);
+}
+
+TEST_CASE("a static topology whose world is not the communicator's fails before any collective, naming both",
+          "[distributed][typed]") {
+  const auto ck = checkpoint::open(checkpoint_dir());
+  const auto plan = plan_for(ck, policy::topology<1, 2, 2>{}, policy::offload::none{});
+  event_log log;
+  logging_comm c{{}, &log};  // a world of one whose type does not say so (comm::local's does: that does not compile)
+  discard_sink s;
+  REQUIRE_THROWS_WITH(load_distributed(ck, c, plan, s),
+                      Catch::Contains("static topology tp1,dp2,ep2 has 2 ranks, the communicator 1"));
+  REQUIRE(log.events.empty());
+  // The tool-level call checks WORLD_SIZE before joining a world (this
+  // executable links no communicator: joining would name sluice::gloo).
+  comm::rank_info who;
+  who.rank = 0, who.world_size = 4, who.local_rank = 0, who.local_size = 4;
+  REQUIRE_THROWS_WITH(load_distributed(ck, policy::topology<1, 2, 2>{}, policy::offload::none{}, who, s),
+                      Catch::Contains("topology tp1,dp2,ep2 has 2 ranks but WORLD_SIZE is 4"));
 }

@@ -1,9 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <concepts>
 #include <map>
 #include <numeric>
+#include <type_traits>
 
 #include <sluice/policy/plan.hpp>
+#include <sluice/policy/schedule.hpp>
 #include <sluice/testing/generator.hpp>
 
 using namespace sluice;
@@ -56,10 +59,17 @@ TEST_CASE("TP1/DP8/EP8: busiest reader reads at most 1.05x the mean, every offlo
 
 TEST_CASE("the typed plan front end gives the same plan as the run-time one", "[policy][plan]") {
   const auto tensors = deepseek_like(64u << 20);
+  const auto parses = run_time_parses();
   const auto a = plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(tp1_dp8_ep8{}, tensors);
+  REQUIRE(run_time_parses() == parses);  // the sizes and the strategy came from the types
+  using typed = std::remove_cvref_t<decltype(a)>;
+  STATIC_REQUIRE(typed::static_world == 8);
+  STATIC_REQUIRE(typed::static_offload == offload_kind::shared_cooperative);
+  STATIC_REQUIRE(std::derived_from<typed, load_plan>);  // what the driver reads
   const auto b = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative);
   REQUIRE(a.read_bytes == b.read_bytes);
   REQUIRE(a.windows == b.windows);
+  REQUIRE(make_schedule(a).digest == make_schedule(b).digest);
 }
 
 TEST_CASE("EP rank r owns the r-th contiguous block of E/EP experts and reads them itself", "[policy][plan]") {

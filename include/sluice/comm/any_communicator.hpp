@@ -71,6 +71,25 @@ class communicator_holder final : public any_communicator {
   C c_;
 };
 
+/// Refers to a communicator of type C as an any_communicator (C must outlive
+/// it): how the typed front ends hand theirs to the compiled driver.
+template <communicator C>
+class communicator_ref final : public any_communicator {
+ public:
+  explicit communicator_ref(C& c) noexcept : c_(&c) {}
+  [[nodiscard]] std::size_t rank() const noexcept override { return c_->rank(); }
+  [[nodiscard]] std::size_t size() const noexcept override { return c_->size(); }
+  void broadcast(std::span<std::byte> buf, std::size_t root) override { c_->broadcast(buf, root); }
+  void all_gather(std::span<const std::byte> in, std::span<std::byte> out) override { c_->all_gather(in, out); }
+  void all_gather_v(std::span<std::byte> buf, std::span<const std::size_t> counts) override { c_->all_gather_v(buf, counts); }
+  void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs) override { c_->exchange(sends, recvs); }
+  void barrier() override { c_->barrier(); }
+  [[nodiscard]] std::function<void()> liveness() const override { return liveness_of(*c_); }
+
+ private:
+  C* c_;
+};
+
 /// Joins the world `who` describes (blocks until every rank arrived).
 using world_factory = std::function<std::unique_ptr<any_communicator>(const rank_info& who)>;
 

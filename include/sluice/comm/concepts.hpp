@@ -53,4 +53,16 @@ concept communicator = requires(C& c, std::span<std::byte> buf, std::span<const 
   c.barrier();
 };
 
+/// The size of a communicator's world where its type fixes it (a
+/// `static constexpr std::size_t static_size` member: comm::local's is 1),
+/// else std::dynamic_extent. A static topology is checked against it at
+/// compile time (load_distributed over a policy::plan).
+template <class C>
+inline constexpr std::size_t static_size_v = [] {
+  if constexpr (requires { { C::static_size } -> std::convertible_to<std::size_t>; })
+    return std::size_t{C::static_size};
+  else
+    return std::dynamic_extent;
+}();
+
 }  // namespace sluice::inline v0::comm

@@ -62,4 +62,34 @@ struct no_device_lane {
 };
 static_assert(device_lane<no_device_lane>);
 
+/// A device lane behind a virtual interface: what the compiled distributed
+/// driver takes (one indirect call per window buffer, upload and exchange),
+/// so that it is compiled once, not once per lane type. Same contract, and
+/// the same threads, as the lane it refers to.
+class any_device_lane {
+ public:
+  virtual ~any_device_lane() = default;
+  virtual lease host_buffer(unsigned slot, std::size_t n) = 0;
+  virtual lease device_buffer(unsigned slot, std::size_t n) = 0;
+  virtual void upload(std::span<std::byte> dst, std::span<const std::byte> src) = 0;
+  virtual void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) = 0;
+};
+static_assert(device_lane<any_device_lane>);
+
+/// Refers to a lane of type L as an any_device_lane (L must outlive it).
+template <device_lane L>
+class device_lane_ref final : public any_device_lane {
+ public:
+  explicit device_lane_ref(L& lane) noexcept : l_(&lane) {}
+  lease host_buffer(unsigned slot, std::size_t n) override { return l_->host_buffer(slot, n); }
+  lease device_buffer(unsigned slot, std::size_t n) override { return l_->device_buffer(slot, n); }
+  void upload(std::span<std::byte> dst, std::span<const std::byte> src) override { l_->upload(dst, src); }
+  void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) override {
+    l_->exchange(sends, recvs);
+  }
+
+ private:
+  L* l_;
+};
+
 }  // namespace sluice::inline v0

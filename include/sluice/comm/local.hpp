@@ -13,6 +13,8 @@ namespace sluice::inline v0::comm {
 /// A world of one rank.
 class local {
  public:
+  /// Its world is one rank, whatever the run (comm::static_size_v).
+  static constexpr std::size_t static_size = 1;
   [[nodiscard]] std::size_t rank() const noexcept { return 0; }
   [[nodiscard]] std::size_t size() const noexcept { return 1; }
   void broadcast(std::span<std::byte>, std::size_t root) const {

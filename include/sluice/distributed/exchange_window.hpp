@@ -18,7 +18,8 @@
 /// the lane's upload / exchange are called from that thread (see
 /// device_lane). The window itself stays owned by this stage's coroutine on
 /// the driver's thread; the exchange thread works on it while the coroutine
-/// waits.
+/// waits. Compiled once, in the driver (src/core/driver.cpp), over an
+/// erased communicator and lane.
 
 #include <chrono>
 #include <cstdint>
@@ -30,7 +31,7 @@
 
 #include <fmt/format.h>
 
-#include <sluice/comm/concepts.hpp>
+#include <sluice/comm/any_communicator.hpp>
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/task.hpp>
@@ -40,16 +41,16 @@
 
 namespace sluice::inline v0::detail {
 
-template <comm::communicator Comm, device_lane Lane>
 class exchange_window : public pipeable {
  public:
   using input_type = window_state;
   using output_type = window_state;
 
-  /// `windows`: the plan's window count (for phase names); `thread`: where
-  /// the exchange runs (null: inline, on the driver's thread).
-  exchange_window(Comm& c, Lane& lane, std::uint32_t windows, asio::thread_pool* thread)
-      : c_(&c), lane_(&lane), windows_(windows), thread_(thread) {}
+  /// `lane`: the load's device lane (null: none); `windows`: the plan's
+  /// window count (for phase names); `thread`: where the exchange runs
+  /// (null: inline, on the driver's thread).
+  exchange_window(comm::any_communicator& c, any_device_lane* lane, std::uint32_t windows, asio::thread_pool* thread)
+      : c_(&c), lane_(lane), windows_(windows), thread_(thread) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     for (;;) {
@@ -91,8 +92,8 @@ class exchange_window : public pipeable {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - x0).count();
   }
 
-  Comm* c_;
-  Lane* lane_;
+  comm::any_communicator* c_;
+  any_device_lane* lane_;  // null: no device lane (no window has a device lane then)
   std::uint32_t windows_;
   asio::thread_pool* thread_;
 };

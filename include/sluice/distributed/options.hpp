@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,14 +22,25 @@
 #include <unordered_map>
 #include <vector>
 
+#include <boost/asio/io_context.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <sluice/load.hpp>
 #include <sluice/policy/classify.hpp>
 #include <sluice/policy/plan.hpp>
+#include <sluice/source/any_source.hpp>
+#include <sluice/source/concepts.hpp>
 #include <sluice/distributed/window.hpp>
 
 namespace sluice::inline v0 {
+
+/// Opens the source a distributed load reads through, on the driver's
+/// io_context, for this rank's share of the node's I/O (called inside the
+/// failure protocol: once for the windows, and once more, sized for a phase
+/// in which fewer of the node's ranks read, for the shared tables of a rank
+/// that is one of fewer table readers than local ranks).
+using source_factory = std::function<std::unique_ptr<any_source>(asio::io_context&, const reader_sizing&)>;
 
 /// Options of a distributed load.
 struct distributed_options {

@@ -14,14 +14,14 @@
 ///
 /// Its state is its own: where it is in the plan, and this rank's failure so
 /// far. It calls the lane's host_buffer / device_buffer (on the driver's
-/// thread; see device_lane).
+/// thread; see device_lane). Compiled once, in the driver
+/// (src/core/driver.cpp), over an erased lane.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <type_traits>
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/comm/device_lane.hpp>
@@ -36,15 +36,15 @@
 
 namespace sluice::inline v0::detail {
 
-template <device_lane Lane>
 class read_window : public pipeable {
  public:
   using input_type = window_ticket;  ///< the window to read, in plan order
   using output_type = window_state;
 
+  /// `lane`: the load's device lane; null: none (every tensor in host memory).
   read_window(const checkpoint& ck, const policy::load_plan& plan, const policy::schedule& schedule, policy::rank_t me,
-              Lane& lane, window_buffers& buffers, slice_reader& reader)
-      : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(&lane), buffers_(&buffers), reader_(&reader) {}
+              any_device_lane* lane, window_buffers& buffers, slice_reader& reader)
+      : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(lane), buffers_(&buffers), reader_(&reader) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     using clock = std::chrono::steady_clock;
@@ -93,8 +93,7 @@ class read_window : public pipeable {
     ws.end = sched.end;
     ws.kept_at.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);
-    constexpr bool with_lane = !std::is_same_v<Lane, no_device_lane>;
-    if constexpr (with_lane) {
+    if (lane_) {
       ws.lanes.resize(2);
       ws.lanes[0].which = window_lane::host;
       ws.lanes[1].which = window_lane::device;
@@ -176,7 +175,7 @@ class read_window : public pipeable {
   const policy::load_plan* plan_;
   const policy::schedule* schedule_;
   policy::rank_t me_;
-  Lane* lane_;
+  any_device_lane* lane_;  // null: no device lane
   window_buffers* buffers_;
   slice_reader* reader_;
   std::exception_ptr failure_;   // this rank's first failure (sticky)

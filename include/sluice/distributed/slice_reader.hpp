@@ -40,13 +40,6 @@ namespace sluice::inline v0 {
 /// `direct` span is where its bytes go (a window buffer or the shared segment).
 using planned_reads = std::vector<byte_extent>;
 
-/// Opens the source a distributed load reads through, on the driver's
-/// io_context, for this rank's share of the node's I/O (called inside the
-/// failure protocol: once for the windows, and once more, sized for a phase
-/// in which fewer of the node's ranks read, for the shared tables of a rank
-/// that is one of fewer table readers than local ranks).
-using source_factory = std::function<std::unique_ptr<any_source>(asio::io_context&, const reader_sizing&)>;
-
 namespace detail {
 
 // Copies staged views into the destination of the extent they belong to

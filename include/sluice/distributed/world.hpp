@@ -35,13 +35,9 @@
 #include <sluice/distributed/options.hpp>
 #include <sluice/distributed/peers.hpp>
 #include <sluice/error.hpp>
+#include <sluice/policy/offload.hpp>
 #include <sluice/policy/plan.hpp>
-namespace sluice::inline v0::detail {
-// The driver the tool-level loads use is compiled once (src/core/distributed.cpp).
-extern template distributed_stats drive<comm::any_communicator, no_device_lane>(
-    const checkpoint&, comm::any_communicator&, const policy::load_plan&, any_sink, const distributed_options&,
-    const source_factory&, bool, no_device_lane&);
-}  // namespace sluice::inline v0::detail
+#include <sluice/policy/topology.hpp>
 
 namespace sluice::inline v0 {
 
@@ -56,19 +52,52 @@ namespace sluice::inline v0 {
   return policy::make_plan(policy::tensor_infos(ck), policy::classifier(opt.classify), topo, offload.kind(), opt.plan);
 }
 
+/// The typed plan for `ck`: a topology and an offload strategy given as
+/// types, e.g. `plan_for(ck, policy::tp1_dp8_ep8{}, policy::offload::none{})`.
+/// Nothing is parsed: the static sizes reach make_plan as template
+/// arguments, and the plan it returns, a policy::plan<Topology, Offload>,
+/// carries them to load_distributed, which checks them against the
+/// communicator (comm::local: at compile time) before the compiled driver
+/// runs over it.
+template <std::size_t TP, std::size_t DP, std::size_t EP, std::size_t PP, policy::offload_strategy Offload>
+[[nodiscard]] policy::plan<policy::topology<TP, DP, EP, PP>, Offload> plan_for(const checkpoint& ck,
+                                                                              const policy::topology<TP, DP, EP, PP>& topology,
+                                                                              Offload, const distributed_options& opt = {}) {
+  return policy::plan<policy::topology<TP, DP, EP, PP>, Offload>::compute(topology, ck, policy::classifier(opt.classify),
+                                                                         opt.plan);
+}
+
 namespace detail {
 
 // Joins the world `who` describes (one rank: comm::local; more: the
 // registered communicator, comm::gloo through its store) and returns
-// f(communicator).
-template <class F>
+// f(communicator). A static world size (a static topology's) selects the
+// communicator at compile time, so f is instantiated for one of them only.
+template <std::size_t World = std::dynamic_extent, class F>
 distributed_stats in_world(const comm::rank_info& who, F&& f) {
-  if (who.world_size == 1) {
+  if constexpr (World == 1) {
     comm::local c;
     return f(c);
+  } else if constexpr (World != std::dynamic_extent) {
+    const auto c = in_phase("joining the world", [&] { return comm::join_world(who); });
+    return f(*c);
+  } else {
+    if (who.world_size == 1) {
+      comm::local c;
+      return f(c);
+    }
+    const auto c = in_phase("joining the world", [&] { return comm::join_world(who); });
+    return f(*c);
   }
-  const auto c = in_phase("joining the world", [&] { return comm::join_world(who); });
-  return f(*c);
+}
+
+// A static topology's world against WORLD_SIZE, before joining a world of
+// the wrong size.
+template <policy::static_topology Topology>
+void check_world_size(const Topology& topology, const comm::rank_info& who) {
+  if (who.world_size != topology.world_size())
+    throw config_error(fmt::format("topology {} has {} ranks but WORLD_SIZE is {}", topology.to_string(),
+                                   topology.world_size(), who.world_size));
 }
 
 // The tool-level plan: `topology` must have WORLD_SIZE ranks.
@@ -80,21 +109,21 @@ inline policy::load_plan tool_plan(const checkpoint& ck, policy::topology_spec t
   return plan;
 }
 
-// After joining the world: opens the checkpoint (`open()`) and plans it inside
-// the failure protocol, so that a rank that cannot open it fails every rank at
-// once rather than leaving its peers to time out.
-template <comm::communicator Comm, class Open>
-std::pair<checkpoint, policy::load_plan> open_and_plan(Comm& c, Open&& open, policy::topology_spec topology,
-                                                       policy::offload_spec offload, const comm::rank_info& who,
-                                                       const distributed_options& opt) {
+// After joining the world: opens the checkpoint (`open()`) and plans it
+// (`make(ck)`: a load_plan, or a typed policy::plan) inside the failure
+// protocol, so that a rank that cannot open it fails every rank at once
+// rather than leaving its peers to time out.
+template <comm::communicator Comm, class Open, class Make>
+auto open_and_plan(Comm& c, Open&& open, Make&& make) {
+  using plan_type = std::invoke_result_t<Make&, const checkpoint&>;
   std::optional<checkpoint> ck;
-  std::optional<policy::load_plan> plan;
+  std::optional<plan_type> plan;
   fault_point("open", c.rank());
   run_phase(c, "opening the checkpoint", [&] {
     ck.emplace(open());
-    plan.emplace(tool_plan(*ck, topology, offload, who, opt));
+    plan.emplace(make(*ck));
   });
-  return {std::move(*ck), std::move(*plan)};
+  return std::pair<checkpoint, plan_type>{std::move(*ck), std::move(*plan)};
 }
 
 }  // namespace detail
@@ -131,7 +160,8 @@ distributed_stats load_distributed(const location& where, policy::topology_spec 
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
     // Rank 0 reads the metadata for every rank (one request per header, not one per rank).
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); }, topology, offload, who, opt);
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
+                                            [&](const checkpoint& k) { return detail::tool_plan(k, topology, offload, who, opt); });
     return load_distributed(ck, c, plan, s, opt, lane);
   });
 }
@@ -159,7 +189,8 @@ distributed_stats load_distributed(const location& where, policy::topology_spec 
                                    MakeLane&& make_lane) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); }, topology, offload, who, opt);
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
+                                            [&](const checkpoint& k) { return detail::tool_plan(k, topology, offload, who, opt); });
     auto lane = detail::in_phase("making the device lane", [&] { return make_lane(c); });
     static_assert(device_lane<decltype(lane)>, "sluice: make_lane(host) must return a device_lane");
     return load_distributed(ck, c, plan, s, opt, lane);
@@ -172,6 +203,37 @@ distributed_stats load_distributed(const location& where, policy::topology_spec 
                                    distributed_options opt = {}, const open_options& open = {}) {
   no_device_lane none;
   return load_distributed(where, topology, offload, who, s, std::move(opt), open, none);
+}
+
+/// The tool-level calls with a static topology and an offload strategy type,
+/// e.g. `load_distributed(where, policy::tp1_dp8_ep8{}, policy::offload::none{}, who, sink)`:
+/// nothing is parsed; WORLD_SIZE is checked against the topology's static
+/// world before joining, which also selects the communicator at compile
+/// time (a world of one: comm::local; more: the registered one); the plan
+/// is a policy::plan<Topology, Offload> (plan_for), checked again against
+/// the communicator, and the compiled driver runs over it.
+template <policy::static_topology Topology, policy::offload_strategy Offload, sink Sink>
+distributed_stats load_distributed(const checkpoint& ck, const Topology& topology, Offload offload, const comm::rank_info& who,
+                                   Sink& s, distributed_options opt = {}) {
+  detail::check_world_size(topology, who);
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  const auto plan = plan_for(ck, topology, offload, opt);
+  return detail::in_world<Topology{}.world_size()>(who, [&](auto& c) { return load_distributed(ck, c, plan, s, opt); });
+}
+
+/// As above, opening the checkpoint at `where` once for every rank after
+/// joining the world (as the call with topology text does).
+template <policy::static_topology Topology, policy::offload_strategy Offload, sink Sink>
+distributed_stats load_distributed(const location& where, const Topology& topology, Offload offload,
+                                   const comm::rank_info& who, Sink& s, distributed_options opt = {},
+                                   const open_options& open = {}) {
+  detail::check_world_size(topology, who);
+  if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
+  return detail::in_world<Topology{}.world_size()>(who, [&](auto& c) {
+    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
+                                            [&](const checkpoint& k) { return plan_for(k, topology, offload, opt); });
+    return load_distributed(ck, c, plan, s, opt);
+  });
 }
 
 }  // namespace sluice::inline v0

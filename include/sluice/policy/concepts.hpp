@@ -4,6 +4,7 @@
 /// and the `placement_policy` concept. Pure: no I/O, no Asio.
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <concepts>
 #include <cstddef>
@@ -19,6 +20,22 @@ namespace sluice::inline v0::policy {
 
 /// `std::dynamic_extent`: a topology size known only at run time.
 inline constexpr std::size_t dynamic = std::dynamic_extent;
+
+namespace detail {
+// Run-time parses of topology and offload text (parse_topology_sizes,
+// parse_offload outside constant evaluation): a testing hook, read by
+// run_time_parses().
+inline std::atomic<std::uint64_t> run_time_parse_count{0};
+inline void count_run_time_parse() noexcept { run_time_parse_count.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace detail
+
+/// How many topology and offload strings this process has parsed at run
+/// time (a literal is parsed at compile time; a static topology or an
+/// offload strategy type is never parsed). For tests: the typed path does
+/// not move it.
+[[nodiscard]] inline std::uint64_t run_time_parses() noexcept {
+  return detail::run_time_parse_count.load(std::memory_order_relaxed);
+}
 
 /// A global rank in [0, world size).
 using rank_t = std::uint32_t;

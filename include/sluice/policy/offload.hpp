@@ -14,10 +14,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 
 #include <sluice/error.hpp>
+#include <sluice/policy/concepts.hpp>
 
 namespace sluice::inline v0::policy {
 
@@ -75,6 +77,7 @@ namespace detail {
 /// Parses an offload_name, at compile time (offload_spec's literals) or at
 /// run time (throws config_error listing the choices).
 [[nodiscard]] constexpr offload_kind parse_offload(std::string_view s) {
+  if (!std::is_constant_evaluated()) detail::count_run_time_parse();
   for (auto k : {offload_kind::none, offload_kind::per_rank_host, offload_kind::shared_single,
                  offload_kind::shared_cooperative})
     if (s == offload_name(k)) return k;

@@ -560,6 +560,25 @@ inline void check_kept_whole(const load_plan& p, const plan_options& opt) {
 }
 }  // namespace detail
 
+namespace detail {
+// The passes of make_plan over a plan whose sizes are set (not a template:
+// compiled once whatever the topology's type).
+inline void plan_passes(load_plan& p, std::vector<tensor_info>& tensors, const classifier& cls, const plan_options& opt) {
+  p.experts_placed = opt.experts;
+  p.local_size = opt.local_size ? opt.local_size : p.world;
+  if (p.world % p.local_size)
+    throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
+  classify_tensors(p, tensors, cls, opt);
+  const rank_sets sets(p);
+  place_tensors(p, tensors, cls, sets);
+  assign_readers(p, plan_reads(p, sets, opt));
+  cut_windows(p, opt);
+  plan_messages(p);
+  check_kept_whole(p, opt);
+  p.index();
+}
+}  // namespace detail
+
 /// Computes the plan for `tensors` (metadata, file order; classes, and under
 /// PP > 1 layers, are assigned here by `cls`) on `topo`. Throws config_error
 /// for an inconsistent request. Six passes, each a function of the plan so
@@ -568,22 +587,18 @@ inline void check_kept_whole(const load_plan& p, const plan_options& opt) {
 /// readers → windows → messages. The windows' layouts and coalesced messages
 /// for every rank are the schedule's (policy/schedule.hpp), computed from
 /// this plan.
-[[nodiscard]] inline load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls,
-                                         const dynamic_topology& topo, offload_kind off, const plan_options& opt = {}) {
+///
+/// The topology's static sizes arrive as template arguments (a static
+/// topology was checked when its type was formed, so nothing about it is
+/// checked or parsed here); its dynamic ones were checked by its
+/// constructor. Only the sizes are set per topology type: the passes are
+/// compiled once.
+template <std::size_t TP, std::size_t DP, std::size_t EP, std::size_t PP>
+[[nodiscard]] load_plan make_plan(std::vector<tensor_info> tensors, const classifier& cls, const topology<TP, DP, EP, PP>& topo,
+                                  offload_kind off, const plan_options& opt = {}) {
   load_plan p;
   p.tp = topo.tp(), p.dp = topo.dp(), p.ep = topo.ep(), p.pp = topo.pp(), p.world = topo.world_size(), p.offload = off;
-  p.experts_placed = opt.experts;
-  p.local_size = opt.local_size ? opt.local_size : p.world;
-  if (p.world % p.local_size)
-    throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
-  detail::classify_tensors(p, tensors, cls, opt);
-  const detail::rank_sets sets(p);
-  detail::place_tensors(p, tensors, cls, sets);
-  detail::assign_readers(p, detail::plan_reads(p, sets, opt));
-  detail::cut_windows(p, opt);
-  detail::plan_messages(p);
-  detail::check_kept_whole(p, opt);
-  p.index();
+  detail::plan_passes(p, tensors, cls, opt);
   return p;
 }
 
@@ -610,11 +625,21 @@ struct model_shape {
   static constexpr bool even_pp_stages = EvenStages;
 };
 
-/// The typed front end: `plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(...)`,
-/// or `plan<tp4_pp2, offload::none, model_shape<62, 256>>` to check the
-/// sizes against the model at compile time.
+/// A plan whose topology and offload strategy are types: a load_plan (the
+/// run-time data the driver reads) that carries, in its type, the sizes and
+/// strategy it was computed for, so that they reach the driver's front end
+/// (load_distributed over a policy::plan checks its static world against the
+/// communicator: at compile time where the communicator's type fixes its
+/// size, comm::local; else before any collective). Made by `compute` or by
+/// `plan_for(ck, Topology{}, Offload{})`; nothing in it is parsed.
+///
+///     const auto p = policy::plan<tp1_dp8_ep8, offload::shared_host<offload::cooperative>>::compute(tp1_dp8_ep8{}, ck);
+///     static_assert(decltype(p)::static_world == 8);
+///
+/// `Shape` (model_shape<62, 256>) checks the sizes against the model at
+/// compile time, and the tensors against the shape when computed.
 template <class Topology, offload_strategy Offload, class Shape = model_shape<>>
-struct plan {
+class plan : public load_plan {
   static constexpr std::size_t ep_ = Topology::static_ep, pp_ = Topology::static_pp;
   static_assert(Shape::experts == dynamic || ep_ == dynamic || Shape::experts == 0 || Shape::experts % ep_ == 0 ||
                     ep_ % Shape::experts == 0,
@@ -624,16 +649,22 @@ struct plan {
   static_assert(!Shape::even_pp_stages || Shape::layers == dynamic || pp_ == dynamic || Shape::layers % pp_ == 0,
                 "sluice: PP must divide the number of layers");
 
+ public:
   using topology_type = Topology;
   using offload_type = Offload;
   using shape_type = Shape;
+  /// The world size where every size of the topology is static, else `dynamic`.
+  static constexpr std::size_t static_world = Topology::is_static ? Topology::static_tp * Topology::static_dp * Topology::static_pp
+                                                                  : dynamic;
+  /// The offload strategy, as a constant.
+  static constexpr offload_kind static_offload = Offload::kind;
+
   /// Computes the plan of `tensors` for `topo` (sizes static or dynamic).
   /// Throws config_error when the tensors disagree with a static Shape.
-  [[nodiscard]] static load_plan compute(const Topology& topo, std::vector<tensor_info> tensors,
-                                         const classifier& cls = classifier::deepseek(), plan_options opt = {}) {
+  [[nodiscard]] static plan compute(const Topology& topo, std::vector<tensor_info> tensors,
+                                    const classifier& cls = classifier::deepseek(), plan_options opt = {}) {
     if (Shape::even_pp_stages) opt.even_pp_stages = true;
-    auto p = make_plan(std::move(tensors), cls, dynamic_topology(topo.tp(), topo.dp(), topo.ep(), topo.pp()),
-                       Offload::kind, opt);
+    plan p(make_plan(std::move(tensors), cls, topo, Offload::kind, opt));
     if (Shape::experts != dynamic && p.experts != Shape::experts)
       throw config_error(fmt::format("plan: the model shape says {} routed experts per layer, the tensors have {}",
                                      Shape::experts, p.experts));
@@ -641,11 +672,13 @@ struct plan {
       throw config_error(fmt::format("plan: the model shape says {} layers, the tensors have {}", Shape::layers, p.layers));
     return p;
   }
-  [[nodiscard]] static load_plan compute(const Topology& topo, const checkpoint& ck,
-                                         const classifier& cls = classifier::deepseek(), const plan_options& opt = {}) {
+  [[nodiscard]] static plan compute(const Topology& topo, const checkpoint& ck,
+                                    const classifier& cls = classifier::deepseek(), const plan_options& opt = {}) {
     return compute(topo, tensor_infos(ck), cls, opt);
   }
-};
 
+ private:
+  explicit plan(load_plan p) : load_plan(std::move(p)) {}
+};
 
 }  // namespace sluice::inline v0::policy

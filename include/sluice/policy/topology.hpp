@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -111,6 +112,14 @@ class topology {
   [[no_unique_address]] detail::extent_store<PP, 3> pp_;
 };
 
+/// A topology type whose every size is static (`topology<1, 8, 8>`): what the
+/// typed entry points take (plan_for, load_distributed).
+template <class T>
+concept static_topology = requires {
+  { T::is_static } -> std::convertible_to<bool>;
+  requires T::is_static;
+};
+
 /// Fully run-time topology.
 using dynamic_topology = topology<dynamic, dynamic, dynamic, dynamic>;
 /// The design's 8-GPU node: TP1/DP8/EP8.
@@ -143,6 +152,7 @@ namespace detail {
 /// the sizes that are not a topology (a size of 0, an EP that does not
 /// divide TP*DP).
 [[nodiscard]] constexpr topology_sizes parse_topology_sizes(std::string_view s) {
+  if (!std::is_constant_evaluated()) detail::count_run_time_parse();
   topology_sizes z;
   const std::string_view text = s;
   while (!s.empty()) {

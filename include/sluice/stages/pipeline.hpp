@@ -27,6 +27,47 @@
 
 namespace sluice::inline v0 {
 
+namespace detail {
+// The completions of the coroutines a runner spawns beside itself (the
+// `on_exit` of a joined_spawn): named types holding pointers, constructed in
+// place in the joined_spawn's arguments. Not lambdas, so that no capture
+// can outlive what it names, and not a helper that returns a joined_spawn,
+// whose `this` a GCC 12 coroutine frame would lose through the returned
+// prvalue (STYLE.md, pitfalls 1 and 2).
+
+// A producer into `ch` ended: the runner, not the producer, closes its
+// channel; an error aborts it, so that the consumer rethrows it.
+template <class T>
+struct close_on_exit {
+  channel<T>* ch;
+  void operator()(std::exception_ptr e) const noexcept {
+    if (e)
+      ch->abort(e);
+    else
+      ch->close();
+  }
+};
+
+// A stage between `in` and `out` ended: closes `out`; on error, keeps it in
+// `*failure` and aborts both channels, so that what reads `out` stops and so
+// does whatever feeds `in`.
+template <class In, class Out>
+struct stage_exit {
+  channel<In>* in;
+  channel<Out>* out;
+  std::exception_ptr* failure;
+  void operator()(std::exception_ptr e) const noexcept {
+    if (e) {
+      *failure = e;
+      out->abort(e);
+      in->abort(e);
+    } else {
+      out->close();
+    }
+  }
+};
+}  // namespace detail
+
 template <class A, class B>
 class composed : public pipeable {
  public:
@@ -42,12 +83,7 @@ class composed : public pipeable {
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     auto ex = co_await this_executor;
     channel<middle_type> mid{capacity_};
-    joined_spawn upstream(ex, a_.run(in, mid), [&mid](std::exception_ptr e) {
-      if (e)
-        mid.abort(e);
-      else
-        mid.close();  // the runner, not the stage, closes
-    });
+    joined_spawn upstream(ex, a_.run(in, mid), detail::close_on_exit<middle_type>{&mid});
     std::exception_ptr failure;
     try {
       co_await b_.run(mid, out);
@@ -125,22 +161,9 @@ template <pipeline_stage Stage, class Range, class Consume>
   };
   std::optional<std::stop_callback<detail::stop_poster<decltype(ex)>>> on_stop;
   if (stop.stop_possible()) on_stop.emplace(stop, detail::stop_poster<decltype(ex)>{ex, stop_state});
-  joined_spawn feeder(ex, detail::feed(in, items), [&in](std::exception_ptr e) {
-    if (e)
-      in.abort(e);
-    else
-      in.close();
-  });
+  joined_spawn feeder(ex, detail::feed(in, items), detail::close_on_exit<In>{&in});
   std::exception_ptr stage_failure;
-  joined_spawn runner(ex, stage.run(in, out), [&out, &in, &stage_failure](std::exception_ptr e) {
-    if (e) {
-      stage_failure = e;
-      out.abort(e);
-      in.abort(e);
-    } else {
-      out.close();
-    }
-  });
+  joined_spawn runner(ex, stage.run(in, out), detail::stage_exit<In, Out>{&in, &out, &stage_failure});
   std::exception_ptr failure;
   try {
     while (auto v = co_await out.receive()) consume(std::move(*v));

@@ -1,0 +1,267 @@
+// The distributed driver (include/sluice/distributed/driver.hpp), compiled
+// once: every typed front end (load_distributed, load_distributed_with, the
+// tool-level calls of distributed/world.hpp) refers to its communicator and
+// lane through comm::any_communicator and any_device_lane and calls
+// detail::drive, so no program instantiates the driver or its window
+// pipeline for its own communicator and lane types.
+
+#include <sluice/distributed/driver.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <fmt/format.h>
+
+#include <sluice/core/channel.hpp>
+#include <sluice/core/run.hpp>
+#include <sluice/core/task.hpp>
+#include <sluice/distributed/deliver_window.hpp>
+#include <sluice/distributed/exchange_window.hpp>
+#include <sluice/distributed/fault.hpp>
+#include <sluice/distributed/peers.hpp>
+#include <sluice/distributed/read_window.hpp>
+#include <sluice/distributed/slice_reader.hpp>
+#include <sluice/distributed/window.hpp>
+#include <sluice/memory/shared_host.hpp>
+#include <sluice/policy/schedule.hpp>
+#include <sluice/stages/pipeline.hpp>
+
+namespace sluice::inline v0::detail {
+
+namespace {
+
+// The ranks of `me`'s node (me / local_size) that read shared-table bytes.
+std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, policy::rank_t me) {
+  std::set<policy::rank_t> readers;
+  const auto local = std::max<std::size_t>(1, plan.local_size);
+  for (const auto& e : plan.entries) {
+    if (!e.shared()) continue;
+    for (const auto& r : e.reads)
+      if (r.size && r.reader / local == me / local) readers.insert(r.reader);
+  }
+  return readers;
+}
+
+// Runs the window pipeline (window_ticket → window_ticket) over `windows`
+// windows with `credits` of them in flight at most: the first `credits`
+// tickets go in at once, and each window that comes out delivered lets the
+// next one in, carrying the delivery failures so far (this rank's status,
+// which the next window's status exchange reports). Returns the windows'
+// stats added up, with the first delivery failure. An error of a stage (a
+// peer's failure, a lost peer) aborts the pipeline's channels, this loop's
+// included, and is rethrown once every stage has stopped.
+template <class Pipeline>
+task<window_ticket> run_windows(Pipeline& pipeline, std::uint32_t windows, unsigned credits) {
+  auto ex = co_await this_executor;
+  channel<window_ticket> in{credits}, out{credits};
+  std::exception_ptr stage_failure;
+  joined_spawn runner(ex, pipeline.run(in, out), stage_exit<window_ticket, window_ticket>{&in, &out, &stage_failure});
+  window_ticket total;
+  std::exception_ptr failure;
+  try {
+    std::uint32_t next = 0;
+    // Tickets are named before they are sent: GCC 12 destroys a braced
+    // temporary passed to a coroutine's by-value parameter twice, which
+    // released the carried exception_ptr twice (a heap corruption seen once
+    // a delivery had failed).
+    for (; next < std::min<std::uint32_t>(windows, credits); ++next) {
+      window_ticket first{next, {}, {}};
+      co_await in.send(std::move(first));
+    }
+    if (next == windows) in.close();
+    for (;;) {
+      auto done = co_await out.receive();
+      if (!done) break;
+      total.stats += done->stats;
+      if (done->failure && !total.failure) total.failure = done->failure;
+      if (next < windows) {
+        window_ticket ticket{next++, total.failure, {}};
+        co_await in.send(std::move(ticket));
+        if (next == windows) in.close();
+      }
+    }
+  } catch (...) {
+    failure = std::current_exception();
+    in.abort(failure);
+    out.abort(failure);
+  }
+  co_await runner.join();
+  if (stage_failure) std::rethrow_exception(stage_failure);
+  if (failure) std::rethrow_exception(failure);
+  co_return total;
+}
+
+}  // namespace
+
+// Compiled once, over erased parts (the communicator, the lane, the sink, the
+// source): one indirect call per collective, window buffer, tensor and batch.
+distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const policy::load_plan& plan, any_sink s,
+                        const distributed_options& opt, const source_factory& open_source, bool sized_tables,
+                        any_device_lane* lane) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto since = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
+  const auto me = static_cast<policy::rank_t>(c.rank());
+  distributed_stats st;
+  st.rank = me, st.world = c.size(), st.local_rank = me % plan.local_size;
+  st.topology = plan.topology_string();
+  st.header_bytes_read = ck.header_bytes_read();
+  st.offload = std::string(policy::offload_name(plan.offload));
+  st.planned_read_bytes = plan.read_bytes.at(me);
+  st.kept_whole = plan.kept_whole;
+  st.windows = plan.windows;
+  if (plan.world != c.size())
+    throw config_error(fmt::format("the plan is for {} ranks, the communicator has {}", plan.world, c.size()));
+  if (plan.entries.size() != ck.tensors().size())
+    throw config_error(fmt::format("the plan has {} tensors, the checkpoint {}", plan.entries.size(), ck.tensors().size()));
+
+  // Every window's layout and messages, for every rank, planned once; every
+  // rank must have computed the same schedule (its digest covers the plan).
+  const bool with_lane = lane != nullptr;
+  const auto schedule = policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one);
+  fault_point("plan", me);
+  {
+    const std::uint64_t d = schedule.digest;
+    std::vector<std::byte> all(8 * c.size());
+    in_phase("comparing load plans", [&] { c.all_gather(std::as_bytes(std::span(&d, 1)), all); });
+    run_phase(c, "comparing load plans", [&] {
+      for (std::size_t r = 0; r < c.size(); ++r)
+        if (std::memcmp(all.data() + 8 * r, &d, 8) != 0)
+          throw config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r));
+    });
+  }
+
+  // A load with a device lane delivers view_kind::device views: a sink that
+  // does not take them fails every rank here, before any read (a typed host
+  // sink does not compile; an erased one carries its traits as a value).
+  if (with_lane)
+    run_phase(c, "checking the sink", [&] {
+      if (!s.traits().device_views)
+        throw config_error(fmt::format("the load has a device lane, which delivers view_kind::device views, and the sink "
+                                       "({}) takes none (it does not declare `static constexpr bool device_views = true`): "
+                                       "use cuda::device_sink, or load without the lane",
+                                       s.name()));
+    });
+
+  // A sink that sizes its memory from the plan does so once, before any read
+  // (cuda::device_sink: one arena for this rank's device tensors at their part
+  // sizes); a rank that cannot (out of memory) fails every rank.
+  run_phase(c, "reserving the sink's memory", [&] { s.reserve(plan, me); });
+
+  // I/O set-up: one reader (source, staging pool) for every window, its
+  // reads tasks on this io_context, which this thread runs for each phase
+  // that reads (never from inside a coroutine: core/run.hpp). A rank that is one of fewer table readers than its node has ranks
+  // (shared-single) reads the tables while the others wait: it gets a reader
+  // of its own with their share of the node's I/O (S3 connections, queue
+  // depth), gone once the tables are read.
+  const bool shared = policy::is_shared(plan.offload) && plan.shared_bytes > 0;
+  const auto table_readers = shared ? detail::node_table_readers(plan, me) : std::set<policy::rank_t>{};
+  const bool reads_tables = table_readers.contains(me);
+  st.table_readers = table_readers.size();
+  asio::io_context ioc{1};  // before the readers, whose sources are bound to it: destroyed after them
+  std::unique_ptr<slice_reader> reader, table_reader;
+  run_phase(c, "setting up I/O", [&] {
+    reader = std::make_unique<slice_reader>(open_source(ioc, {plan.local_size, opt.connections_per_rank}), opt.load);
+    st.connections = reader->connections();
+    if (reads_tables && table_readers.size() < plan.local_size && sized_tables)
+      table_reader = std::make_unique<slice_reader>(
+          open_source(ioc, {plan.local_size, opt.connections_per_rank, table_readers.size()}), opt.load);
+    if (reads_tables) {
+      const auto& tr = table_reader ? *table_reader : *reader;
+      st.table_connections = tr.connections();
+      st.table_queue_depth = tr.queue_depth();
+    }
+  });
+
+  std::uint64_t table_storage_bytes = 0, table_requests = 0;
+  memory::shared_host segment;
+  const auto buffers = opt.buffers ? opt.buffers : std::make_shared<window_buffers>();
+  std::uint64_t fetched = 0;  // tensor bytes this rank read (shared tables included)
+
+  // Shared segment: created by local rank 0 of each node, attached by the others.
+  st.shared_bytes = shared ? plan.shared_bytes : 0;
+  if (shared) {
+    const auto setup0 = clock::now();
+    constexpr std::size_t handle_bytes = 256;
+    std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
+    run_phase(c, "creating the shared segment", [&] {
+      if (st.local_rank != 0) return;
+      segment = memory::shared_host::create(plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me));
+      const auto h = segment.handle();
+      std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
+    });
+    in_phase("sharing the segment's handle", [&] { c.all_gather(mine, all); });
+    run_phase(c, "attaching the shared segment", [&] {  // also: everyone attached
+      if (st.local_rank == 0) return;
+      const auto leader = me - st.local_rank;
+      const char* h = reinterpret_cast<const char*>(all.data() + leader * handle_bytes);
+      segment = memory::shared_host::attach(std::string(h, strnlen(h, handle_bytes)), plan.shared_bytes);
+    });
+    segment.close_handle();  // only mappings hold it now: nothing to clean up after a crash
+    st.setup_seconds += since(setup0);
+    // This rank's slices of the shared tables, straight into the segment.
+    fault_point("tables", me);
+    const auto r0 = clock::now();
+    run_phase(c, "reading shared tables", [&] {
+      planned_reads reads;
+      for (const auto& e : plan.entries) {
+        if (!e.shared()) continue;
+        for (const auto& r : e.reads)
+          if (r.reader == me) {
+            reads.push_back({&ck.tensors()[e.index], r.offset, r.size, segment.bytes().subspan(e.shared_offset + r.offset, r.size)});
+            st.shared_bytes_written += r.size;
+          }
+      }
+      for (const auto& r : reads) fetched += r.size;
+      run_blocking(ioc, (table_reader ? *table_reader : *reader).read(reads));
+      if (table_reader) {
+        table_storage_bytes = table_reader->counters().bytes_read.load();
+        table_requests = table_reader->counters().requests.load();
+        table_reader.reset();  // its connections and slots are not needed for the windows
+      }
+    });
+    st.table_seconds = since(r0);
+    st.read_seconds += st.table_seconds;
+  }
+  st.setup_seconds += since(t0) - st.read_seconds;
+
+  // The windows. Overlapped: window w's exchange runs on its own thread while
+  // this one reads window w+1 (two credits: two windows' buffers); serial:
+  // one window at a time, the exchange inline.
+  const bool overlap = opt.overlaps(plan.local_size);
+  st.overlapped = overlap;
+  std::optional<asio::thread_pool> exchange_thread;
+  if (overlap) exchange_thread.emplace(1);
+  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader) |
+                  exchange_window(c, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
+                  deliver_window(ck, plan, me, segment, s, opt.placeholders);
+  auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
+  const auto& w = done.stats;
+  st.read_seconds += w.read_seconds, st.exchange_seconds += w.exchange_seconds, st.deliver_seconds += w.deliver_seconds;
+  st.bytes_sent += w.sent, st.bytes_received += w.received, st.bytes_uploaded += w.uploaded, st.messages += w.messages;
+  st.tensors += w.tensors, st.accepted += w.accepted, st.owned += w.owned, st.placeholders += w.placeholders;
+  st.shared_views += w.shared_views, st.device_views += w.device_views;
+  fetched += w.fetched;
+  // A delivery of the last windows that failed: no window's status exchange reported it yet.
+  check_peers(c, done.failure, "delivering tensors to the sink");
+  run_phase(c, "finishing the sink", [&] { s.finish(); });
+  st.bytes_read = fetched;
+  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes;
+  st.requests = reader->counters().requests.load() + table_requests;
+  st.seconds = since(t0);
+  return st;
+}
+
+}  // namespace sluice::inline v0::detail
