@@ -425,6 +425,8 @@ def main():
     ap.add_argument("--conc", default="1,2,4,8,16")
     ap.add_argument("--mem", default="256MiB,1GiB,4GiB")
     ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--contenders", default="runai,fastsafetensors,safetensors,sluice",
+                    help="who runs (a subset, for example sluice alone for a before/after sitting)")
     ap.add_argument("--s3-check-size", default="64MiB", help="checkpoint for the moto correctness check")
     ap.add_argument("--results", default=os.path.join(tempfile.gettempdir(), "peers-results.json"),
                     help="where to write every record as JSON")
@@ -487,7 +489,9 @@ def main():
     del resident
     print(f"\nconsumer ceiling on resident memory: {total / best / GiB:.2f} GiB/s ({best:.3f} s, best of 3)", flush=True)
 
-    peers = ["runai", "fastsafetensors", "safetensors"]
+    wanted = a.contenders.split(",")
+    peers = [p for p in ("runai", "fastsafetensors", "safetensors") if p in wanted]
+    ours = ["sluice"] if "sluice" in wanted else []
     hot_backends = {"runai": ["io_uring_buffered", "sync_buffered"], "fastsafetensors": ["buffered"],
                     "safetensors": ["mmap", "pread"], "sluice": ["auto", "buffered"]}
     direct_backend = {"runai": "io_uring_direct", "fastsafetensors": "odirect", "sluice": "direct"}
@@ -506,7 +510,7 @@ def main():
         print(f"\n## hot: sweep (one worker per contender and backend; conc x mem = {len(grid)} loads each; "
               f"best of the sweep, then re-measured in a fresh process)", flush=True)
         sweep = []
-        for c in peers + ["sluice"]:
+        for c in peers + ours:
             for b in hot_backends[c]:
                 g = [(1, 0)] if c == "safetensors" else grid
                 recs = run_worker(dict(base, contender=c, backend=b, mode="hot", grid=g))
@@ -533,8 +537,9 @@ def main():
         print("\n## hot (page cache), each contender's best setting, in a fresh process")
         print(HEADER)
         final = {c: fresh(c, best_hot[c], "hot") for c in best_hot}
-        final["sluice (defaults)"] = fresh("sluice", default_sluice, "hot")
-        bp = max(rate(final[c], total) for c in peers if c in final)
+        if ours:
+            final["sluice (defaults)"] = fresh("sluice", default_sluice, "hot")
+        bp = max((rate(final[c], total) for c in peers if c in final and "error" not in final[c]), default=None)
         for c, r in final.items():
             print(line(c, r, total, bp))
         results["hot"] = final
@@ -543,7 +548,7 @@ def main():
         print("\n## cold (drop_caches before each load), at the best hot settings; O_DIRECT where offered")
         print(HEADER)
         cold = {}
-        for c in peers + ["sluice"]:
+        for c in peers + ours:
             if c not in best_hot:
                 continue
             cold[c] = fresh(c, best_hot[c], "cold")
@@ -552,8 +557,9 @@ def main():
             if c == "safetensors":
                 other = "pread" if best_hot[c]["backend"] == "mmap" else "mmap"
                 cold[f"safetensors {other}"] = fresh(c, best_hot[c], "cold", other)
-        cold["sluice (defaults)"] = fresh("sluice", default_sluice, "cold")
-        bp = max(rate(r, total) for k, r in cold.items() if not k.startswith("sluice") and "error" not in r)
+        if ours:
+            cold["sluice (defaults)"] = fresh("sluice", default_sluice, "cold")
+        bp = max((rate(r, total) for k, r in cold.items() if not k.startswith("sluice") and "error" not in r), default=None)
         for k, r in cold.items():
             print(line(k, r, total, bp))
         results["cold"] = cold
