@@ -19,6 +19,7 @@ the package `pip install .` put on PYTHONPATH (a Release build).
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -109,31 +110,33 @@ def main():
     print(f"# model {model}: {total / 2**30:.2f} GiB of safetensors; vllm {vllm.__version__}, sluice {sluice.__file__}")
     modes = ["hot"] + ([] if a.no_cold or os.geteuid() != 0 else ["cold"])
     formats = a.formats.split(",")
-    rows = {}
+    rows = {}  # (mode, format) -> every load's seconds, or None once one failed
     for mode in modes:
-        for fmt in formats:
-            best = None
-            for _ in range(a.repeat):
+        # The formats take turns within each repeat, so that a drift of the
+        # machine over the run falls on all of them alike.
+        for _ in range(a.repeat):
+            for fmt in formats:
+                if rows.get((mode, fmt), []) is None:
+                    continue
                 warm(model) if mode == "hot" else drop_caches()
                 try:
                     s, wall = load_seconds(model, fmt, a.staging)
                 except RuntimeError as e:
                     print(f"# {mode} {fmt}: {e}")
-                    best = None
-                    break
-                best = s if best is None else min(best, s)
-            rows[(mode, fmt)] = best
-    print(f"\n{'page cache':10} {'load format':16} {'weights s':>10} {'GiB/s':>7} {'sluice speed':>14}")
+                    rows[(mode, fmt)] = None
+                    continue
+                rows.setdefault((mode, fmt), []).append(s)
+    print(f"\n{'page cache':10} {'load format':16} {'best s':>7} {'median s':>8} {'GiB/s':>7} {'sluice speed':>12}  every load (s)")
     for mode in modes:
         ours = rows.get((mode, "sluice"))
         for fmt in formats:
-            s = rows.get((mode, fmt))
-            if s is None:
-                print(f"{mode:10} {fmt:16} {'failed':>10}")
+            v = rows.get((mode, fmt))
+            if not v:
+                print(f"{mode:10} {fmt:16} {'failed':>7}")
                 continue
-            ratio = f"{s / ours:.2f}x" if ours else "-"
-            print(f"{mode:10} {fmt:16} {s:10.2f} {total / 2**30 / s:7.2f} {ratio:>14}")
-
+            ratio = f"{min(v) / min(ours):.2f}x" if ours else "-"
+            print(f"{mode:10} {fmt:16} {min(v):7.2f} {statistics.median(v):8.2f} {total / 2**30 / min(v):7.2f} {ratio:>12}  "
+                  + " ".join(f"{x:.2f}" for x in v))
 
 if __name__ == "__main__":
     main()
