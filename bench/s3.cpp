@@ -148,18 +148,33 @@ struct bench {
     std::ofstream list(cfg_dir + "/ranges");
     if (!per_part)
       for (unsigned i = 0; i < streams; ++i) cfgs.emplace_back(fmt::format("{}/{:03}.cfg", cfg_dir, i));
+    // An S3 server (no directory of its own to serve from: moto) checks
+    // SigV4, so curl signs as every other client does, with the key pair of
+    // the environment (scripts/s3-server.sh's); nginx ignores Authorization.
+    // In a config file each URL block repeats it: `next` resets options.
+    std::string sign_cfg, sign_args;
+    const char* key = std::getenv("AWS_ACCESS_KEY_ID");
+    const char* secret = std::getenv("AWS_SECRET_ACCESS_KEY");
+    if (s.warm_dir.empty() && key && secret) {
+      const char* region = std::getenv("AWS_REGION");
+      const auto sigv4 = fmt::format("aws:amz:{}:s3", region ? region : "us-east-1");
+      // curl 7.88 signs no payload hash of its own; S3 wants the header.
+      sign_cfg = fmt::format("aws-sigv4 = \"{}\"\nuser = \"{}:{}\"\nheader = \"x-amz-content-sha256: UNSIGNED-PAYLOAD\"\n",
+                             sigv4, key, secret);
+      sign_args = fmt::format(" --aws-sigv4 {} --user {}:{} -H x-amz-content-sha256:UNSIGNED-PAYLOAD", sigv4, key, secret);
+    }
     std::vector<bool> used(streams, false);
     unsigned k = 0;
     for (const auto& o : objects)
       for (std::uint64_t off = 0; off < o.size; off += part, ++k) {
         const auto last = std::min(o.size, off + part) - 1;
         if (per_part) {
-          list << fmt::format("-r {}-{} {}\n", off, last, object_url(s, o));
+          list << fmt::format("-r {}-{}{} {}\n", off, last, sign_args, object_url(s, o));
         } else {
           auto& c = cfgs[k % streams];
           c << (used[k % streams] ? "next\n" : "")
-            << fmt::format("url = \"{}\"\nrange = {}-{}\noutput = /dev/null\nsilent\nshow-error\nfail\n",
-                           object_url(s, o), off, last);
+            << fmt::format("url = \"{}\"\nrange = {}-{}\noutput = /dev/null\nsilent\nshow-error\nfail\n{}",
+                           object_url(s, o), off, last, sign_cfg);
           used[k % streams] = true;
         }
       }

@@ -52,7 +52,7 @@ def benches(work):
         "s3": (lambda t: ["bash", f"{ROOT}/bench/s3.sh", f"{t}/build/release", "--streams", "16", "--part", "16MiB",
                           "--repeat", "1"],
                lambda t: {"SIZE": "512MiB", "WORK": f"{work}/s3-{os.path.basename(os.path.abspath(t))}"},
-               [("nginx 16 streams", r"nginx\s+16\s+16 MiB\s+" + num, "GiB/s")]),
+               [("nginx 16 streams", r"nginx \(http[^\n]*\n[^\n]*\n\s*16\s+16\.00 MiB\s+" + num, "GiB/s")]),
         "python": (lambda t: [PY, f"{ROOT}/bench/python_load.py", "--size", "1GiB", "--repeat", "3", "--staging", "1GiB"],
                    lambda t: {"PYTHONPATH": f"{t}/build/release/python", "SLUICE_BUILD_DIR": f"{t}/build/release"},
                    [("iter_weights", r"\niter_weights\s+[0-9.]+ s\s+" + num, "GiB/s"),
