@@ -1,0 +1,104 @@
+// sluice-load's command line (see load_tool.hpp): CLI11, in a unit of its own.
+
+#include "load_tool.hpp"
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <sluice/core/size.hpp>
+
+#include "common/args.hpp"
+#include "common/cli.hpp"
+
+namespace sluice_load {
+
+using namespace sluice;
+
+// Fills `o` from the command line; an exit code when the tool stops there
+// (--help, or a usage error already reported on stderr).
+std::optional<int> parse(options& o, int argc, char** argv) {
+  CLI::App app("sluice-load: load a checkpoint (a directory or one .safetensors file) with a live progress\n"
+               "display and a summary.",
+               "sluice-load");
+  app.get_formatter()->column_width(28);
+  std::string staging, max_read;
+  bool direct = false, buffered = false;
+  const auto index = [](std::optional<std::size_t>& into) { return [&into](std::size_t v) { into = v; }; };
+  app.add_option("SOURCE", o.source,
+                 "checkpoint directory, .safetensors file, or s3://bucket/prefix/\n"
+                 "(credentials, region and endpoint from AWS_* variables and ~/.aws)");
+  app.add_option("--staging", staging, "staging budget (default 4GiB); sizes take KiB/MiB/GiB suffixes")->type_name("SIZE");
+  app.add_option("--max-read", max_read, "bytes per read request (default 32MiB)")->type_name("SIZE");
+  app.add_option("--queue-depth", o.load.queue_depth, "reads in flight (default 4)")->type_name("N");
+  app.add_option("--threads", o.load.threads, "io_context threads (default 1)")->type_name("N");
+  app.add_flag("--direct", direct, "require O_DIRECT (default: O_DIRECT when aligned)");
+  app.add_flag("--buffered", buffered, "always use the page cache");
+  app.add_flag_callback("--inline-copies", [&] { o.load.punt_buffered = false; },
+                        "copy page-cache hits in the submitting thread, not in io_uring's\n"
+                        "io-wq workers (default: workers, so cached reads copy on several cores)");
+  app.add_option("--select", o.select, "load only tensors whose name matches")->type_name("REGEX");
+  app.add_option("--index", o.index_file,
+                 "open SOURCE through this local index instead of its own; the shards it names are\n"
+                 "verified against what SOURCE lists (presence, size, ETag) before any tensor is read")
+      ->type_name("FILE");
+  app.add_flag("--digest", o.digest, "print name, dtype, shape, sha256 per tensor (sorted by name)");
+  app.add_flag("--json", o.json, "print the summary as JSON on stdout");
+  app.add_option("--json-out", o.json_out, "write the JSON summary to FILE")->type_name("FILE");
+  app.add_flag_callback("--no-progress", [&] { o.progress = false; }, "no progress display");
+  app.add_option("--topology", o.topology,
+                 "act as one rank of a distributed load (rank from --rank/--world-size or\n"
+                 "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, SLUICE_STORE_DIR; see sluice-launch)")
+      ->type_name("tp1,dp8,ep8");
+  app.add_option("--uneven", o.uneven,
+                 "error | keep-whole: with --topology, a tensor TP should split but does not divide is\n"
+                 "an error naming it (default), or kept whole on every owner and listed in the summary")
+      ->type_name("MODE");
+  app.add_option("--offload", o.offload, "none | per-rank | shared-single | shared-cooperative (default none)")
+      ->type_name("MODE");
+  app.add_option("--expert-placement", o.experts,
+                 "linear | round_robin: with --topology, which EP rank holds routed expert e: blocks\n"
+                 "(e * EP / E, the default) or interleaved (e % EP), as vLLM's --expert-placement-strategy")
+      ->type_name("MODE");
+  app.add_option("--overlap", o.overlap,
+                 "read the next window while this one's collective runs (default auto:\n"
+                 "on with at least two hardware threads per local rank)")
+      ->type_name("auto|on|off");
+  app.add_option_function<std::size_t>("--rank", index(o.rank), "override RANK")->type_name("N");
+  app.add_option_function<std::size_t>("--world-size", index(o.world), "override WORLD_SIZE")->type_name("N");
+  app.add_option_function<std::size_t>("--local-rank", index(o.local_rank), "override LOCAL_RANK")->type_name("N");
+  app.add_option_function<std::size_t>("--local-world-size", index(o.local_world), "override LOCAL_WORLD_SIZE")
+      ->type_name("N");
+  app.add_flag("--device", o.device,
+               "with --topology: one GPU per rank (device = local rank % visible GPUs, so a\n"
+               "rank that sees only its own GPU through CUDA_VISIBLE_DEVICES uses device 0):\n"
+               "tensors for the device travel by NCCL (unique id through the store:\n"
+               "SLUICE_STORE_DIR or SLUICE_STORE=redis://...) into device memory; offloaded\n"
+               "tables stay in host memory; --digest copies everything back (needs the nccl\n"
+               "component and a GPU)");
+  app.add_option("--connections", o.connections, "s3://: S3 connections (concurrent range GETs) of the node (default 16)")
+      ->type_name("N");
+  app.add_option("--connections-per-rank", o.connections_per_rank,
+                 "s3:// with --topology: connections of each rank's S3 client (default: the\n"
+                 "per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)")
+      ->type_name("N");
+  app.add_flag("--probe", o.probe, "read headers only: print the per-layer plan (keys, tensors, bytes)");
+  app.add_option("--contract-out", o.contract_out, "with --probe: write the load contract (JSON) to FILE")
+      ->type_name("FILE");
+  if (auto rc = sluice_cli::parse_args(app, argc, argv, 1)) return rc;
+  if (!staging.empty()) o.load.staging_budget = sluice_cli::parse_size(staging);
+  if (!max_read.empty()) o.load.max_read = sluice_cli::parse_size(max_read);
+  if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
+  if (direct) o.load.io = io_mode::direct;
+  if (buffered) o.load.io = io_mode::buffered;
+  if (app.count("--connections") && o.connections == 0) throw config_error("--connections must be at least 1");
+  if (o.source.empty()) throw config_error("no SOURCE given (see --help)");
+  if (!o.contract_out.empty() && !o.probe) throw config_error("--contract-out needs --probe");
+  if (o.device && o.topology.empty()) throw config_error("--device needs --topology (it places one rank's tensors on its GPU)");
+  return std::nullopt;
+}
+
+}  // namespace sluice_load

@@ -1,0 +1,179 @@
+// sluice-load's distributed load (see load_tool.hpp): the world from
+// the flags or torchrun's environment, the host or device (NCCL) sink, the
+// summary line and JSON.
+
+#include "load_tool.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sluice/distributed.hpp>
+#include <sluice/sink/discard_sink.hpp>
+#include <sluice/sink/forwarding_sink.hpp>
+#if SLUICE_HAS_S3
+#include <sluice/s3/distributed.hpp>
+#include <sluice/s3/source.hpp>
+#endif
+#if SLUICE_HAS_NCCL
+#include <sluice/nccl/lane.hpp>
+#include <sluice/cuda/device_sink.hpp>
+#endif
+
+#include "common/cli.hpp"
+
+namespace sluice_load {
+
+using namespace sluice;
+using sluice_cli::human_bytes;
+
+open_options open_options_of(const options& o) {
+  open_options oo;
+  if (!o.select.empty()) {
+    auto re = std::make_shared<std::regex>(o.select);
+    oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
+  }
+  oo.index = o.index_file;
+  return oo;
+}
+
+namespace {
+#if SLUICE_HAS_S3
+// The S3 configuration from the environment, with --connections applied.
+s3::config s3_config_for(const options& o) {
+  auto cfg = s3::config::from_environment();
+  if (o.connections) cfg.max_connections = o.connections;
+  return cfg;
+}
+#endif
+
+#if SLUICE_HAS_NCCL
+// The device sink of --device, recording what this rank holds (for --digest).
+// Everything else (device_views, finish, reserve) is forwarded to it.
+struct device_recording : forwarding_sink<cuda::device_sink> {
+  using forwarding_sink::forwarding_sink;
+  std::map<std::string, tensor_view> owned;  // last view of each tensor this rank holds (placeholders: dropped)
+  bool accept(tensor_view v) {
+    if (!v.carries_data()) return false;
+    tensor_view meta;
+    meta.tensor = v.tensor, meta.part = v.part, meta.kind = view_kind::metadata;
+    owned[v.name()] = meta;
+    return forwarding_sink::accept(std::move(v));
+  }
+};
+#endif
+
+}  // namespace
+
+// The checkpoint's location: a path, or an S3 URI whose catalog (and its
+// config, from the environment) is made only when the location is opened —
+// in a distributed load, after joining the world, so that a rank without
+// credentials fails every rank at once.
+location where_of(const options& o) {
+  if (!o.source.starts_with("s3://")) return location(o.source);
+#if SLUICE_HAS_S3
+  return location(o.source, [&o] { return std::make_shared<s3_catalog>(o.source, s3_config_for(o)); });
+#else
+  throw config_error("this sluice-load was built without the s3 component");
+#endif
+}
+
+int run_distributed(const options& o) {
+  auto who = comm::rank_info::from_env();
+  if (o.rank) who.rank = *o.rank;
+  if (o.world) who.world_size = *o.world;
+  who.local_rank = o.local_rank.value_or(o.rank ? who.rank : who.local_rank);
+  if (o.local_world) who.local_size = *o.local_world;
+  else if (o.world && !std::getenv("LOCAL_WORLD_SIZE")) who.local_size = who.world_size;
+  if (who.rank >= who.world_size) throw config_error(fmt::format("rank {} is not below the world size {}", who.rank, who.world_size));
+  distributed_options dopt;
+  dopt.load = o.load;
+  dopt.connections_per_rank = o.connections_per_rank;
+  using om = distributed_options::overlap_mode;
+  if (o.overlap == "auto") dopt.overlap = om::automatic;
+  else if (o.overlap == "on") dopt.overlap = om::on;
+  else if (o.overlap == "off") dopt.overlap = om::off;
+  else throw config_error(fmt::format("--overlap '{}': expected auto, on or off", o.overlap));
+  if (o.uneven == "keep-whole") dopt.plan.uneven_tp_keep_whole = true;
+  else if (o.uneven != "error") throw config_error(fmt::format("--uneven '{}': expected error or keep-whole", o.uneven));
+  dopt.plan.experts = policy::parse_expert_placement(o.experts);
+  const open_options oo = open_options_of(o);
+  const std::string topo = o.topology.empty() ? fmt::format("tp1,dp{},ep{}", who.world_size, who.world_size) : o.topology;
+  owned_digests digests;
+  discard_sink discard;
+  const auto where = where_of(o);
+  auto run = [&](auto& sink, auto& lane) -> distributed_stats {
+    return load_distributed(where, topo, o.offload, who, sink, dopt, oo, lane);
+  };
+  distributed_stats st;
+  std::vector<std::string> digest_lines;
+  if (o.device) {
+#if SLUICE_HAS_NCCL
+    // The device sink first (without a driver it fails here, on every rank,
+    // before any collective), then NCCL through the store once the world is
+    // joined: a dead peer's host connections then abort NCCL's waits too.
+    const int dev = cuda::device_for_local_rank(who.local_rank);
+    cuda::device_sink sink({.device = dev});
+    device_recording rec{sink};
+    st = load_distributed(where, topo, o.offload, who, rec, dopt, oo, [&](auto& host) {
+      const comm::nccl_options nopt{.device = dev, .liveness = comm::liveness_of(host)};
+      // One rank needs no rendezvous; more exchange NCCL's unique id through the store.
+      return comm::nccl_lane(who.world_size == 1 ? comm::nccl(0, 1, comm::nccl::make_unique_id(), nopt)
+                                                 : comm::nccl::connect(who, nopt));
+    });
+    if (o.digest)
+      for (const auto& [name, meta] : rec.owned) {  // copied back from the device and hashed
+        std::vector<std::byte> host(sink.get(name).size);
+        sink.download(name, host);
+        digest_sink d;
+        tensor_view v = meta;
+        v.kind = view_kind::bytes;
+        v.bytes = host;
+        d.accept(std::move(v));
+        digest_lines.push_back(d.digests().at(name).line());
+      }
+#else
+    throw config_error("--device: this sluice-load was built without the nccl component (CUDA toolkit and NCCL)");
+#endif
+  } else {
+    no_device_lane none;
+    // One sink type for both (the driver is instantiated once for them, not twice).
+    any_sink host = o.digest ? any_sink(digests) : any_sink(discard);
+    st = run(host, none);
+    if (o.digest)
+      for (const auto& [name, d] : digests.d.digests()) digest_lines.push_back(d.line());
+  }
+  auto j = st.to_json();
+  j["peak_rss_bytes"] = sluice_cli::peak_rss();
+  for (const auto& line : digest_lines) std::printf("%s\n", line.c_str());
+  std::string out = o.json_out;
+  if (out.empty())
+    if (const char* e = std::getenv("SLUICE_JSON_OUT")) out = e;
+  if (!out.empty()) {
+    std::ofstream f(out);
+    f << j.dump(2) << "\n";
+    if (!f) return sluice_cli::fail(fmt::format("cannot write '{}'", out));
+  }
+  if (o.json) std::printf("%s\n", j.dump(2).c_str());
+  else
+    std::fprintf(stderr, "rank %zu/%zu (%s, offload %s): %llu tensors delivered, read %s from storage, received %s, "
+                         "shared segment %s, %s%.2f s\n",
+                 who.rank, who.world_size, topo.c_str(), o.offload.c_str(), static_cast<unsigned long long>(st.tensors),
+                 human_bytes(static_cast<double>(st.bytes_read)).c_str(), human_bytes(static_cast<double>(st.bytes_received)).c_str(),
+                 human_bytes(static_cast<double>(st.shared_bytes)).c_str(),
+                 st.connections ? fmt::format("{} S3 connections, ", st.connections).c_str() : "", st.seconds);
+  if (!o.json && !st.kept_whole.empty() && who.rank == 0)
+    std::fprintf(stderr, "kept whole (TP %s does not divide them, --uneven keep-whole): %s\n", topo.c_str(),
+                 fmt::format("{}", fmt::join(st.kept_whole, ", ")).c_str());
+  return 0;
+}
+
+}  // namespace sluice_load

@@ -1,0 +1,51 @@
+// sluice-load's options and the parts of the tool in units of their own, so
+// that no unit compiles all of it: load_args.cpp (the command line, CLI11)
+// and load_distributed.cpp (the distributed load, the checkpoint's location
+// with its S3 catalog, the NCCL lane).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <sluice/checkpoint.hpp>
+#include <sluice/load.hpp>
+#include <sluice/location.hpp>
+#include <sluice/sink/digest_sink.hpp>
+
+namespace sluice_load {
+
+struct options {
+  std::string source;
+  sluice::load_options load;
+  std::string select, index_file, json_out, contract_out, topology, offload = "none", overlap = "auto", uneven = "error",
+              experts = "linear";
+  std::optional<std::size_t> rank, world, local_rank, local_world;
+  std::size_t connections_per_rank = 0;
+  std::size_t connections = 0;  // 0: the S3 config's default
+  bool digest = false, json = false, progress = true, probe = false, device = false;
+};
+
+// Digests of what this rank holds: placeholders (tensors it does not own) are skipped.
+struct owned_digests {
+  sluice::digest_sink d;
+  bool accept(sluice::tensor_view v) { return v.carries_data() ? d.accept(std::move(v)) : false; }
+};
+
+// Fills `o` from the command line; an exit code when the tool stops there
+// (--help, or a usage error already reported on stderr).
+std::optional<int> parse(options& o, int argc, char** argv);
+
+// The checkpoint's location: a path, or an S3 URI whose catalog (and its
+// config, from the environment) is made only when the location is opened.
+sluice::location where_of(const options& o);
+
+// --select (a regular expression over tensor names) and --index.
+sluice::open_options open_options_of(const options& o);
+
+// A distributed load of this rank (--world, or torchrun's environment), with
+// its summary; the tool's exit code.
+int run_distributed(const options& o);
+
+}  // namespace sluice_load
