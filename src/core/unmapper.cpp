@@ -2,12 +2,14 @@
 
 #include <sluice/core/unmapper.hpp>
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 
@@ -15,10 +17,20 @@ namespace sluice::inline v0 {
 
 namespace {
 
-// Never destroyed (see unmap_later): its thread waits for work until the
+// Never destroyed (see the()): its thread waits for work until the
 // process exits, when the kernel unmaps whatever is left.
 class unmapper {
  public:
+  static unmapper& the() {
+    // Leaked on purpose: a view released during static destruction still finds it.
+    static auto* u = [] {
+      auto* made = new unmapper;
+      ::pthread_atfork(nullptr, nullptr, [] { the().after_fork_in_child(); });
+      return made;
+    }();
+    return *u;
+  }
+
   void push(void* addr, std::size_t length) noexcept {
     try {
       std::unique_lock l(mu_);
@@ -32,6 +44,19 @@ class unmapper {
   }
 
  private:
+  // In a child just forked, only the forking thread exists: the parent's
+  // unmapper thread is not here, and the lock or the wait it was in at the
+  // fork was copied as it was (a condition variable that counts a waiter who
+  // will never wake would swallow the child's first notify). So the child
+  // gets fresh ones, made over the copies without destroying them (a copied
+  // mutex may be locked), and its first push starts its own thread; what was
+  // queued stays queued for it.
+  void after_fork_in_child() noexcept {
+    new (&mu_) std::mutex();
+    new (&wake_) std::condition_variable();
+    owner_ = 0;
+  }
+
   void start() {  // under mu_
     std::thread t([this] { run(); });
     t.detach();
@@ -58,10 +83,6 @@ class unmapper {
 
 }  // namespace
 
-void unmap_later(void* addr, std::size_t length) noexcept {
-  // Leaked on purpose: a view released during static destruction still finds it.
-  static auto* u = new unmapper;
-  u->push(addr, length);
-}
+void unmap_later(void* addr, std::size_t length) noexcept { unmapper::the().push(addr, length); }
 
 }  // namespace sluice::inline v0
