@@ -425,6 +425,9 @@ def main():
     ap.add_argument("--conc", default="1,2,4,8,16")
     ap.add_argument("--mem", default="256MiB,1GiB,4GiB")
     ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--cold-sweep", action="store_true",
+                    help="the cold row also runs each contender at every --mem, buffered and O_DIRECT (its hot best "
+                         "concurrency): a setting that wins hot is not always the one that wins cold")
     ap.add_argument("--contenders", default="runai,fastsafetensors,safetensors,sluice",
                     help="who runs (a subset, for example sluice alone for a before/after sitting)")
     ap.add_argument("--s3-check-size", default="64MiB", help="checkpoint for the moto correctness check")
@@ -559,6 +562,13 @@ def main():
                 cold[f"safetensors {other}"] = fresh(c, best_hot[c], "cold", other)
         if ours:
             cold["sluice (defaults)"] = fresh("sluice", default_sluice, "cold")
+        if a.cold_sweep:
+            for c in peers + ours:
+                if c not in best_hot or c == "safetensors":
+                    continue
+                for m in mem:
+                    for b in dict.fromkeys([best_hot[c]["backend"], direct_backend.get(c, best_hot[c]["backend"])]):
+                        cold[f"{c} {b} {fmt_size(m)}"] = fresh(c, dict(best_hot[c], mem=m), "cold", b)
         bp = max((rate(r, total) for k, r in cold.items() if not k.startswith("sluice") and "error" not in r), default=None)
         for k, r in cold.items():
             print(line(k, r, total, bp))
