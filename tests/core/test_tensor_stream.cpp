@@ -142,7 +142,10 @@ TEST_CASE("a stream never runs ahead by more than its budget, and a tensor large
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a slow consumer: the load would race ahead if it could
   }
   const auto st = s.stats();
-  CHECK(most_queued <= o.load.staging_budget);
+  // Seen from outside, right after next() returned: the tensor read alone
+  // (3 MiB, larger than the budget) may already be placed while the consumer
+  // still holds the one before it, so the bound is the larger of the two.
+  CHECK(most_queued <= std::max<std::uint64_t>(o.load.staging_budget, 3 * MiB + 5));
   // The most ever ahead is the huge tensor's size exactly: when it was read,
   // nothing else was ahead of the consumer (else the peak would be larger),
   // and everything else stayed within the budget, which is below it.
@@ -376,7 +379,10 @@ TEST_CASE("page-cache views count against the budget ahead of the consumer", "[c
   const auto st = s.stats();
   // As for buffers of their own: within the budget, except the 3 MiB tensor
   // (larger than the budget), which is mapped only with nothing else ahead.
-  CHECK(most_queued <= o.load.staging_budget);
+  // Seen from outside, right after next() returned: the tensor read alone
+  // (3 MiB, larger than the budget) may already be placed while the consumer
+  // still holds the one before it, so the bound is the larger of the two.
+  CHECK(most_queued <= std::max<std::uint64_t>(o.load.staging_budget, 3 * MiB + 5));
   CHECK(st.peak_ahead_bytes == 3 * MiB + 5);
   CHECK(st.mapped_tensors == 7);
   CHECK(st.gate_waits > 0);
