@@ -124,6 +124,13 @@ struct stream_state final : admission {
 
   bool is_own(const tensor_ref& t) const noexcept { return t.size > plan.own_min; }
 
+  // `t` is let in ahead of the consumer (alone: nothing else until it is handed out).
+  void count_ahead(const tensor_ref& t, bool alone) {
+    ahead += t.size;
+    alone_ahead = alone;
+    counters.peak_ahead_bytes = std::max(counters.peak_ahead_bytes, ahead);
+  }
+
   bool admit_locked(read_request& req) {
     if (!gated) return true;
     // A page-cache view: no memory of ours, but it counts as ahead until it
@@ -135,11 +142,9 @@ struct stream_state final : admission {
       const bool alone = t->size > plan.budget;
       if (ahead != 0 && (alone || ahead + t->size > plan.budget)) return false;
       if (alone) alone_mapped = t;
-      ahead += t->size;
-      alone_ahead = alone;
+      count_ahead(*t, alone);
       counters.mapped_tensors += 1;
       counters.mapped_bytes += t->size;
-      counters.peak_ahead_bytes = std::max(counters.peak_ahead_bytes, ahead);
       return true;
     }
     // A tensor larger than a slot: a buffer of its own.
@@ -164,11 +169,9 @@ struct stream_state final : admission {
       counters.own_tensors += 1;
       counters.own_tensor_bytes += t->size;
       counters.read_alone += alone ? 1 : 0;
-      ahead += t->size;
+      count_ahead(*t, alone);
       own_ahead += t->size;
-      alone_ahead = alone;
       counters.peak_own_bytes = std::max(counters.peak_own_bytes, own_ahead + own_held);
-      counters.peak_ahead_bytes = std::max(counters.peak_ahead_bytes, ahead);
       return true;
     }
     if (alone_ahead) return false;
