@@ -7,7 +7,9 @@ before its first load), page cache hot.
     PYTHONPATH=build/py/lib/python3.11/site-packages .venv/bin/python bench/fresh_destinations.py \\
         [--checkpoint .samples/vllm-llama-2GiB] [--repeat 2]
 
-The `+ populate` variants first fault the destinations in with
+`sluice.load_into` faults its destinations in on a second thread while it
+reads (its default, `prefault=True`); `prefault=False` leaves the first touch
+to the reads alone. The `+ populate` variants first fault the destinations in with
 madvise(MADV_POPULATE_WRITE), timed on its own, so that the load that follows
 writes into memory already mapped: the two columns split a load into the
 first touch of its destinations and the rest.
@@ -38,6 +40,9 @@ def worker(spec):
             for k in h.keys():
                 sl = h.get_slice(k)
                 dst[k] = torch.empty(sl.get_shape(), dtype=dtypes[sl.get_dtype()])
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = ru.ru_utime + ru.ru_stime  # CPU of every thread of the process, io_uring's workers included
     t0 = time.perf_counter()
     populate = None
     if spec.get("populate"):
@@ -62,7 +67,9 @@ def worker(spec):
         sluice.load_into(sluice.open(spec["checkpoint"]), dst, **spec.get("kw", {}))
     load = time.perf_counter() - t1
     import resource
-    print(json.dumps({"populate": populate, "load": load, "minflt": resource.getrusage(resource.RUSAGE_SELF).ru_minflt}))
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"populate": populate, "load": load, "minflt": ru.ru_minflt,
+                      "cpu": ru.ru_utime + ru.ru_stime - cpu0}))
 
 
 def main():
@@ -80,6 +87,7 @@ def main():
     gib = sum(os.path.getsize(f) for f in files) / 2**30
     variants = [("safe_open + copy_", dict(how="safetensors")),
                 ("sluice.load_into", dict(how="sluice")),
+                ("sluice.load_into prefault=False", dict(how="sluice", kw={"prefault": False})),
                 ("sluice.load_into threads 2, qd 8", dict(how="sluice", kw={"threads": 2, "queue_depth": 8})),
                 ("safe_open + copy_ + populate", dict(how="safetensors", populate=True)),
                 ("sluice.load_into + populate", dict(how="sluice", populate=True))]
@@ -97,13 +105,15 @@ def main():
             if p.returncode != 0:
                 raise SystemExit(f"{name}: {p.stderr[-2000:]}")
             rows[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
-    print(f"\n{'':34} {'populate s':>18} {'load s':>18} {'minor faults':>12}")
+    print(f"\n{'':34} {'populate s':>18} {'load s':>18} {'CPU s':>12} {'minor faults':>12}")
     for name, rs in rows.items():
         pop = [r["populate"] for r in rs if r["populate"] is not None]
         load = [r["load"] for r in rs]
         pcol = f"{min(pop):.2f}-{max(pop):.2f}" if pop else "-"
         lcol = f"{min(load):.2f}-{max(load):.2f}"
-        print(f"{name:34} {pcol:>18} {lcol:>18} {rs[0]['minflt']:12d}")
+        cpu = [r["cpu"] for r in rs]
+        ccol = f"{min(cpu):.2f}-{max(cpu):.2f}"
+        print(f"{name:34} {pcol:>18} {lcol:>18} {ccol:>12} {rs[0]['minflt']:12d}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/core/channel.hpp>
+#include <sluice/core/prefaulter.hpp>
 #include <sluice/core/staging_pool.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
@@ -85,6 +86,11 @@ struct load_options {
   /// 0: never. tensor_stream sets it to the tensors larger than a slot,
   /// which would otherwise need fresh memory of their own.
   std::uint64_t map_above = 0;
+  /// Where the sink's direct destinations hold at least this many bytes,
+  /// fault them in on a thread of their own, from the last backwards, while
+  /// the reads fill them from the first (core/prefaulter.hpp): fresh memory's
+  /// first touch on two cores instead of one. 0: never.
+  std::uint64_t prefault_above = prefaulter::default_min_bytes;
 };
 
 /// What a load did.
@@ -102,6 +108,7 @@ struct load_stats {
   std::size_t slots_used = 0;           ///< most slots leased at once
   std::uint64_t mapped_tensors = 0;     ///< tensors handed out as page-cache views (load_options::map_above)
   std::uint64_t mapped_bytes = 0;
+  std::uint64_t prefaulted_bytes = 0;   ///< direct destinations faulted in ahead (load_options::prefault_above)
   double seconds = 0;                   ///< wall time of the data path
   step_counters fetch;                 ///< reads in flight (busy time)
   step_counters place;                 ///< time in the sink
@@ -187,9 +194,17 @@ template <source Source, sink Sink>
   auto pipeline = coalesce({request_bytes_for(opt.max_read, pool.slot_size())}) | std::move(fetcher) | stage({whole_tensors_of(s)}) |
                   std::move(placer);
 
-  auto consume = [&st, progress = opt.progress](const placement& p) {
+  std::optional<prefaulter> ahead;
+  if (opt.prefault_above) {
+    std::vector<std::span<std::byte>> direct;  // by job, empty where staged: reached() counts tensors
+    direct.reserve(jobs.size());
+    for (const auto& j : jobs) direct.push_back(j.direct);
+    ahead.emplace(std::move(direct), opt.prefault_above);
+  }
+  auto consume = [&st, &ahead, progress = opt.progress](const placement& p) {
     if (!p.last) return;
     st.tensors += 1;
+    if (ahead) ahead->reached(st.tensors);
     st.accepted += p.accepted ? 1 : 0;
     st.tensor_bytes += p.tensor->size;
     if (progress) {
@@ -198,6 +213,10 @@ template <source Source, sink Sink>
     }
   };
   co_await run_pipeline(pipeline, jobs, consume, opt.stop);
+  if (ahead) {
+    ahead->stop();
+    st.prefaulted_bytes = ahead->bytes();
+  }
   if constexpr (requires { s.finish(); }) s.finish();
   st.bytes_read = fetch_counters.bytes;
   st.storage_bytes = src.counters().bytes_read.load() - read_before;

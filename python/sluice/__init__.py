@@ -350,7 +350,7 @@ def plan_owners(ck, topology, offload="none", local_size=None, pp_stage_layers=N
 
 
 def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto",
-              progress=None) -> dict:
+              progress=None, prefault=True) -> dict:
     """Reads the named tensors into preallocated tensors (dtype, shape and size
     checked first). CPU tensors: large ones are read straight into place. CUDA
     tensors (where sluice was built with its cuda component, `sluice.has_cuda`):
@@ -358,7 +358,11 @@ def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4
     load per device. Returns the load's stats (summed over devices: a dict per
     device under "devices" when there are several). `progress`, a callable,
     is called as progress(bytes_done, bytes_total) while CPU destinations fill
-    (every 50 ms and at the end; CUDA destinations report once, when done)."""
+    (every 50 ms and at the end; CUDA destinations report once, when done).
+    `prefault`: CPU destinations of 64 MiB or more in all are faulted in on a
+    thread of sluice's own, from the last backwards, while the reads fill them
+    from the first (fresh memory's first touch on two cores; stats'
+    `prefaulted_bytes` says how much it did)."""
     import torch
     if not isinstance(ck, Checkpoint):
         ck = open(ck)
@@ -388,6 +392,7 @@ def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4
             device = torch.cuda.current_device()
         by_device.setdefault(device, []).append((name, t.data_ptr(), nbytes))
     options = _options(staging, max_read, queue_depth, threads, io)
+    options.prefault = bool(prefault)
     runs = {}
     for device, dst in by_device.items():
         if device is None:

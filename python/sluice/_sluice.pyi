@@ -67,6 +67,7 @@ class StreamOptions:
     io: str
     on_exhausted: str
     map_cached: bool
+    prefault: bool
     queue: int
     topology: str
     offload: str

@@ -174,6 +174,7 @@ load_options make_load_options(const py_stream_options& o) {
   l.max_read = o.max_read;
   l.queue_depth = o.queue_depth;
   l.threads = o.threads;
+  if (!o.prefault) l.prefault_above = 0;
   if (o.io == "direct") l.io = io_mode::direct;
   else if (o.io == "buffered") l.io = io_mode::buffered;
   else if (o.io != "auto") throw config_error(fmt::format("io='{}': expected 'auto', 'direct' or 'buffered'", o.io));
@@ -217,6 +218,7 @@ void init_stream(py::module_& m) {
       .def_readwrite("io", &py_stream_options::io)
       .def_readwrite("on_exhausted", &py_stream_options::exhausted)
       .def_readwrite("map_cached", &py_stream_options::map_cached)
+      .def_readwrite("prefault", &py_stream_options::prefault)
       .def_readwrite("queue", &py_stream_options::queue)
       .def_readwrite("topology", &py_stream_options::topology)
       .def_readwrite("offload", &py_stream_options::offload)

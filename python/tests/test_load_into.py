@@ -34,6 +34,18 @@ def test_load_into_a_subset_reads_only_those(medium):
         assert sha256(t) == digests[name][2]
 
 
+def test_load_into_prefault_is_a_knob_with_a_threshold(medium):
+    path, digests = medium
+    ck = sluice.open(path)
+    for prefault in (True, False):
+        dst = {t.name: _empty_like(t) for t in ck.tensors}
+        stats = sluice.load_into(ck, dst, staging="8MiB", max_read="1MiB", prefault=prefault)
+        # Off, or on below 64 MiB of direct destinations (this checkpoint is 24 MiB): no prefaulter ran.
+        assert stats["prefaulted_bytes"] == 0, prefault
+        for name, t in dst.items():
+            assert sha256(t) == digests[name][2], name
+
+
 def test_wrong_destinations_are_config_errors_naming_the_tensor(small):
     path, _ = small
     ck = sluice.open(path)

@@ -29,6 +29,7 @@ nlohmann::ordered_json load_stats::to_json() const {
           {"gib_per_s", seconds > 0 ? gib / seconds : 0},
           {"staging", {{"slot_size", slot_size}, {"slots", slots}, {"slots_used", slots_used}}},
           {"mapped", {{"tensors", mapped_tensors}, {"bytes", mapped_bytes}}},
+          {"prefaulted_bytes", prefaulted_bytes},
           {"stages", {{"fetch", {{"requests", fetch.items}, {"bytes", fetch.bytes}, {"busy_seconds", fetch.busy_seconds}}},
                       {"place", {{"views", place.items}, {"bytes", place.bytes}, {"busy_seconds", place.busy_seconds}}}}}};
 }

@@ -185,6 +185,70 @@ TEST_CASE("a host sink reads large tensors straight into aligned caller memory",
   }
 }
 
+TEST_CASE("direct destinations are faulted in ahead of the reads, or not when asked", "[stages][load][sink][prefault]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  for (const std::uint64_t above : {std::uint64_t{0}, std::uint64_t{1}}) {
+    CAPTURE(above);
+    // Every tensor of 64 KiB or more into fresh memory of the test's own, one
+    // arena, each destination page-aligned.
+    std::map<std::string, std::size_t> at;
+    std::size_t arena_bytes = 0, direct_bytes = 0;
+    for (const auto& t : ck.tensors()) {
+      if (t.size < (64u << 10)) continue;
+      at[t.name] = arena_bytes;
+      arena_bytes += (t.size + 4095) / 4096 * 4096;
+      direct_bytes += t.size;
+    }
+    REQUIRE(direct_bytes > 0);
+    auto arena = lease::allocate(arena_bytes, 4096);
+    host_sink h({.allocate = true, .direct_min_bytes = 64 << 10});
+    for (const auto& [name, off] : at) h.set_destination(name, arena.bytes().subspan(off, ck.find(name)->size));
+    auto o = small_staging();
+    o.prefault_above = above;
+    auto st = load(ck, h, o);
+    REQUIRE(st.tensors == ck.tensors().size());
+    if (above == 0) CHECK(st.prefaulted_bytes == 0);
+    CHECK(st.prefaulted_bytes <= arena_bytes);  // whole pages of the destinations, each at most once
+    for (const auto& t : ck.tensors()) {
+      auto got = h.get(t.name);
+      const auto e = testing::tensor_bytes(1, t.source_name, t.size);
+      REQUIRE(std::equal(got.begin(), got.end(), e.begin(), e.end()));
+    }
+  }
+}
+
+TEST_CASE("a load stopped while its destinations are faulted in ends with the prefaulter joined", "[stages][load][cancel][prefault]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  std::size_t bytes = 0;
+  for (const auto& t : ck.tensors()) bytes += (t.size + 4095) / 4096 * 4096;
+  auto arena = lease::allocate(bytes, 4096);
+  std::stop_source stop;
+  struct stopping_sink : host_sink {
+    using host_sink::host_sink;
+    std::stop_source* stop = nullptr;
+    int seen = 0;
+    bool accept(tensor_view v) {
+      if (++seen == 5) stop->request_stop();
+      return host_sink::accept(std::move(v));
+    }
+  } s({.allocate = false, .direct_min_bytes = 1});
+  s.stop = &stop;
+  std::size_t off = 0;
+  for (const auto& t : ck.tensors()) {
+    s.set_destination(t.name, arena.bytes().subspan(off, t.size));
+    off += (t.size + 4095) / 4096 * 4096;
+  }
+  auto o = small_staging();
+  o.stop = stop.get_token();
+  o.prefault_above = 1;
+  REQUIRE_THROWS_AS(load(ck, s, o), cancelled_error);
+  arena = {};  // the destinations go: a prefaulter still running would now fault freed memory in (ASan, TSan)
+}
+
 TEST_CASE("a shard truncated after opening fails naming the file, tensor and bytes", "[stages][load][errors]") {
   sluice_test::scratch_dir dir;
   testing::write_checkpoint(dir.path, small_model());
