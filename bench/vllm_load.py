@@ -113,9 +113,11 @@ def main():
     rows = {}  # (mode, format) -> every load's seconds, or None once one failed
     for mode in modes:
         # The formats take turns within each repeat, so that a drift of the
-        # machine over the run falls on all of them alike.
-        for _ in range(a.repeat):
-            for fmt in formats:
+        # machine over the run falls on all of them alike, in the order
+        # reversed every other repeat (A B, B A, ...), so that none always
+        # follows the same one.
+        for r in range(a.repeat):
+            for fmt in (formats if r % 2 == 0 else formats[::-1]):
                 if rows.get((mode, fmt), []) is None:
                     continue
                 warm(model) if mode == "hot" else drop_caches()
