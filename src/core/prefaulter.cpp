@@ -22,6 +22,7 @@ prefaulter::prefaulter(std::vector<std::span<std::byte>> destinations, std::uint
   if (total == 0 || total < min_bytes) return;
   try {
     thread_ = std::thread([this] { populate_backwards(dst_, reached_, stop_, bytes_); });
+    started_ = true;
   } catch (const std::system_error&) {
     // No thread: the reads fault their destinations in themselves, as without one.
   }
@@ -29,10 +30,7 @@ prefaulter::prefaulter(std::vector<std::span<std::byte>> destinations, std::uint
 
 void prefaulter::stop() noexcept {
   stop_.store(true, std::memory_order_relaxed);
-  if (thread_.joinable()) {
-    thread_.join();
-    ran_ = true;
-  }
+  if (thread_.joinable()) thread_.join();
 }
 
 void prefaulter::populate_backwards(std::span<const std::span<std::byte>> dst, const std::atomic<std::size_t>& reached,

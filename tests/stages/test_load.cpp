@@ -64,6 +64,32 @@ load_options small_staging() {
   return o;
 }
 
+// Page-aligned destinations in one arena of fresh memory for every tensor of
+// at least `min_size` bytes, set on `h`; returns the arena's page-rounded size.
+template <class Sink>
+std::size_t page_arena(const checkpoint& ck, Sink& h, lease& arena, std::uint64_t min_size) {
+  std::vector<std::pair<const tensor_ref*, std::size_t>> at;
+  std::size_t bytes = 0;
+  for (const auto& t : ck.tensors()) {
+    if (t.size < min_size) continue;
+    at.emplace_back(&t, bytes);
+    bytes += (t.size + 4095) / 4096 * 4096;
+  }
+  arena = lease::allocate(bytes, 4096);
+  for (const auto& [t, off] : at) h.set_destination(t->name, arena.bytes().subspan(off, t->size));
+  return bytes;
+}
+
+// Every tensor `h` holds is the generator's bytes for it.
+void require_generated_bytes(const checkpoint& ck, const host_sink& h) {
+  for (const auto& t : ck.tensors()) {
+    auto got = h.get(t.name);
+    REQUIRE(got.size() == t.size);
+    const auto e = testing::tensor_bytes(1, t.source_name, t.size);
+    REQUIRE(std::equal(got.begin(), got.end(), e.begin(), e.end()));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("every tensor's digest equals an independent hash of the files", "[stages][load]") {
@@ -177,12 +203,7 @@ TEST_CASE("a host sink reads large tensors straight into aligned caller memory",
   REQUIRE(st.tensors == ck.tensors().size());
   const auto expect = testing::tensor_bytes(1, biggest->source_name, biggest->size);
   REQUIRE(std::memcmp(dst.bytes().data(), expect.data(), expect.size()) == 0);
-  for (const auto& t : ck.tensors()) {
-    auto got = h.get(t.name);
-    REQUIRE(got.size() == t.size);
-    const auto e = testing::tensor_bytes(1, t.source_name, t.size);
-    REQUIRE(std::equal(got.begin(), got.end(), e.begin(), e.end()));
-  }
+  require_generated_bytes(ck, h);
 }
 
 TEST_CASE("direct destinations are faulted in ahead of the reads, or not when asked", "[stages][load][sink][prefault]") {
@@ -191,31 +212,18 @@ TEST_CASE("direct destinations are faulted in ahead of the reads, or not when as
   auto ck = checkpoint::open(dir.path);
   for (const std::uint64_t above : {std::uint64_t{0}, std::uint64_t{1}}) {
     CAPTURE(above);
-    // Every tensor of 64 KiB or more into fresh memory of the test's own, one
-    // arena, each destination page-aligned.
-    std::map<std::string, std::size_t> at;
-    std::size_t arena_bytes = 0, direct_bytes = 0;
-    for (const auto& t : ck.tensors()) {
-      if (t.size < (64u << 10)) continue;
-      at[t.name] = arena_bytes;
-      arena_bytes += (t.size + 4095) / 4096 * 4096;
-      direct_bytes += t.size;
-    }
-    REQUIRE(direct_bytes > 0);
-    auto arena = lease::allocate(arena_bytes, 4096);
+    // Every tensor of 64 KiB or more into fresh memory of the test's own.
     host_sink h({.allocate = true, .direct_min_bytes = 64 << 10});
-    for (const auto& [name, off] : at) h.set_destination(name, arena.bytes().subspan(off, ck.find(name)->size));
+    lease arena;
+    const auto arena_bytes = page_arena(ck, h, arena, 64 << 10);
+    REQUIRE(arena_bytes > 0);
     auto o = small_staging();
     o.prefault_above = above;
     auto st = load(ck, h, o);
     REQUIRE(st.tensors == ck.tensors().size());
     if (above == 0) CHECK(st.prefaulted_bytes == 0);
     CHECK(st.prefaulted_bytes <= arena_bytes);  // whole pages of the destinations, each at most once
-    for (const auto& t : ck.tensors()) {
-      auto got = h.get(t.name);
-      const auto e = testing::tensor_bytes(1, t.source_name, t.size);
-      REQUIRE(std::equal(got.begin(), got.end(), e.begin(), e.end()));
-    }
+    require_generated_bytes(ck, h);
   }
 }
 
@@ -223,9 +231,6 @@ TEST_CASE("a load stopped while its destinations are faulted in ends with the pr
   sluice_test::scratch_dir dir;
   testing::write_checkpoint(dir.path, small_model());
   auto ck = checkpoint::open(dir.path);
-  std::size_t bytes = 0;
-  for (const auto& t : ck.tensors()) bytes += (t.size + 4095) / 4096 * 4096;
-  auto arena = lease::allocate(bytes, 4096);
   std::stop_source stop;
   struct stopping_sink : host_sink {
     using host_sink::host_sink;
@@ -237,11 +242,8 @@ TEST_CASE("a load stopped while its destinations are faulted in ends with the pr
     }
   } s({.allocate = false, .direct_min_bytes = 1});
   s.stop = &stop;
-  std::size_t off = 0;
-  for (const auto& t : ck.tensors()) {
-    s.set_destination(t.name, arena.bytes().subspan(off, t.size));
-    off += (t.size + 4095) / 4096 * 4096;
-  }
+  lease arena;
+  (void)page_arena(ck, s, arena, 0);
   auto o = small_staging();
   o.stop = stop.get_token();
   o.prefault_above = 1;

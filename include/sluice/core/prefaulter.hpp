@@ -53,7 +53,7 @@ class prefaulter {
   /// Bytes the prefaulter faulted in (final once stopped).
   [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
   /// Whether a thread was started.
-  [[nodiscard]] bool started() const noexcept { return thread_.joinable() || ran_; }
+  [[nodiscard]] bool started() const noexcept { return started_; }
 
   /// The thread's work, on the calling thread: faults `dst` in from the last
   /// destination backwards, 2 MiB at a time, until a destination below
@@ -64,12 +64,11 @@ class prefaulter {
                                  const std::atomic<bool>& stop, std::atomic<std::uint64_t>& bytes) noexcept;
 
  private:
-
   std::vector<std::span<std::byte>> dst_;
   std::atomic<std::size_t> reached_{0};
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> bytes_{0};
-  bool ran_ = false;
+  bool started_ = false;
   std::thread thread_;
 };
 
