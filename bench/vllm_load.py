@@ -7,6 +7,9 @@ page cache hot and cold, in one run.
     PYTHONPATH=build/py/lib/python3.11/site-packages .venv/bin/python bench/vllm_load.py \\
         [--model DIR | --size 2GiB] [--formats sluice,safetensors,runai_streamer] [--repeat 2] [--no-cold]
 
+A format "sluice+map" is --load-format sluice with the `map` extra-config key
+(whole parameters as page-cache mappings; opt-in, see sluice/vllm.py).
+
 The model is a random Llama written by transformers (save_pretrained, 5 GB
 shards), at least --size of bf16 weights; it is kept in .samples/ between runs.
 Each load is its own process (vLLM's engine in-process, VLLM_ENABLE_V1_MULTIPROCESSING=0)
@@ -50,7 +53,8 @@ from vllm.inputs import TokensPrompt
 def main():
     llm = LLM(model=sys.argv[1], load_format=sys.argv[2], skip_tokenizer_init=True, enforce_eager=True,
               max_model_len=128, dtype="bfloat16", max_num_seqs=1, gpu_memory_utilization=0.3, seed=0,
-              **({"model_loader_extra_config": {"staging": sys.argv[3]}} if sys.argv[2] == "sluice" else {}))
+              **({"model_loader_extra_config": {"staging": sys.argv[3], "map": sys.argv[4] == "map"}}
+                 if sys.argv[2] == "sluice" else {}))
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=1, detokenize=False),
                  use_tqdm=False)
 if __name__ == "__main__":
@@ -79,7 +83,10 @@ def warm(path):
 def load_seconds(model, fmt, staging):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", CHILD, model, fmt, staging], env=env, capture_output=True, text=True)
+    # "sluice+map": --load-format sluice with the map extra-config key (page-cache parameters)
+    base, _, variant = fmt.partition("+")
+    p = subprocess.run([sys.executable, "-c", CHILD, model, base, staging, variant], env=env, capture_output=True,
+                       text=True)
     wall = time.perf_counter() - t0
     out = p.stdout + p.stderr
     m = re.findall(r"BENCH load_weights took ([0-9.]+) seconds", out)
@@ -139,6 +146,14 @@ def main():
             ratio = f"{min(v) / min(ours):.2f}x" if ours else "-"
             print(f"{mode:10} {fmt:16} {min(v):7.2f} {statistics.median(v):8.2f} {total / 2**30 / min(v):7.2f} {ratio:>12}  "
                   + " ".join(f"{x:.2f}" for x in v))
+        # Each sluice variant against the best other loader, by best and by median load.
+        peers = [v for f, v in ((f, rows.get((mode, f))) for f in formats) if v and not f.startswith("sluice")]
+        for fmt in formats:
+            v = rows.get((mode, fmt))
+            if fmt.startswith("sluice") and v and peers:
+                best = min(min(p) for p in peers) / min(v)
+                med = min(statistics.median(p) for p in peers) / statistics.median(v)
+                print(f"{mode:10} {fmt:16} vs the best other loader: {best:.2f}x by best load, {med:.2f}x by median")
 
 if __name__ == "__main__":
     main()

@@ -132,6 +132,10 @@ class stream_tensor {
 
   /// Releases the bytes and the accounting now.
   void reset() noexcept;
+  /// Whether holding it holds the stream's staging: a pinned slot or an own
+  /// buffer counted against the budget. False for a page-cache view (and an
+  /// empty tensor): the consumer may keep it for good at no cost to the load.
+  [[nodiscard]] bool holds_staging() const noexcept { return slot_ >= 0 || own_ > 0; }
 
  private:
   friend class tensor_stream;

@@ -30,7 +30,7 @@ from ._torch import as_torch_dtype, arrival_shape  # noqa: F401
 from ._contract import Recorder, ReloadSession, probe  # noqa: F401
 
 __all__ = ["open", "components", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
-           "TensorInfo", "World", "Checkpoint", "WeightIterator", "parse_size", "plan_owners", "as_torch_dtype", "Error", "release_memory",
+           "TensorInfo", "World", "Checkpoint", "WeightIterator", "parse_size", "prefault", "Prefault", "plan_owners", "as_torch_dtype", "Error", "release_memory",
            "memory_stats"]
 
 
@@ -411,3 +411,55 @@ def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4
              if all(k in r for r in runs.values())}
     total["devices"] = runs
     return total
+
+
+class Prefault:
+    """Fresh CPU memory being faulted in on a thread of sluice's own (see
+    `prefault`). Stop it before the load that fills the memory starts, or
+    leave it to the `with` block: `stop()` joins the thread and returns the
+    bytes it faulted in (whole pages, so slightly more than the tensors')."""
+
+    def __init__(self, core, keep):
+        self._core, self._keep = core, keep
+
+    @property
+    def started(self) -> bool:
+        """Whether a thread was started (the tensors reached min_bytes)."""
+        return self._core.started
+
+    def stop(self) -> int:
+        self._core.stop()
+        self._keep = None  # the tensors may go once the thread has
+        return self._core.bytes
+
+    def __del__(self):
+        self.stop()  # the thread is joined before the tensors it faults in can go
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def prefault(tensors, min_bytes="64MiB") -> Prefault:
+    """Starts faulting in `tensors`' memory (CPU tensors, in the order a load
+    will fill them; others are skipped) on a thread of sluice's own, from the
+    last backwards, and returns at once. For the time before a load knows its
+    destinations, such as an engine's dry run of its weight loaders: the
+    first touch of fresh parameters is most of a page-cache-hot load, and
+    this starts it early. Nothing is written. The tensors are kept alive
+    until `stop()`. Nothing is started under `min_bytes` in all."""
+    import torch
+    keep, spans, seen = [], [], set()
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        keep.append(t)
+        spans.append((storage.data_ptr(), storage.nbytes()))
+    return Prefault(_sluice.Prefaulter(spans, parse_size(min_bytes)), keep)

@@ -59,6 +59,14 @@ class Checkpoint:
 def open_checkpoint(where: str, select_regex: Optional[str], select_fn: Optional[Callable[[str], bool]],
                     rename: Sequence[tuple[str, str]], index: str = ..., who: Optional[StreamOptions] = ...) -> Checkpoint: ...
 
+class Prefaulter:
+    def __init__(self, dst: Sequence[tuple[int, int]], min_bytes: int) -> None: ...
+    def stop(self) -> None: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def bytes(self) -> int: ...
+
 class StreamOptions:
     staging: int
     max_read: int
@@ -98,6 +106,8 @@ class TensorItem:
     def shape(self) -> list[int]: ...  # this rank's part
     @property
     def kind(self) -> str: ...  # "bytes", "placed", "metadata", "shared", "placeholder"
+    @property
+    def holds_staging(self) -> bool: ...  # keeping it holds its stream's slot or budget
     @property
     def part(self) -> Optional[tuple[int, int, int]]: ...  # (dim, index, count)
     @property

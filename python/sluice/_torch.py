@@ -46,6 +46,7 @@ def tensor_from(item):
     if target is not _EXACT.get(dtype, None):
         t.sluice_dtype = dtype  # the dtype torch has no type for
     t.sluice_kind = kind
+    t.sluice_holds_staging = getattr(item, "holds_staging", False)  # a slot or budget of its stream (see TensorItem)
     if part is not None:
         t.sluice_part = part  # (dim, index, count): this rank's TP part
     return t

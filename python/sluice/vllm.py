@@ -28,6 +28,19 @@ error naming it, raised before anything is read:
                  that a dry run of the model's load_weights proves lands whole
                  and unconverted in one parameter straight into it (see
                  sluice._direct); false streams every tensor through load_weights
+    map          false (default) | true: in a one-process load, each tensor that
+                 fills a whole CPU parameter becomes that parameter's memory
+                 as a private mapping of its file (page cache shared by every
+                 engine process on the node; no copy, no fresh memory; writes
+                 copy the page, never the file). For CPU engines only; never
+                 rewrite the checkpoint's files in place while the engine
+                 runs (a truncated file kills it with SIGBUS: write updates to
+                 a new directory), and under memory pressure weight pages may
+                 be dropped and read again from storage
+    prefault     true (default) | false: in a one-process load, fault the model's
+                 fresh CPU parameters in on a thread of sluice's own, from the
+                 start of load_weights (during the dry run) and then from the
+                 last destination backwards while the reads fill from the first
 
 S3 endpoints and credentials come from the usual AWS environment and profile
 chain (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ~/.aws, ...), never from here.
@@ -58,7 +71,7 @@ import sluice
 
 __all__ = ["register", "SluiceModelLoader", "EXTRA_CONFIG_KEYS", "LOADS", "last_load"]
 
-EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct")
+EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct", "prefault", "map")
 _OFFLOADS = ("none", "per-rank", "shared-single", "shared-cooperative")
 _registered = False
 #: The stats of this process's `load_weights` calls, oldest first (the last 16):
@@ -94,7 +107,7 @@ def _options(extra) -> dict:
         raise sluice.ConfigError(f"--model-loader-extra-config: unknown key(s) {', '.join(map(repr, unknown))} for "
                                  f"--load-format sluice (known: {', '.join(EXTRA_CONFIG_KEYS)})")
     o = {"staging": "4GiB", "max_read": "32MiB", "queue_depth": 4, "offload": "none", "weights": None, "index": None,
-         "direct": True}
+         "direct": True, "prefault": True, "map": False}
     o.update(extra)
     for k in ("staging", "max_read"):
         o[k] = sluice.parse_size(o[k])
@@ -102,8 +115,9 @@ def _options(extra) -> dict:
         raise sluice.ConfigError(f"--model-loader-extra-config: queue_depth must be a positive integer, got {o['queue_depth']!r}")
     if o["offload"] not in _OFFLOADS:
         raise sluice.ConfigError(f"--model-loader-extra-config: offload {o['offload']!r} is not one of {', '.join(_OFFLOADS)}")
-    if not isinstance(o["direct"], bool):
-        raise sluice.ConfigError(f"--model-loader-extra-config: direct must be true or false, got {o['direct']!r}")
+    for k in ("direct", "prefault", "map"):
+        if not isinstance(o[k], bool):
+            raise sluice.ConfigError(f"--model-loader-extra-config: {k} must be true or false, got {o[k]!r}")
     for k in ("weights", "index"):
         if o[k] is not None and not isinstance(o[k], str):
             raise sluice.ConfigError(f"--model-loader-extra-config: {k} must be a string, got {o[k]!r}")
@@ -415,16 +429,65 @@ class SluiceModelLoader(_base_loader()):
             from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
             DefaultModelLoader.track_weights_loading(self, model, loaded, quantized=False)
 
+    def _map_parameters(self, model, ck, plan, bar) -> dict:
+        """The `map` extra-config key: each direct tensor that fills a whole
+        CPU parameter becomes that parameter's memory as a private mapping of
+        its file (sluice's page-cache views, io="buffered": mapped in on the
+        ring's workers, read from storage where not cached): no fresh memory
+        and no copy; a write copies the page, never the file. Returns the
+        stream's stats, the names it loaded and those it mapped: a tensor
+        the stream hands out in staging (too small to map) is copied in."""
+        if ck.location.startswith("s3://"):
+            self._log().info("sluice: map applies to local files; %s is read into the parameters", ck.location)
+            return {}
+        whole = {}
+        for p in model.parameters():
+            if p.device.type == "cpu" and p.is_contiguous() and p.numel() > 0:
+                whole[(p.data_ptr(), p.numel() * p.element_size())] = p
+        targets = {}
+        for name, dst in plan.direct.items():
+            p = whole.get((dst.data_ptr(), dst.numel() * dst.element_size()))
+            if p is not None and p.untyped_storage().nbytes() == dst.numel() * dst.element_size():
+                targets[name] = p
+        if not targets:
+            return {}
+        base = bar.n if bar else 0
+        it = sluice.iter_weights(ck.select(set(targets)), staging=self.options["staging"],
+                                 max_read=self.options["max_read"], queue_depth=self.options["queue_depth"],
+                                 io="buffered", map_cached=True,
+                                 progress=(lambda done, total: bar.update(base + done - bar.n)) if bar else False)
+        mapped, mapped_bytes = set(), 0
+        with it, torch.no_grad():
+            for name, t in it:
+                p = targets[name]
+                if t.sluice_holds_staging:
+                    plan.direct[name].copy_(t.view(p.shape))
+                else:
+                    p.data = t.view(p.shape)
+                    mapped.add(name)
+                    mapped_bytes += t.numel() * t.element_size()
+        return dict(it.stats or {}, names=set(targets), mapped=mapped, mapped_bytes=mapped_bytes)
+
     def _load_direct(self, model, model_config):
         """One process: a dry run of `model.load_weights` (sluice._direct) finds
         the tensors whose bytes land whole in one parameter; sluice reads those
         straight into their parameters, and streams the rest through
         `model.load_weights` as usual. Returns the parameters loaded."""
         from sluice._direct import dry_run
-        ck = self._open(model_config, select=self._ep_filter(self._local_experts(model_config, model)))
         t0 = time.perf_counter()
-        plan = dry_run(model, ck.tensors)
-        dry = time.perf_counter() - t0
+        # The fresh parameters' first touch is most of a page-cache-hot load;
+        # it starts now, on another core, rather than after the open and the
+        # dry run (which touch no parameter memory), and load_into's own
+        # prefaulter takes over from it.
+        # (Not when parameters are to be mapped: most would be replaced.)
+        early = sluice.prefault(model.parameters()) if self.options["prefault"] and not self.options["map"] else None
+        try:
+            ck = self._open(model_config, select=self._ep_filter(self._local_experts(model_config, model)))
+            t1 = time.perf_counter()
+            plan = dry_run(model, ck.tensors)
+            dry = time.perf_counter() - t1
+        finally:
+            early_bytes = early.stop() if early is not None else 0
         log = self._log()
         if plan.failure:
             log.info("sluice: the dry run of load_weights failed (%s); streaming every tensor", plan.failure)
@@ -432,11 +495,15 @@ class SluiceModelLoader(_base_loader()):
             for name, why in plan.streamed.items():
                 log.debug("sluice: %s goes through load_weights: %s", name, why)
         bar = self._bar(ck.tensor_bytes)
-        stats = {}
-        if plan.direct:
-            stats = sluice.load_into(ck, plan.direct, staging=self.options["staging"], max_read=self.options["max_read"],
-                                     queue_depth=self.options["queue_depth"],
-                                     progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
+        stats, mapped = {}, {}
+        if self.options["map"] and plan.direct:
+            mapped = self._map_parameters(model, ck, plan, bar)
+        into = {name: dst for name, dst in plan.direct.items() if name not in mapped.get("names", ())}
+        if into:
+            base = bar.n if bar else 0
+            stats = sluice.load_into(ck, into, staging=self.options["staging"], max_read=self.options["max_read"],
+                                     queue_depth=self.options["queue_depth"], prefault=self.options["prefault"],
+                                     progress=(lambda done, total: bar.update(base + done - bar.n)) if bar else None)
         loaded = set(plan.loaded or ())
         streamed_stats = {}
         if plan.streamed:
@@ -448,12 +515,16 @@ class SluiceModelLoader(_base_loader()):
             streamed_stats = self.last_stats or {}
         if bar is not None:
             bar.close()
-        self.last_stats = {k: stats.get(k, 0) + streamed_stats.get(k, 0) for k in ("bytes_read", "tensors")}
+        self.last_stats = {k: stats.get(k, 0) + streamed_stats.get(k, 0) + mapped.get(k, 0)
+                           for k in ("bytes_read", "tensors")}
         self.last_stats.update(direct_tensors=len(plan.direct), streamed_tensors=len(plan.streamed),
-                               dry_run_seconds=dry)
+                               mapped_parameters=len(mapped.get("mapped", ())), mapped_bytes=mapped.get("mapped_bytes", 0),
+                               dry_run_seconds=dry, prefaulted_bytes=early_bytes + stats.get("prefaulted_bytes", 0))
         seconds = max(time.perf_counter() - t0, 1e-9)
         read = self.last_stats["bytes_read"]
-        log.info("sluice: %s: %d tensors (%d straight into their parameters, %d through load_weights), "
-                 "%.3f GiB read, %.2f GiB/s (%.2f s, dry run %.2f s)", ck.location, len(plan.direct) + len(plan.streamed),
-                 len(plan.direct), len(plan.streamed), read / 2**30, read / 2**30 / seconds, seconds, dry)
+        log.info("sluice: %s: %d tensors (%d straight into their parameters%s, %d through load_weights), "
+                 "%.3f GiB read, %.2f GiB/s (%.2f s, dry run %.2f s, %.3f GiB faulted in ahead)", ck.location,
+                 len(plan.direct) + len(plan.streamed), len(plan.direct),
+                 f", {len(mapped['mapped'])} of them page-cache mappings" if mapped else "", len(plan.streamed),
+                 read / 2**30, read / 2**30 / seconds, seconds, dry, self.last_stats["prefaulted_bytes"] / 2**30)
         return loaded if plan.loaded is not None else None  # None: the model does not say (no strict check)

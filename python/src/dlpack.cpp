@@ -103,6 +103,7 @@ struct item {
   std::string kind;
   py::object part;  // (dim, index, count), or None
   std::string source_name;
+  bool holds_staging = false;  // keeping it holds a stream's slot or budget (stream_tensor::holds_staging)
 };
 
 }  // namespace
@@ -116,6 +117,7 @@ py::object tensor_item(tensor_view v, stream_tensor owner) {
   it.kind = kind_name(v.kind);
   it.part = v.is_part() ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count)) : py::none();
   it.source_name = v.tensor->source_name;
+  it.holds_staging = owner.holds_staging();
   it.capsule = v.carries_data() ? py::object(make_capsule(v.bytes, std::move(v.hold), v.dtype(), it.shape, std::move(owner)))
                                 : py::none();
   return py::cast(std::move(it));
@@ -133,6 +135,9 @@ void init_dlpack(py::module_& m) {
       .def_readonly("kind", &item::kind, "'bytes', 'placed', 'metadata', 'shared' or 'placeholder'.")
       .def_readonly("part", &item::part, "(dim, index, count) of this rank's TP part, or None.")
       .def_readonly("source_name", &item::source_name, "The name in the file.")
+      .def_readonly("holds_staging", &item::holds_staging,
+                    "Whether keeping the tensor holds its stream's staging (a slot or budget); "
+                    "False for a page-cache view, which may be kept for good.")
       .def("__repr__", [](const item& i) {
         return "<sluice.TensorItem " + std::string(py::repr(py::str(i.name))) + " " + i.dtype + " " +
                std::string(py::str(py::cast(i.shape))) + " " + i.kind + ">";

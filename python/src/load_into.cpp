@@ -11,6 +11,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <sluice/core/prefaulter.hpp>
 #include <sluice/load_file.hpp>
 #include <sluice/sink/host_sink.hpp>
 
@@ -83,6 +84,21 @@ py::dict load_into_cuda(const py_checkpoint& p, const destinations& dst, int dev
 
 void init_load_into(py::module_& m) {
   m.def("load_into", &load_into, py::arg("ck"), py::arg("dst"), py::arg("options"), py::arg("progress") = py::none());
+  // sluice.prefault: a prefaulter over caller memory ((address, bytes) in the
+  // order it will be filled), started before the load that fills it is
+  // planned; stopping it joins its thread.
+  py::class_<prefaulter, std::unique_ptr<prefaulter>>(m, "Prefaulter")
+      .def(py::init([](const std::vector<std::pair<std::uintptr_t, std::uint64_t>>& dst, std::uint64_t min_bytes) {
+             std::vector<std::span<std::byte>> spans;
+             spans.reserve(dst.size());
+             for (const auto& [ptr, size] : dst)
+               spans.emplace_back(reinterpret_cast<std::byte*>(ptr), static_cast<std::size_t>(size));
+             return std::make_unique<prefaulter>(std::move(spans), min_bytes);
+           }),
+           py::arg("dst"), py::arg("min_bytes"))
+      .def("stop", &prefaulter::stop, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("started", &prefaulter::started)
+      .def_property_readonly("bytes", &prefaulter::bytes);
 #if SLUICE_PY_CUDA
   m.def("load_into_cuda", &load_into_cuda);
 #endif

@@ -261,7 +261,10 @@ def test_tensors_of_a_mib_or_more_are_page_cache_views_that_never_write_the_file
     for name, t in it:
         if t.numel() * t.element_size() >= MiB:
             assert not lo <= t.data_ptr() < lo + size, name  # not in a staging slot
+            assert not t.sluice_holds_staging, name  # kept for good at no cost to the load
             kept[name] = t
+        else:
+            assert t.sluice_holds_staging, name  # a slot's
     assert kept
     st = it.stats
     assert st["stream"]["mapped_tensors"] == len(kept) == st["mapped"]["tensors"]
@@ -279,4 +282,5 @@ def test_tensors_of_a_mib_or_more_are_page_cache_views_that_never_write_the_file
     for name, t in off:
         assert sha256(t) == digests[name][2], name
         larger += t.numel() * t.element_size() > MiB
+        assert t.sluice_holds_staging, name  # a slot, or a buffer of its own counted against the budget
     assert off.stats["stream"]["mapped_tensors"] == 0 and off.stats["own_tensors"] == larger > 0

@@ -62,3 +62,51 @@ def test_wrong_destinations_are_config_errors_naming_the_tensor(small):
     with pytest.raises(sluice.ConfigError, match="not a torch.Tensor"):
         sluice.load_into(ck, {t.name: bytearray(t.nbytes)})
     assert torch.count_nonzero(good.view(torch.int16)) >= 0  # untouched and still usable
+
+
+def _page_rounded(t):
+    import mmap
+    lo = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
+    hi = -(-(t.data_ptr() + t.numel() * t.element_size()) // mmap.PAGESIZE) * mmap.PAGESIZE
+    return hi - lo
+
+
+def test_prefault_faults_fresh_tensors_in_and_writes_nothing():
+    import time
+    a = torch.empty(48 << 20, dtype=torch.uint8)
+    b = torch.empty(24 << 20, dtype=torch.uint8)
+    a[0], b[-1] = 7, 9  # markers that must stay; the rest of fresh memory reads zero
+    whole = _page_rounded(a) + _page_rounded(b)
+    pf = sluice.prefault([a, b, a[1:], torch.empty(0)], min_bytes="64MiB")  # a view of `a` is `a` again
+    assert pf.started
+    deadline = time.monotonic() + 120  # not a speed check: a generous bound for the thread to finish
+    while pf._core.bytes < whole and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pf.stop() == whole  # each storage once, in whole pages
+    assert pf.stop() == whole  # stopping again changes nothing
+    assert int(a[0]) == 7 and int(b[-1]) == 9
+    assert int(torch.count_nonzero(a)) == 1 and int(torch.count_nonzero(b)) == 1
+
+
+def test_prefault_under_its_threshold_starts_nothing_and_stops_at_once():
+    t = torch.empty(1 << 20, dtype=torch.uint8)
+    with sluice.prefault([t]) as pf:  # 1 MiB, under the default 64 MiB
+        assert not pf.started
+    assert pf.stop() == 0
+    big = torch.empty(80 << 20, dtype=torch.uint8)
+    with sluice.prefault([big], min_bytes="1GiB") as pf:
+        assert not pf.started
+    with pytest.raises(sluice.ConfigError, match="size"):
+        sluice.prefault([big], min_bytes="lots")
+
+
+def test_a_prefault_stopped_early_or_dropped_leaves_its_tensors_usable():
+    tensors = [torch.empty(64 << 20, dtype=torch.uint8) for _ in range(2)]
+    with sluice.prefault(tensors, min_bytes=1) as pf:
+        pass  # stopped at once: at most what it had done by then
+    assert pf.stop() <= sum(_page_rounded(t) for t in tensors)
+    pf = sluice.prefault(tensors, min_bytes=1)
+    del pf  # dropped unstopped: its thread is joined before the tensors can go
+    del tensors
+    again = torch.zeros(64 << 20, dtype=torch.uint8)
+    assert int(torch.count_nonzero(again)) == 0

@@ -112,6 +112,7 @@ TEST_CASE("a stream hands out every tensor with its bytes, zero-copy from slots 
     REQUIRE(has_its_bytes(t->view));
     const auto* p = t->view.bytes.data();
     if (p >= region.data() && p < region.data() + region.size()) ++in_slots;
+    CHECK(t->holds_staging());  // a slot, or a buffer of its own counted against the budget
     ++n;
   }
   const auto st = s.stats();
@@ -344,7 +345,10 @@ TEST_CASE("tensors larger than a slot come as page-cache views: no buffer of the
     const bool in_slot = p >= region.data() && p < region.data() + region.size();
     if (t->view.tensor->size > 248 * KiB) {
       REQUIRE_FALSE(in_slot);
+      CHECK_FALSE(t->holds_staging());  // a view of the page cache: kept for good at no cost to the load
       large.push_back(std::move(*t));
+    } else {
+      CHECK(t->holds_staging());  // its slot's
     }
     ++n;
   }

@@ -130,6 +130,31 @@ def test_a_dense_model_loads_through_sluice_with_the_tokens_and_bytes_of_vllms_o
     assert st["direct_tensors"] + st["streamed_tensors"] == 21 and st["direct_tensors"] >= 19
 
 
+def _file_digests(path):
+    return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest() for f in sorted(os.listdir(path))}
+
+
+def test_map_makes_whole_parameters_page_cache_mappings_and_a_reload_writes_no_file(dense, loads):
+    before = _file_digests(dense["orig"]), _file_digests(dense["updated"])
+    def check(llm):
+        assert _tokens(llm) == dense["tokens"]
+        assert _param_digests(llm) == dense["params"]
+        mapped = llm.apply_model(lambda model: sorted(
+            n for n, p in model.named_parameters() if not p.untyped_storage().resizable()))[0]
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": dense["updated"]})
+        assert _tokens(llm) == dense["tokens_updated"]
+        assert _param_digests(llm) == dense["params_updated"]
+        return mapped
+    # 64 KiB reads: the tensors above a slot (o_proj, down_proj, the embedding) are mapped, not copied.
+    mapped = _with_engine(dense["orig"], "sluice", check,
+                          model_loader_extra_config={"map": True, "staging": "1MiB", "max_read": "64KiB"})
+    first = loads[0]
+    assert first["bytes_read"] == _tensor_bytes(dense["orig"])
+    assert first["mapped_parameters"] > 0 and first["mapped_bytes"] > 0
+    assert len(mapped) >= first["mapped_parameters"]  # storages torch did not allocate: the mappings
+    assert (_file_digests(dense["orig"]), _file_digests(dense["updated"])) == before  # writes copied pages, not files
+
+
 def test_a_moe_model_loads_its_experts_straight_into_their_parameters_or_through_load_weights_alike(
         tmp_path, loads):
     path = _moe(str(tmp_path / "moe"))
@@ -214,7 +239,8 @@ def test_the_same_model_from_the_s3_test_server_gives_the_same_tokens(dense, mon
 
 
 def test_extra_config_values_of_the_wrong_kind_fail_naming_the_key():
-    for bad, key in (({"direct": "yes"}, "direct"), ({"queue_depth": 0}, "queue_depth"), ({"offload": "x"}, "offload")):
+    for bad, key in (({"direct": "yes"}, "direct"), ({"prefault": 1}, "prefault"), ({"map": "true"}, "map"),
+                     ({"queue_depth": 0}, "queue_depth"), ({"offload": "x"}, "offload")):
         with pytest.raises(sluice.ConfigError, match=key):
             sluice.vllm._options(bad)
 
