@@ -381,6 +381,12 @@ class SluiceModelLoader(_base_loader()):
                     unit_divisor=1024, bar_format=_BAR_FORMAT)
 
     @staticmethod
+    def _advance(bar, base, off):
+        """A load's progress callable that moves `bar` to `base` + its bytes
+        done, or `off` (what the call takes for none) without a bar."""
+        return (lambda done, total: bar.update(base + done - bar.n)) if bar is not None else off
+
+    @staticmethod
     def _log():
         from vllm.logger import init_logger
         return init_logger("vllm.sluice")  # under vLLM's logger, so that its handlers print it
@@ -394,7 +400,7 @@ class SluiceModelLoader(_base_loader()):
         t0 = time.perf_counter()
         it = sluice.iter_weights(ck, staging=self.options["staging"], max_read=self.options["max_read"],
                                  queue_depth=self.options["queue_depth"],
-                                 progress=(lambda done, total: bar.update(base + done - bar.n)) if bar else False,
+                                 progress=self._advance(bar, base, False),
                                  **{k: v for k, v in distributed.items() if k != "plan"},
                                  **distributed.get("plan", {}))
         try:
@@ -435,8 +441,9 @@ class SluiceModelLoader(_base_loader()):
         its file (sluice's page-cache views, io="buffered": mapped in on the
         ring's workers, read from storage where not cached): no fresh memory
         and no copy; a write copies the page, never the file. Returns the
-        stream's stats, the names it loaded and those it mapped: a tensor
-        the stream hands out in staging (too small to map) is copied in."""
+        stream's stats (its "mapped" counts are the parameters mapped) and
+        the names it loaded: a tensor the stream hands out in staging (too
+        small to map) is copied in."""
         if ck.location.startswith("s3://"):
             self._log().info("sluice: map applies to local files; %s is read into the parameters", ck.location)
             return {}
@@ -455,8 +462,7 @@ class SluiceModelLoader(_base_loader()):
         it = sluice.iter_weights(ck.select(set(targets)), staging=self.options["staging"],
                                  max_read=self.options["max_read"], queue_depth=self.options["queue_depth"],
                                  io="buffered", map_cached=True,
-                                 progress=(lambda done, total: bar.update(base + done - bar.n)) if bar else False)
-        mapped, mapped_bytes = set(), 0
+                                 progress=self._advance(bar, base, False))
         with it, torch.no_grad():
             for name, t in it:
                 p = targets[name]
@@ -464,9 +470,7 @@ class SluiceModelLoader(_base_loader()):
                     plan.direct[name].copy_(t.view(p.shape))
                 else:
                     p.data = t.view(p.shape)
-                    mapped.add(name)
-                    mapped_bytes += t.numel() * t.element_size()
-        return dict(it.stats or {}, names=set(targets), mapped=mapped, mapped_bytes=mapped_bytes)
+        return dict(it.stats or {}, names=set(targets))
 
     def _load_direct(self, model, model_config):
         """One process: a dry run of `model.load_weights` (sluice._direct) finds
@@ -503,7 +507,7 @@ class SluiceModelLoader(_base_loader()):
             base = bar.n if bar else 0
             stats = sluice.load_into(ck, into, staging=self.options["staging"], max_read=self.options["max_read"],
                                      queue_depth=self.options["queue_depth"], prefault=self.options["prefault"],
-                                     progress=(lambda done, total: bar.update(base + done - bar.n)) if bar else None)
+                                     progress=self._advance(bar, base, None))
         loaded = set(plan.loaded or ())
         streamed_stats = {}
         if plan.streamed:
@@ -518,13 +522,14 @@ class SluiceModelLoader(_base_loader()):
         self.last_stats = {k: stats.get(k, 0) + streamed_stats.get(k, 0) + mapped.get(k, 0)
                            for k in ("bytes_read", "tensors")}
         self.last_stats.update(direct_tensors=len(plan.direct), streamed_tensors=len(plan.streamed),
-                               mapped_parameters=len(mapped.get("mapped", ())), mapped_bytes=mapped.get("mapped_bytes", 0),
+                               mapped_parameters=mapped.get("mapped", {}).get("tensors", 0),
+                               mapped_bytes=mapped.get("mapped", {}).get("bytes", 0),
                                dry_run_seconds=dry, prefaulted_bytes=early_bytes + stats.get("prefaulted_bytes", 0))
         seconds = max(time.perf_counter() - t0, 1e-9)
         read = self.last_stats["bytes_read"]
         log.info("sluice: %s: %d tensors (%d straight into their parameters%s, %d through load_weights), "
                  "%.3f GiB read, %.2f GiB/s (%.2f s, dry run %.2f s, %.3f GiB faulted in ahead)", ck.location,
                  len(plan.direct) + len(plan.streamed), len(plan.direct),
-                 f", {len(mapped['mapped'])} of them page-cache mappings" if mapped else "", len(plan.streamed),
+                 f", {self.last_stats['mapped_parameters']} of them page-cache mappings" if mapped else "", len(plan.streamed),
                  read / 2**30, read / 2**30 / seconds, seconds, dry, self.last_stats["prefaulted_bytes"] / 2**30)
         return loaded if plan.loaded is not None else None  # None: the model does not say (no strict check)
