@@ -12,7 +12,13 @@
 // are told apart from the next load's) and names its segment uniquely (so no
 // other process's memory counts). Nothing here depends on timing: the
 // failures happen at a fixed sink call, and every communicator timeout is
-// far above what a busy machine takes.
+// far above what a busy machine takes. Whether a survivor had mapped the
+// segment (else its absence afterwards would prove nothing) is seen by the
+// rank that fails on purpose, in every peer's /proc/<pid>/maps, at the call
+// where it fails: every rank has attached the segment before any sink call,
+// and none lets go of it before that failure. (A survivor's own count at its
+// n-th call is not enough: a peer killed at its 5th call may end the load
+// before a descheduled survivor makes its 5th.)
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -52,6 +58,35 @@ const fs::path& checkpoint_dir() {
 
 using sluice_test::small_options;
 
+// The test's output directory, set before the ranks are forked: each rank
+// writes its pid there (pid<r>), and the rank that fails on purpose writes
+// what it saw of each peer's segment mappings (mapped<r>).
+fs::path& out_dir() {
+  static fs::path dir;
+  return dir;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// Counts every peer's mappings of `segment` now, and writes them down.
+void witness_peers(std::size_t self, std::size_t n, const std::string& segment) {
+  for (std::size_t r = 0; r < n; ++r) {
+    if (r == self) continue;
+    const auto pid = read_text(out_dir() / fmt::format("pid{}", r));
+    const auto maps = sluice_test::footprint::segment_maps_in(fs::path("/proc") / pid / "maps", segment);
+    std::ofstream(out_dir() / fmt::format("mapped{}", r)) << maps;
+  }
+}
+
+// What the failing rank saw of `rank`'s segment mappings (0: nothing written).
+std::size_t witnessed(std::size_t rank) {
+  const auto text = read_text(out_dir() / fmt::format("mapped{}", rank));
+  return text.empty() ? 0 : std::stoul(text);
+}
+
 // A rank's world for one load: its own store directory.
 comm::rank_info world(std::size_t rank, std::size_t n, const fs::path& store) {
   comm::rank_info who;
@@ -64,9 +99,11 @@ comm::rank_info world(std::size_t rank, std::size_t n, const fs::path& store) {
 // Calls `at_call` at the sink's `n`-th call (metadata placeholders count:
 // every rank's sink gets the same sequence), else records like recording_sink.
 // At that call it also counts the mappings of the load's segment, so that a
-// test knows the load had made one (and its absence afterwards means something).
+// test knows the load had made one (and its absence afterwards means
+// something); a rank with an `at_call` first counts its peers' (of `ranks`).
 struct failing_sink {
   int n = 0, calls = 0;
+  std::size_t rank = 0, ranks = 4;
   std::string segment;
   std::size_t segment_maps = 0;  // at call n
   std::function<void()> at_call;
@@ -74,10 +111,16 @@ struct failing_sink {
   bool accept(tensor_view v) {
     if (++calls == n) {
       segment_maps = sluice_test::footprint::now(segment).segment_maps;
-      if (at_call) at_call();
+      if (at_call) {
+        witness_peers(rank, ranks, segment);
+        at_call();
+      }
     }
     return inner.accept(std::move(v));
   }
+  // Whether the load had mapped its segment: by this rank's own count at its
+  // n-th call, or by the failing rank's count of it.
+  [[nodiscard]] bool saw_segment() const { return segment_maps > 0 || witnessed(rank) > 0; }
 };
 
 struct sink_failure : error {
@@ -107,9 +150,11 @@ void run(const scenario& sc) {
   fs::create_directories(store1), fs::create_directories(store2), fs::create_directories(out);
   const auto name = fmt::format("sluice-cleanup-{}-{}", ::getpid(), sc.tag);
   const std::size_t survivors = sc.n - (sc.victim >= 0 ? 1 : 0);
+  out_dir() = out;
   const auto res = sluice_test::run_ranks(
       sc.n,
       [&](std::size_t rank) {
+        std::ofstream(out / fmt::format("pid{}", rank)) << ::getpid();
         std::ofstream log(out / fmt::format("rank{}.txt", rank));
         const auto seg1 = name + "-1", seg2 = name + "-2";
         sluice_test::footprint::start_runtime_threads();
@@ -142,8 +187,7 @@ void run(const scenario& sc) {
       CHECK(res[r].code == -SIGKILL);
       continue;
     }
-    std::ifstream f(out / fmt::format("rank{}.txt", r));
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto text = read_text(out / fmt::format("rank{}.txt", r));
     INFO(sc.tag << ", rank " << r << " (20: wrong error, 21: left something after the failed load, 22: new load failed, "
                 << "23: left something after the new load, 24: no error; timed out: " << res[r].timed_out << ")\n"
                 << text);
@@ -174,7 +218,7 @@ std::string expect(const failing_sink& s, const std::function<void()>& load, Che
     load();
   } catch (const Expected& e) {
     if (!check(e)) return std::string("unexpected message: ") + e.what();
-    return s.segment_maps > 0 ? "expected" : "the load had not mapped its segment";
+    return s.saw_segment() ? "expected" : "the load had not mapped its segment";
   } catch (const std::exception& e) {
     return std::string("unexpected type: ") + e.what();
   }
@@ -188,7 +232,7 @@ TEST_CASE("a rank killed mid-load: the others throw comm_error and leave nothing
   sc.tag = "killed";
   sc.victim = 3;
   sc.fail = [](std::size_t rank, const std::string& segment, const fs::path& store) {
-    failing_sink s{.n = 5, .segment = segment};
+    failing_sink s{.n = 5, .rank = rank, .segment = segment};
     if (rank == 3) s.at_call = [] { ::kill(::getpid(), SIGKILL); };
     return expect<comm::comm_error>(
         s, [&] { (void)load_distributed(checkpoint_dir(), "tp1,dp4,ep4", "shared-cooperative", world(rank, 4, store), s, small_options(segment)); },
@@ -230,7 +274,7 @@ TEST_CASE("a corrupt shard on one rank: every rank throws distributed_error nami
   sc.fail = [&](std::size_t rank, const std::string& segment, const fs::path& store) {
     auto mine = checkpoint::open(rank == 1 ? copy : checkpoint_dir());
     if (rank == 1) fs::resize_file(copy / victim, keep);  // cut short after its header was read
-    failing_sink s{.n = 1, .segment = segment};
+    failing_sink s{.n = 1, .rank = rank, .segment = segment};
     return expect<distributed_error>(
         s, [&] { (void)load_distributed(mine, "tp1,dp4,ep4", "shared-cooperative", world(rank, 4, store), s, small_options(segment)); },
         [&](const distributed_error& e) {
@@ -248,7 +292,7 @@ TEST_CASE("a sink that throws on one rank: every rank throws distributed_error n
   scenario sc;
   sc.tag = "sink";
   sc.fail = [](std::size_t rank, const std::string& segment, const fs::path& store) {
-    failing_sink s{.n = 5, .segment = segment};
+    failing_sink s{.n = 5, .rank = rank, .segment = segment};
     if (rank == 2) s.at_call = [] { throw sink_failure("the engine refused this weight"); };
     return expect<distributed_error>(
         s, [&] { (void)load_distributed(checkpoint_dir(), "tp1,dp4,ep4", "shared-cooperative", world(rank, 4, store), s, small_options(segment)); },
@@ -312,7 +356,7 @@ TEST_CASE("an S3 object deleted mid-load: every rank throws distributed_error na
   scenario sc;
   sc.tag = "s3";
   sc.fail = [&](std::size_t rank, const std::string& segment, const fs::path& store) {
-    failing_sink s{.n = 1, .segment = segment};
+    failing_sink s{.n = 1, .rank = rank, .segment = segment};
     if (rank == 0)
       s.at_call = [&] {
         if (!sluice_test::delete_object(bucket, key)) throw std::runtime_error("delete_object failed");

@@ -42,6 +42,18 @@ struct footprint {
   // (again in a forked child), which stays. Call it before counting.
   static void start_runtime_threads() { std::thread([] {}).join(); }
 
+  // Mappings of the load's segments (names starting `segment_name`) in a
+  // process's maps file: "/proc/self/maps", or "/proc/<pid>/maps" of another
+  // process of the test (a rank that fails on purpose can count its peers'
+  // mappings at that moment, when theirs are certainly still there).
+  static std::size_t segment_maps_in(const std::filesystem::path& maps_file, std::string_view segment_name) {
+    const std::string memfd = "/memfd:" + std::string(segment_name);
+    std::ifstream maps(maps_file);
+    std::size_t n = 0;
+    for (std::string line; std::getline(maps, line);) n += line.find(memfd) != std::string::npos ? 1 : 0;
+    return n;
+  }
+
   // Counts now; `segment_name` is the prefix of the load's segments.
   static footprint now(std::string_view segment_name) {
     namespace fs = std::filesystem;
@@ -64,8 +76,7 @@ struct footprint {
       ++f.threads;
       f.thread_names += name + " ";
     }
-    std::ifstream maps("/proc/self/maps");
-    for (std::string line; std::getline(maps, line);) f.segment_maps += line.find(memfd) != std::string::npos ? 1 : 0;
+    f.segment_maps = segment_maps_in("/proc/self/maps", segment_name);
     for (auto it = fs::directory_iterator("/dev/shm", ec); !ec && it != fs::directory_iterator(); it.increment(ec))
       f.shm_entries += it->path().filename().string().starts_with(segment_name) ? 1 : 0;
     return f;
