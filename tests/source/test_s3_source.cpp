@@ -278,6 +278,8 @@ TEST_CASE("a load from S3 stopped while its GETs stall ends promptly, every slot
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stopper.join();
   INFO("stopped after " << seconds << " s");
-  CHECK(seconds < 3.0);  // not the 10 s low-speed window, nor its retries
+  // Not the 10 s low-speed window (nor its retries): a bound that tells a stop
+  // from a stall, with room for a busy machine.
+  CHECK(seconds < 8.0);
   CHECK(pool.free_count() == pool.slot_count());
 }

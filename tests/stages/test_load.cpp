@@ -2,9 +2,11 @@
 // stages and the sinks, end to end over io_uring.
 #include <utility>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <latch>
 #include <thread>
 #include <variant>
 #include <stop_token>
@@ -306,18 +308,25 @@ TEST_CASE("a stop requested from another thread ends the load", "[stages][load][
   testing::write_checkpoint(dir.path, small_model());
   auto ck = checkpoint::open(dir.path);
   std::stop_source stop;
-  struct slow_sink {
+  // The stop lands mid-load whatever the machine's speed: the sink's first
+  // call waits until the other thread has requested it (a timed stop missed
+  // a load that finished first on a fast machine, or raced nothing).
+  std::latch first_call(1), requested(1);
+  struct waiting_sink {
+    std::latch *first_call, *requested;
+    std::atomic<int> calls = 0;  // the sink may be called from the load's threads
     bool accept(tensor_view) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (++calls == 1) first_call->count_down(), requested->wait();
       return true;
     }
-  } s;
+  } s{&first_call, &requested};
   auto o = small_staging();
   o.stop = stop.get_token();
   o.threads = 2;
   std::thread stopper([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    first_call.wait();
     stop.request_stop();
+    requested.count_down();
   });
   REQUIRE_THROWS_AS(load(ck, s, o), cancelled_error);
   stopper.join();
