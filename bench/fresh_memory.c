@@ -2,8 +2,8 @@
  * machine, with no loader involved: the floor of a page-cache-hot load into
  * an engine's freshly allocated parameters (bench/README.md, vLLM's weight
  * load). Each run maps SIZE fresh bytes and times MADV_POPULATE_WRITE over
- * them (nothing written), on one thread, split over two, and with
- * MADV_HUGEPAGE first; the three take turns, REPEAT times.
+ * them (nothing written), on one thread and split over two, each with
+ * 4 KiB pages and with MADV_HUGEPAGE first; the four take turns, REPEAT times.
  *
  *     cc -O2 -pthread bench/fresh_memory.c -o /tmp/fresh_memory && /tmp/fresh_memory [GiB=2] [REPEAT=4]
  */
@@ -57,16 +57,18 @@ int main(int argc, char** argv) {
   const size_t gib = argc > 1 ? strtoul(argv[1], NULL, 10) : 2;
   const int repeat = argc > 2 ? atoi(argv[2]) : 4;
   const size_t n = gib << 30;
-  const char* names[3] = {"4 KiB pages, one thread", "4 KiB pages, two threads", "MADV_HUGEPAGE, one thread"};
-  double lo[3] = {1e9, 1e9, 1e9}, hi[3] = {0, 0, 0};
+  enum { modes = 4 };
+  const char* names[modes] = {"4 KiB pages, one thread", "4 KiB pages, two threads", "MADV_HUGEPAGE, one thread",
+                              "MADV_HUGEPAGE, two threads"};
+  double lo[modes] = {1e9, 1e9, 1e9, 1e9}, hi[modes] = {0, 0, 0, 0};
   printf("populate %zu GiB of fresh memory (MADV_POPULATE_WRITE), %d runs each, taking turns\n", gib, repeat);
   for (int r = 0; r < repeat; ++r)
-    for (int k = 0; k < 3; ++k) {
-      const double s = run(n, k == 1 ? 2 : 1, k == 2);
+    for (int k = 0; k < modes; ++k) {
+      const double s = run(n, k % 2 ? 2 : 1, k >= 2);
       printf("  run %d  %-28s %6.3f s  %5.2f GiB/s\n", r + 1, names[k], s, (double)gib / s);
       if (s < lo[k]) lo[k] = s;
       if (s > hi[k]) hi[k] = s;
     }
-  for (int k = 0; k < 3; ++k) printf("%-28s %.3f-%.3f s\n", names[k], lo[k], hi[k]);
+  for (int k = 0; k < modes; ++k) printf("%-28s %.3f-%.3f s\n", names[k], lo[k], hi[k]);
   return 0;
 }

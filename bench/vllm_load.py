@@ -5,7 +5,7 @@ vLLM's own safetensors loader and Run:ai's streamer, on one generated model,
 page cache hot and cold, in one run.
 
     PYTHONPATH=build/py/lib/python3.11/site-packages .venv/bin/python bench/vllm_load.py \\
-        [--model DIR | --size 2GiB] [--formats sluice,safetensors,runai_streamer] [--repeat 2] [--no-cold]
+        [--model DIR | --size 2GiB] [--formats sluice,safetensors,runai_streamer] [--repeat 2] [--warmup 1] [--no-cold]
 
 A format "sluice+map" is --load-format sluice with the `map` extra-config key
 (whole parameters as page-cache mappings; opt-in, see sluice/vllm.py).
@@ -18,6 +18,13 @@ the figure is the time vLLM logs for the weights, best of --repeat. Hot: the
 files are read once right before (this VM reclaims idle page cache after ~60 s).
 Cold: `echo 3 > /proc/sys/vm/drop_caches` before each load (root). sluice is
 the package `pip install .` put on PYTHONPATH (a Release build).
+
+Before the timed repeats of each mode, --warmup rounds load every format once,
+untimed (printed on their own line). On this VM the first loads after the model
+is written or the machine has been idle fault fresh memory in up to 4x slower
+(its balloon device reports free pages to the host, which then backs them
+again; bench/fresh_memory.c shows the same spread), for every format alike; the
+format that happens to go first would pay for it alone.
 """
 import argparse
 import os
@@ -102,6 +109,7 @@ def main():
     ap.add_argument("--size", default="2GiB")
     ap.add_argument("--formats", default="sluice,safetensors,runai_streamer")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of every format before each mode's repeats")
     ap.add_argument("--staging", default="1GiB")
     ap.add_argument("--no-cold", action="store_true")
     a = ap.parse_args()
@@ -123,7 +131,8 @@ def main():
         # machine over the run falls on all of them alike, in the order
         # reversed every other repeat (A B, B A, ...), so that none always
         # follows the same one.
-        for r in range(a.repeat):
+        warmup = []
+        for r in range(-a.warmup, a.repeat):
             for fmt in (formats if r % 2 == 0 else formats[::-1]):
                 if rows.get((mode, fmt), []) is None:
                     continue
@@ -134,7 +143,12 @@ def main():
                     print(f"# {mode} {fmt}: {e}")
                     rows[(mode, fmt)] = None
                     continue
-                rows.setdefault((mode, fmt), []).append(s)
+                if r < 0:
+                    warmup.append(f"{fmt} {s:.2f}")
+                else:
+                    rows.setdefault((mode, fmt), []).append(s)
+        if warmup:
+            print(f"# {mode} warm-up, untimed, in order: " + ", ".join(warmup), flush=True)
     print(f"\n{'page cache':10} {'load format':16} {'best s':>7} {'median s':>8} {'GiB/s':>7} {'sluice speed':>12}  every load (s)")
     for mode in modes:
         ours = rows.get((mode, "sluice"))
