@@ -89,7 +89,7 @@ int main(int argc, char** argv) try {
   std::cout << "shards:\n";
   for (std::size_t i = 0; i < ckpt.shards().size(); ++i) {
     const auto& s = ckpt.shards()[i];
-    std::cout << fmt::format("  {:<40} {:>8} tensors {:>16} bytes {:>10} header bytes\n", s.name, per_shard[i][0],
+    std::cout << fmt::format("  {:<40} {:>8} tensors {:>16} bytes {:>10} header bytes\n", sluice::printable(s.name), per_shard[i][0],
                              per_shard[i][1], s.header.header_bytes());
   }
   return 0;

@@ -69,6 +69,10 @@ struct open_options {
   std::vector<rename_rule> rename;
   /// Index verification strictness.
   format::verify_options verify;
+  /// Caps on the metadata (index size, header depth, tensor count, name
+  /// length): a checkpoint beyond them is a format_error or index_error
+  /// naming the cap, before memory is sized from it (format/limits.hpp).
+  format::limits limits;
   /// A local index file (model.safetensors.index.json format) to open the
   /// location through instead of the location's own index (e.g. an engine's
   /// index of a draft model whose shards live in S3). The shards it names
@@ -123,7 +127,7 @@ class checkpoint {
   /// Reads and validates one shard's header through a catalog: the 8-byte
   /// length, then exactly the JSON (catalogs with costly round trips serve both
   /// from one speculative read).
-  [[nodiscard]] static format::header read_header(catalog& cat, const std::string& name);
+  [[nodiscard]] static format::header read_header(catalog& cat, const std::string& name, const format::limits& lim = {});
 
   [[nodiscard]] const std::string& location() const noexcept { return location_; }
   /// The catalog it was opened through: its storage, whose data paths every

@@ -5,17 +5,55 @@
 /// declared here, except those of the optional components: S3's in
 /// s3/error.hpp, CUDA's and NCCL's in cuda/error.hpp.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstddef>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 namespace sluice::inline v0 {
+
+/// `s` as it may be printed inside one line of text: a tab, a newline and
+/// every other control byte become `\t`, `\n`, `\r` or `\xHH`; with
+/// `escape_backslash`, a backslash becomes `\\` too (so that the escapes
+/// cannot be forged: what names use); longer than `max` bytes, it is cut at
+/// `max` and "...(N bytes)" says how long it was. A checkpoint's names and
+/// an S3 server's keys come from strangers: whatever prints one (errors,
+/// `--digest` lines) prints it through this, so that a name cannot forge a
+/// line of output.
+[[nodiscard]] inline std::string printable(std::string_view s, std::size_t max = std::string_view::npos,
+                                           bool escape_backslash = true) {
+  static constexpr char hex[] = "0123456789abcdef";
+  auto n = std::min(s.size(), max);
+  while (n < s.size() && n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // whole UTF-8 characters
+  std::string out;
+  out.reserve(n + 16);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    switch (c) {
+      case '\\': out += escape_backslash ? "\\\\" : "\\"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += "\\x";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  if (n < s.size()) out += "...(" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
 
 /// A half-open byte range [begin, end) in a file or object.
 struct byte_range {
@@ -46,19 +84,22 @@ class error : public std::runtime_error {
   [[nodiscard]] const error_context& context() const noexcept { return ctx_; }
 
  private:
+  // One line whatever the detail, file and tensor hold (they may quote names
+  // and keys that strangers chose): control bytes escaped, each part bounded.
   static std::string compose(const std::string& detail, const error_context& c) {
-    std::string s = detail;
+    std::string s = printable(detail, max_detail_bytes, false);
     std::string where;
     auto add = [&where](const std::string& part) {
       if (!where.empty()) where += ", ";
       where += part;
     };
-    if (!c.file.empty()) add(fmt::format("file '{}'", c.file));
-    if (!c.tensor.empty()) add(fmt::format("tensor '{}'", c.tensor));
+    if (!c.file.empty()) add(fmt::format("file '{}'", printable(c.file, max_name_bytes)));
+    if (!c.tensor.empty()) add(fmt::format("tensor '{}'", printable(c.tensor, max_name_bytes)));
     if (c.range) add(fmt::format("bytes [{}, {})", c.range->begin, c.range->end));
     if (!where.empty()) s += " (" + where + ")";
     return s;
   }
+  static constexpr std::size_t max_detail_bytes = 8192, max_name_bytes = 512;
   std::string detail_;
   error_context ctx_;
 };

@@ -21,13 +21,28 @@ namespace sluice::inline v0 {
 
 namespace {
 
+// An index's size against the cap, before a byte of it is read.
+void check_index_size(std::uint64_t size, const std::string& file, const format::limits& lim) {
+  if (size > lim.max_index_bytes)
+    throw index_error("index-size",
+                      fmt::format("the index is {} bytes{}", size, format::limit_hint(lim.max_index_bytes, "max_index_bytes")),
+                      {file});
+}
+
 // A local index file, parsed (io_error if it cannot be read).
-format::index read_local_index(const std::filesystem::path& path) {
+format::index read_local_index(const std::filesystem::path& path, const format::limits& lim) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw io_error("cannot open the index file", {path.string()}, errno);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw io_error("cannot read the index file", {path.string()}, errno);
-  return format::parse_index(text, path.string());
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw io_error(fmt::format("cannot stat the index file: {}", ec.message()), {path.string()}, ec.value());
+  check_index_size(size, path.string(), lim);
+  std::string text;
+  text.resize(size);
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (in.bad() || static_cast<std::uint64_t>(in.gcount()) != size)
+    throw io_error("cannot read the index file (it changed while it was read?)", {path.string()}, errno);
+  return format::parse_index(text, path.string(), lim);
 }
 
 std::string_view unquoted(std::string_view etag) {
@@ -64,7 +79,7 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
   std::optional<format::index> ix;
   const std::string index_name{format::index_file_name};
   if (!opt.index.empty()) {
-    ix = read_local_index(opt.index);
+    ix = read_local_index(opt.index, opt.limits);
     std::set<std::string> needed;
     for (const auto& [tensor, shard] : ix->weight_map)
       if (!opt.select || opt.select(tensor)) needed.insert(shard);
@@ -72,8 +87,10 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
     check_listed(cat, *ix, shard_names, opt);
   } else if (cat.exists(index_name)) {
     const auto sz = cat.size(index_name);
+    check_index_size(sz, cat.uri(index_name), opt.limits);
     auto bytes = cat.read(index_name, 0, sz);
-    ix = format::parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), cat.uri(index_name));
+    ix = format::parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), cat.uri(index_name),
+                             opt.limits);
     std::set<std::string> needed;
     for (const auto& [tensor, shard] : ix->weight_map)
       if (!opt.select || opt.select(tensor)) needed.insert(shard);
@@ -92,7 +109,7 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
     if (ix && !cat.exists(name))
       throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", name),
                         {ix->file, format::first_tensor_in(*ix, name)});
-    c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
+    c.shards_.push_back({name, cat.uri(name), read_header(cat, name, opt.limits)});
   }
   for (const auto& s : c.shards_) headers.emplace(s.name, &s.header);
   if (ix) {
@@ -172,7 +189,7 @@ checkpoint checkpoint::open_file(std::shared_ptr<catalog> shared, const std::str
   c.storage_ = shared;
   c.location_ = std::move(location);
   const auto before = cat.bytes_read();
-  c.shards_.push_back({name, cat.uri(name), read_header(cat, name)});
+  c.shards_.push_back({name, cat.uri(name), read_header(cat, name, opt.limits)});
   c.header_bytes_read_ = cat.bytes_read() - before;
   const auto& h = c.shards_[0].header;
   for (const auto& t : h.tensors)
@@ -187,15 +204,15 @@ checkpoint checkpoint::open(const sluice::location& where, const open_options& o
   return file ? open_file(std::move(cat), *file, where.path().string(), opt) : open(std::move(cat), opt);
 }
 
-format::header checkpoint::read_header(catalog& cat, const std::string& name) {
+format::header checkpoint::read_header(catalog& cat, const std::string& name, const format::limits& lim) {
   const auto uri = cat.uri(name);
   const auto file_size = cat.size(name);
   auto first = cat.read_prefix(name, 8);
-  const auto n = format::parse_header_length(first, file_size, uri);
+  const auto n = format::parse_header_length(first, file_size, uri, lim);
   auto json = cat.read(name, 8, n);
   if (json.size() != n)
     throw truncated_error(fmt::format("header read returned {} of {} bytes", json.size(), n), {uri, "", byte_range{8, 8 + n}});
-  return format::parse_header(std::string_view(reinterpret_cast<const char*>(json.data()), json.size()), file_size, uri);
+  return format::parse_header(std::string_view(reinterpret_cast<const char*>(json.data()), json.size()), file_size, uri, lim);
 }
 
 checkpoint checkpoint::select(const std::function<bool(const tensor_ref&)>& keep) const {

@@ -22,6 +22,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "open_record.hpp"
+
 #include <sluice/source/any_source.hpp>
 #include <sluice/error.hpp>
 #include <sluice/load.hpp>
@@ -31,76 +33,7 @@ namespace sluice::inline v0 {
 
 namespace {
 
-// What a catalog was asked while a checkpoint was opened. A call is keyed by
-// what was asked, so a replay answers exactly the same question with exactly
-// the same answer (a short read stays short).
-enum class op : std::uint8_t { list, exists, size, etag, read, read_prefix };
-
-struct call_key {
-  op what = op::list;
-  std::string name;
-  std::uint64_t offset = 0, length = 0;
-  auto operator<=>(const call_key&) const = default;
-};
-
-struct answer {
-  bool failed = false;       // the storage threw (message: its what())
-  std::string message;
-  nlohmann::json value;      // the answer: the catalog's value as JSON (bytes: a CBOR byte string)
-};
-
-// The record is CBOR (nlohmann::json's): a map with a format tag, rank 0's
-// failure, where it opened, the calls and the facts of every opened shard.
-constexpr std::string_view record_format = "sluice-open/2";
-
-// What a record says, as the replay reads it; a record that ends early, has
-// trailing bytes or holds a field of the wrong type is a comm_error (it came
-// over the communicator and must have been damaged there).
-[[noreturn]] void damaged(std::size_t leader, const std::exception& e) {
-  throw comm::comm_error(fmt::format("rank {}'s checkpoint opening record is damaged: {}", leader, e.what()));
-}
-
-nlohmann::json bytes_json(const std::vector<std::byte>& b) {
-  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
-  return nlohmann::json::binary(std::vector<std::uint8_t>(p, p + b.size()));
-}
-std::vector<std::byte> json_bytes(const nlohmann::json& j) {
-  const auto& b = j.get_binary();  // throws type_error unless binary
-  const auto* p = reinterpret_cast<const std::byte*>(b.data());
-  return {p, p + b.size()};
-}
-nlohmann::json etag_json(const std::optional<std::string>& e) { return e ? nlohmann::json(*e) : nlohmann::json(); }
-std::optional<std::string> json_etag(const nlohmann::json& j) {
-  if (j.is_null()) return std::nullopt;
-  return j.get<std::string>();
-}
-
-// A record's number or array, or invalid_argument.
-std::uint64_t u64(const nlohmann::json& j) {
-  if (!j.is_number_unsigned()) throw std::invalid_argument(fmt::format("a {} where a count or offset belongs", j.type_name()));
-  return j.get<std::uint64_t>();
-}
-const nlohmann::json& array(const nlohmann::json& j) {
-  if (!j.is_array()) throw std::invalid_argument(fmt::format("a {} where a list belongs", j.type_name()));
-  return j;
-}
-
-// Checks, when the record is read, that an answer has its call's type, so
-// that the replay's conversions cannot fail halfway through an open.
-void check_answer(op what, const nlohmann::json& v) {
-  bool ok = false;
-  switch (what) {
-    case op::list:
-      ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& n) { return n.is_string(); });
-      break;
-    case op::exists: ok = v.is_boolean(); break;
-    case op::size: ok = v.is_number_unsigned(); break;
-    case op::etag: ok = v.is_null() || v.is_string(); break;
-    case op::read:
-    case op::read_prefix: ok = v.is_binary(); break;
-  }
-  if (!ok) throw std::invalid_argument(fmt::format("the answer to call {} is a {}", static_cast<int>(what), v.type_name()));
-}
+using namespace detail::open_record;
 
 // Forwards to `inner` (rank 0's own catalog) and records each answer.
 class recording_catalog final : public catalog {
@@ -209,13 +142,6 @@ class replaying_catalog final : public catalog {
   std::size_t leader_;
 };
 
-// The opened files' sizes and version tags, for catalog::adopt.
-struct file_facts {
-  std::string name;
-  std::uint64_t size = 0;
-  std::optional<std::string> etag;
-};
-
 // Where a rank opens: its catalog's location, and the file for a single one.
 // Ranks share rank 0's record only where this is the same.
 std::string opened_location(const catalog& cat, const std::optional<std::string>& file) {
@@ -259,59 +185,21 @@ std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, 
     failure = std::current_exception();
     out.reset();
   }
-  nlohmann::json calls = nlohmann::json::array();
-  if (rec)
-    for (const auto& [k, a] : rec->calls())
-      calls.push_back({static_cast<std::uint8_t>(k.what), k.name, k.offset, k.length, a.failed, a.message, a.value});
-  nlohmann::json shards = nlohmann::json::array();
-  for (const auto& f : facts) shards.push_back({f.name, f.size, etag_json(f.etag)});
-  const nlohmann::json record = {{"format", std::string(record_format)},
-                                 {"failure", failure ? nlohmann::json(what_of(failure)) : nlohmann::json()},
-                                 {"at", opened_at},
-                                 {"calls", std::move(calls)},
-                                 {"shards", std::move(shards)}};
-  const auto cbor = nlohmann::json::to_cbor(record);
-  const auto* p = reinterpret_cast<const std::byte*>(cbor.data());
-  return {p, p + cbor.size()};
+  record r;
+  if (failure) r.failure = what_of(failure);
+  r.at = opened_at;
+  if (rec) r.calls = rec->calls();
+  r.shards = std::move(facts);
+  return encode(r);
 }
 
 checkpoint checkpoint::open_replayed(const sluice::location& where, const open_options& opt,
                                      std::span<const std::byte> record, std::size_t leader) {
-  std::optional<std::string> leader_failure;
-  std::string leader_location;
-  std::map<call_key, answer> calls;
-  std::vector<file_facts> facts;
-  try {
-    // Strict: a record that ends early or has trailing bytes is a parse_error.
-    const auto* p = reinterpret_cast<const std::uint8_t*>(record.data());
-    const auto j = nlohmann::json::from_cbor(p, p + record.size());
-    if (!j.is_object() || !j.contains("format") || !j.at("format").is_string() ||
-        j.at("format").get<std::string>() != record_format)
-      throw comm::comm_error(fmt::format("rank {} sent no checkpoint opening record", leader));
-    if (const auto& f = j.at("failure"); !f.is_null()) leader_failure = f.get<std::string>();
-    leader_location = j.at("at").get<std::string>();
-    for (const auto& c : array(j.at("calls"))) {
-      if (!c.is_array() || c.size() != 7) throw std::invalid_argument("a call is not [op, name, offset, length, failed, message, answer]");
-      call_key k;
-      const auto what = u64(c[0]);
-      if (what > static_cast<std::uint8_t>(op::read_prefix)) throw std::invalid_argument(fmt::format("unknown call {}", what));
-      k.what = static_cast<op>(what);
-      k.name = c[1].get<std::string>();
-      k.offset = u64(c[2]);
-      k.length = u64(c[3]);
-      answer a{c[4].get<bool>(), c[5].get<std::string>(), c[6]};
-      if (!a.failed) check_answer(k.what, a.value);
-      calls.insert_or_assign(std::move(k), std::move(a));
-    }
-    for (const auto& f : array(j.at("shards"))) {
-      if (!f.is_array() || f.size() != 3) throw std::invalid_argument("a shard is not [name, size, etag]");
-      facts.push_back({f[0].get<std::string>(), u64(f[1]), json_etag(f[2])});
-    }
-  } catch (const nlohmann::json::exception& e) {
-    damaged(leader, e);
-  } catch (const std::invalid_argument& e) {
-    damaged(leader, e);
-  }
+  auto r = decode(record, leader);
+  const auto& leader_failure = r.failure;
+  const auto& leader_location = r.at;
+  const auto& calls = r.calls;
+  const auto& facts = r.shards;
 
   // Rank 0's failure, reproduced where it was a format or index rule (the
   // same bytes parse the same way), else named.

@@ -6,7 +6,10 @@
 #include <sluice/format/safetensors.hpp>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstring>
+#include <optional>
 #include <limits>
 #include <map>
 #include <set>
@@ -18,15 +21,239 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bounded_json.hpp"
+
 namespace sluice::inline v0::format {
 
-header parse_header(std::string_view text, std::uint64_t file_size, const std::string& file) {
-  using json = nlohmann::json;
+namespace {
+
+// The header's JSON as a stream of events (nlohmann's SAX interface), turned
+// into tensor_info entries as they arrive: no DOM of the header is built, so
+// a header of a million tensors costs one pass, and every cap (depth, count,
+// name length) is checked before anything is kept. The grammar it accepts is
+// the reference's: an object of tensor entries {dtype, shape, data_offsets}
+// and an optional "__metadata__" object of strings. The first rule broken,
+// in file order, ends the parse.
+class header_builder {
+ public:
+  using string_t = std::string;
+  using binary_t = nlohmann::json::binary_t;
+
+  header_builder(header& h, const limits& lim, byte_range hdr_range) : h_(h), lim_(lim), range_(hdr_range) {}
+
+  // What ended the parse early: a rule, its tensor and its detail.
+  struct failure {
+    const char* rule;
+    std::string tensor, detail;
+  };
+  [[nodiscard]] const std::optional<failure>& failed() const noexcept { return failed_; }
+
+  bool null() { return value("null"); }
+  bool boolean(bool b) { return value(b ? "true" : "false"); }
+  bool number_integer(std::int64_t v) { return value(std::to_string(v)); }
+  bool number_float(double, const std::string& text) { return value(printable(text, 64)); }
+  bool number_unsigned(std::uint64_t v) {
+    if (state_ == in::shape) {
+      t_.shape.push_back(v);
+      return true;
+    }
+    if (state_ == in::offsets) {
+      if (offsets_ < 2) (offsets_ == 0 ? t_.begin : t_.end) = v;
+      ++offsets_;
+      return true;
+    }
+    return value(std::to_string(v));
+  }
+  bool string(std::string& v) {
+    if (state_ == in::metadata) {
+      h_.metadata.insert_or_assign(std::move(key_), std::move(v));
+      return true;
+    }
+    if (state_ == in::entry && field_ == field::dtype) {
+      const auto parsed = parse_dtype(v);
+      if (!parsed) return fail("dtype", t_.name, fmt::format("unknown dtype '{}'", printable(v, 64)));
+      t_.type = *parsed;
+      return true;
+    }
+    return value("'" + printable(v, 64) + "'");
+  }
+  bool binary(binary_t&) { return value("binary"); }
+
+  bool start_object(std::size_t) {
+    if (!deeper()) return false;
+    switch (state_) {
+      case in::top: state_ = in::root; return true;
+      case in::root:
+        if (metadata_next_) {
+          state_ = in::metadata;
+          return true;
+        }
+        state_ = in::entry;
+        return true;
+      default: return value("an object");
+    }
+  }
+  bool start_array(std::size_t) {
+    if (!deeper()) return false;
+    if (state_ == in::entry && field_ == field::shape) {
+      state_ = in::shape;
+      return true;
+    }
+    if (state_ == in::entry && field_ == field::offsets) {
+      state_ = in::offsets;
+      offsets_ = 0;
+      return true;
+    }
+    return value("an array");
+  }
+  bool end_array() {
+    --depth_;
+    if (state_ == in::offsets && offsets_ != 2) return offsets_wrong();
+    state_ = in::entry;
+    return true;
+  }
+  bool end_object() {
+    --depth_;
+    if (state_ == in::metadata) {
+      state_ = in::root;
+      return true;
+    }
+    if (state_ == in::entry) {
+      state_ = in::root;
+      return entry_done();
+    }
+    state_ = in::done;
+    return true;
+  }
+  bool key(std::string& k) {
+    if (state_ == in::root) {
+      metadata_next_ = k == "__metadata__";
+      if (metadata_next_) {
+        if (metadata_seen_) return fail("duplicate-name", k, "__metadata__ appears twice in the header");
+        metadata_seen_ = true;
+        return true;
+      }
+      if (k.size() > lim_.max_name_bytes)
+        return fail("name-length", k,
+                    fmt::format("a tensor name of {} bytes{}", k.size(), limit_hint(lim_.max_name_bytes, "max_name_bytes")));
+      if (h_.tensors.size() >= lim_.max_tensors)
+        return fail("tensor-count", "",
+                    "the header lists too many tensors" + limit_hint(lim_.max_tensors, "max_tensors"));
+      t_ = tensor_info{};
+      t_.name = std::move(k);
+      seen_ = 0;
+      return true;
+    }
+    if (state_ == in::metadata) {
+      key_ = std::move(k);
+      return true;
+    }
+    // A tensor entry's field.
+    field_ = k == "dtype" ? field::dtype : k == "shape" ? field::shape : k == "data_offsets" ? field::offsets : field::none;
+    if (field_ == field::none)
+      return fail("tensor-entry", t_.name, fmt::format("unknown field '{}'", printable(k, 64)));
+    const auto bit = 1u << static_cast<unsigned>(field_);
+    if (seen_ & bit) return fail("tensor-entry", t_.name, fmt::format("field '{}' appears twice", k));
+    seen_ |= bit;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    if (!failed_) failed_ = failure{"header-json", "", fmt::format("header is not valid UTF-8 JSON: {}", e.what())};
+    return false;
+  }
+
+ private:
+  enum class in : std::uint8_t { top, root, metadata, entry, shape, offsets, done };
+  enum class field : std::uint8_t { none, dtype, shape, offsets };
+
+  bool fail(const char* rule, std::string tensor, std::string detail) {
+    if (!failed_) failed_ = failure{rule, std::move(tensor), std::move(detail)};
+    return false;
+  }
+  bool deeper() {
+    if (++depth_ > lim_.max_depth)
+      return fail("header-depth", state_ == in::top || state_ == in::root ? std::string{} : t_.name,
+                  "JSON nested too deep" + limit_hint(lim_.max_depth, "max_depth"));
+    return true;
+  }
+  bool offsets_wrong() {
+    return fail("data-offsets", t_.name, "data_offsets is not [begin, end] of non-negative integers");
+  }
+  // A value where the grammar has no place for it (`what` describes it, bounded).
+  bool value(const std::string& what) {
+    switch (state_) {
+      case in::top: return fail("header-json", "", "header is not a JSON object");
+      case in::root:
+        if (metadata_next_) return fail("metadata", "", "__metadata__ is not an object");
+        return fail("tensor-entry", t_.name, "tensor entry is not an object");
+      case in::metadata:
+        return fail("metadata", "", fmt::format("__metadata__ value of '{}' is not a string", printable(key_, 64)));
+      case in::shape:
+        return fail("shape", t_.name, fmt::format("shape holds {}, not a non-negative integer", what));
+      case in::offsets: return offsets_wrong();
+      case in::entry:
+        if (field_ == field::dtype) return fail("dtype", t_.name, "dtype is not a string");
+        if (field_ == field::shape) return fail("shape", t_.name, "shape is not an array");
+        return offsets_wrong();
+      case in::done: break;
+    }
+    return fail("header-json", "", "unexpected value after the header object");
+  }
+  // A tensor entry is complete: its own rules, then it is kept.
+  bool entry_done() {
+    auto& t = t_;
+    if (seen_ != 0b1110) return fail("tensor-entry", t.name, "tensor entry needs dtype, shape and data_offsets");
+    if (t.end < t.begin)
+      return fail("data-offsets", t.name, fmt::format("data_offsets [{}, {}] end before they begin", t.begin, t.end));
+    // Byte size with checked arithmetic; sub-byte dtypes must fill whole bytes.
+    std::uint64_t count = 1;
+    for (auto d : t.shape)
+      if (detail::mul_overflows(count, d, count)) return fail("tensor-size", t.name, "element count overflows 64 bits");
+    std::uint64_t nbits = 0;
+    if (detail::mul_overflows(count, bits(t.type), nbits)) return fail("tensor-size", t.name, "bit size overflows 64 bits");
+    if (nbits % 8 != 0)
+      return fail("tensor-size", t.name,
+                  fmt::format("{} elements of {} ({} bits) are not a whole number of bytes", count, name(t.type), nbits));
+    if (nbits / 8 != t.size()) {
+      size_range_ = byte_range{range_.end + t.begin, range_.end + t.end};
+      return fail("tensor-size", t.name,
+                  fmt::format("data_offsets span {} bytes but {} {} needs {}", t.size(), fmt::join(t.shape, "x"),
+                              name(t.type), nbits / 8));
+    }
+    h_.tensors.push_back(std::move(t));
+    return true;
+  }
+
+ public:
+  std::optional<byte_range> size_range_;   // the tensor-size failure's data bytes
+
+ private:
+  header& h_;
+  const limits& lim_;
+  byte_range range_;
+  in state_ = in::top;
+  field field_ = field::none;
+  std::size_t depth_ = 0;
+  bool metadata_next_ = false, metadata_seen_ = false;
+  unsigned seen_ = 0;          // fields of the entry seen (bit per field)
+  unsigned offsets_ = 0;       // numbers in data_offsets
+  tensor_info t_;
+  std::string key_;            // the metadata key whose value comes next
+  std::optional<failure> failed_;
+};
+
+}  // namespace
+
+header parse_header(std::string_view text, std::uint64_t file_size, const std::string& file, const limits& lim) {
   header h;
   h.file = file;
   h.json_size = text.size();
   h.file_size = file_size;
   const byte_range hdr_range{8, 8 + text.size()};
+  if (text.size() > lim.max_header_bytes)
+    detail::fail(file, "", "header-length",
+                 fmt::format("header length {}{}", text.size(), limit_hint(lim.max_header_bytes, "max_header_bytes")),
+                 hdr_range);
   if (file_size < 8 || text.size() > file_size - 8)
     detail::fail(file, "", "header-length", fmt::format("header of {} bytes runs past the end of the {}-byte file", text.size(), file_size), hdr_range);
   if (text.empty() || text.front() != '{')
@@ -36,78 +263,25 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
   if (last == std::string_view::npos || text[last] != '}')
     detail::fail(file, "", "header-json", "header JSON object is not closed (or padded with something other than spaces)", hdr_range);
 
-  // Duplicate names at the top level: nlohmann keeps the last silently, so a
-  // parser callback counts keys at depth 1.
-  std::unordered_set<std::string> seen;
-  std::string duplicate;
-  json root;
+  header_builder b(h, lim, hdr_range);
+  const auto json_text = text.substr(0, last + 1);
+  bool ok = false;
   try {
-    root = json::parse(text.substr(0, last + 1), [&](int depth, json::parse_event_t ev, json& parsed) {
-      if (ev == json::parse_event_t::key && depth == 1) {
-        const auto& k = parsed.get_ref<const std::string&>();
-        if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
-      }
-      return true;
-    });
-  } catch (const json::exception& e) {
+    ok = nlohmann::json::sax_parse(json_text.begin(), json_text.end(), &b, nlohmann::json::input_format_t::json, true);
+  } catch (const nlohmann::json::exception& e) {
     detail::fail(file, "", "header-json", fmt::format("header is not valid UTF-8 JSON: {}", e.what()), hdr_range);
   }
-  if (!duplicate.empty()) detail::fail(file, duplicate, "duplicate-name", "tensor name appears twice in the header", hdr_range);
-  if (!root.is_object()) detail::fail(file, "", "header-json", "header is not a JSON object", hdr_range);
+  if (const auto& f = b.failed())
+    detail::fail(file, f->tensor, f->rule, f->detail, f->rule == std::string_view("tensor-size") && b.size_range_ ? b.size_range_ : hdr_range);
+  if (!ok) detail::fail(file, "", "header-json", "header is not valid UTF-8 JSON", hdr_range);
 
-  for (auto& [key, value] : root.items()) {
-    if (key == "__metadata__") {
-      if (!value.is_object()) detail::fail(file, "", "metadata", "__metadata__ is not an object", hdr_range);
-      for (auto& [mk, mv] : value.items()) {
-        if (!mv.is_string())
-          detail::fail(file, "", "metadata", fmt::format("__metadata__ value of '{}' is not a string", mk), hdr_range);
-        h.metadata.emplace(mk, mv.get<std::string>());
-      }
-      continue;
-    }
-    tensor_info t;
-    t.name = key;
-    if (!value.is_object()) detail::fail(file, key, "tensor-entry", "tensor entry is not an object", hdr_range);
-    for (auto& [field, _] : value.items())
-      if (field != "dtype" && field != "shape" && field != "data_offsets")
-        detail::fail(file, key, "tensor-entry", fmt::format("unknown field '{}'", field), hdr_range);
-    auto dt = value.find("dtype");
-    auto sh = value.find("shape");
-    auto off = value.find("data_offsets");
-    if (dt == value.end() || sh == value.end() || off == value.end())
-      detail::fail(file, key, "tensor-entry", "tensor entry needs dtype, shape and data_offsets", hdr_range);
-    if (!dt->is_string()) detail::fail(file, key, "dtype", "dtype is not a string", hdr_range);
-    auto parsed = parse_dtype(dt->get_ref<const std::string&>());
-    if (!parsed) detail::fail(file, key, "dtype", fmt::format("unknown dtype '{}'", dt->get<std::string>()), hdr_range);
-    t.type = *parsed;
-    if (!sh->is_array()) detail::fail(file, key, "shape", "shape is not an array", hdr_range);
-    for (auto& d : *sh) {
-      if (!d.is_number_unsigned())
-        detail::fail(file, key, "shape", fmt::format("shape entry {} is not a non-negative integer", d.dump()), hdr_range);
-      t.shape.push_back(d.get<std::uint64_t>());
-    }
-    if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
-      detail::fail(file, key, "data-offsets", "data_offsets is not [begin, end] of non-negative integers", hdr_range);
-    t.begin = (*off)[0].get<std::uint64_t>();
-    t.end = (*off)[1].get<std::uint64_t>();
-    if (t.end < t.begin)
-      detail::fail(file, key, "data-offsets", fmt::format("data_offsets [{}, {}] end before they begin", t.begin, t.end), hdr_range);
-    // Byte size with checked arithmetic; sub-byte dtypes must fill whole bytes.
-    std::uint64_t count = 1;
-    for (auto d : t.shape)
-      if (detail::mul_overflows(count, d, count))
-        detail::fail(file, key, "tensor-size", "element count overflows 64 bits", hdr_range);
-    std::uint64_t nbits = 0;
-    if (detail::mul_overflows(count, bits(t.type), nbits))
-      detail::fail(file, key, "tensor-size", "bit size overflows 64 bits", hdr_range);
-    if (nbits % 8 != 0)
-      detail::fail(file, key, "tensor-size",
-                   fmt::format("{} elements of {} ({} bits) are not a whole number of bytes", count, name(t.type), nbits), hdr_range);
-    if (nbits / 8 != t.size())
-      detail::fail(file, key, "tensor-size",
-                   fmt::format("data_offsets span {} bytes but {} {} needs {}", t.size(), fmt::join(t.shape, "x"), name(t.type), nbits / 8),
-                   byte_range{8 + text.size() + t.begin, 8 + text.size() + t.end});
-    h.tensors.push_back(std::move(t));
+  // Duplicate names (the reference rejects them; a DOM would keep the last).
+  h.rebuild_lookup();
+  if (h.lookup_size() != h.tensors.size()) {
+    std::unordered_set<std::string_view> seen;
+    for (const auto& t : h.tensors)
+      if (!seen.insert(t.name).second)
+        detail::fail(file, t.name, "duplicate-name", "tensor name appears twice in the header", hdr_range);
   }
 
   // Layout: sorted by offset the tensors tile [0, data size) exactly.
@@ -138,35 +312,50 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
   return h;
 }
 
-header parse_header(std::span<const std::byte> prefix, std::uint64_t file_size, const std::string& file) {
-  const auto n = parse_header_length(prefix, file_size, file);
+header parse_header(std::span<const std::byte> prefix, std::uint64_t file_size, const std::string& file,
+                    const limits& lim) {
+  const auto n = parse_header_length(prefix, file_size, file, lim);
   if (prefix.size() < 8 + n)
     throw format_error("header-length", fmt::format("need {} header bytes, got {}", 8 + n, prefix.size()), {file, "", byte_range{0, 8 + n}});
-  return parse_header(std::string_view(reinterpret_cast<const char*>(prefix.data()) + 8, n), file_size, file);
+  return parse_header(std::string_view(reinterpret_cast<const char*>(prefix.data()) + 8, n), file_size, file, lim);
 }
 
-index parse_index(std::string_view text, const std::string& file) {
-  using nlohmann::json;
+index parse_index(std::string_view text, const std::string& file, const limits& lim) {
+  using sluice::detail::describe;
   index ix;
   ix.file = file;
-  json root;
-  // A tensor listed twice in weight_map is ambiguous (nlohmann keeps the last
-  // silently): count the keys of the top-level weight_map while parsing.
-  std::string top_key, duplicate;
-  std::set<std::string> seen;
-  try {
-    root = json::parse(text, [&](int depth, json::parse_event_t ev, json& parsed) {
-      if (ev == json::parse_event_t::key && depth == 1) top_key = parsed.get<std::string>();
-      if (ev == json::parse_event_t::key && depth == 2 && top_key == "weight_map") {
-        auto k = parsed.get<std::string>();
-        if (!seen.insert(k).second && duplicate.empty()) duplicate = std::move(k);
-      }
-      return true;
-    });
-  } catch (const json::exception& e) {
-    throw index_error("index-json", fmt::format("index is not valid JSON: {}", e.what()), {file});
-  }
+  if (text.size() > lim.max_index_bytes)
+    throw index_error("index-size",
+                      fmt::format("the index is {} bytes{}", text.size(), limit_hint(lim.max_index_bytes, "max_index_bytes")),
+                      {file});
+  // A tensor listed twice in weight_map is ambiguous (the DOM keeps the last
+  // silently): count the keys of the top-level weight_map while parsing; and
+  // the weight_map's size and names within the limits before any is kept.
+  std::string top_key, duplicate, long_name;
+  std::uint64_t entries = 0;
+  std::unordered_set<std::string> seen;
+  auto parsed = sluice::detail::parse_bounded(text, lim.max_depth, [&](std::size_t depth, const std::string& k) {
+    if (depth == 1) top_key = k;
+    if (depth == 2 && top_key == "weight_map") {
+      ++entries;
+      if (k.size() > lim.max_name_bytes && long_name.empty()) long_name = k;
+      if (entries <= lim.max_tensors && !seen.insert(k).second && duplicate.empty()) duplicate = k;
+    }
+  });
+  if (parsed.too_deep)
+    throw index_error("index-depth",
+                      "JSON nested too deep" + limit_hint(lim.max_depth, "max_depth"),
+                      {file});
+  if (parsed.syntax_error) throw index_error("index-json", fmt::format("index is not valid JSON: {}", *parsed.syntax_error), {file});
+  if (entries > lim.max_tensors)
+    throw index_error("tensor-count",
+                      fmt::format("weight_map lists {} tensors{}", entries, limit_hint(lim.max_tensors, "max_tensors")), {file});
+  if (!long_name.empty())
+    throw index_error("name-length",
+                      fmt::format("a tensor name of {} bytes{}", long_name.size(), limit_hint(lim.max_name_bytes, "max_name_bytes")),
+                      {file, long_name});
   if (!duplicate.empty()) throw index_error("duplicate-name", "weight_map lists the tensor twice", {file, duplicate});
+  const auto& root = parsed.value;
   if (!root.is_object()) throw index_error("index-json", "index is not a JSON object", {file});
   auto wm = root.find("weight_map");
   if (wm == root.end() || !wm->is_object()) throw index_error("index-json", "index has no weight_map object", {file});
@@ -198,21 +387,24 @@ index parse_index(std::string_view text, const std::string& file) {
         }
       }
       if (!ok) {
-        throw index_error("index-json", fmt::format("metadata.total_size {} is not a non-negative integer", ts->dump()), {file});
+        throw index_error("index-json", fmt::format("metadata.total_size {} is not a non-negative integer", describe(*ts)), {file});
       }
     }
     if (auto sh = md->find("shards"); sh != md->end() && !sh->is_null()) {
       if (!sh->is_object()) throw index_error("index-json", "metadata.shards is not an object", {file});
       for (auto& [name, rec] : sh->items()) {
-        if (!rec.is_object()) throw index_error("index-json", fmt::format("metadata.shards['{}'] is not an object", name), {file});
+        const auto shown = printable(name, 64);
+        if (!rec.is_object()) throw index_error("index-json", fmt::format("metadata.shards['{}'] is not an object", shown), {file});
         shard_record r;
         if (auto sz = rec.find("size"); sz != rec.end()) {
           if (!sz->is_number_unsigned())
-            throw index_error("index-json", fmt::format("metadata.shards['{}'].size {} is not a non-negative integer", name, sz->dump()), {file});
+            throw index_error("index-json",
+                              fmt::format("metadata.shards['{}'].size {} is not a non-negative integer", shown, describe(*sz)),
+                              {file});
           r.size = sz->get<std::uint64_t>();
         }
         if (auto et = rec.find("etag"); et != rec.end()) {
-          if (!et->is_string()) throw index_error("index-json", fmt::format("metadata.shards['{}'].etag is not a string", name), {file});
+          if (!et->is_string()) throw index_error("index-json", fmt::format("metadata.shards['{}'].etag is not a string", shown), {file});
           r.etag = et->get<std::string>();
         }
         ix.shard_records.emplace(name, std::move(r));
@@ -222,8 +414,11 @@ index parse_index(std::string_view text, const std::string& file) {
   for (auto& [tensor, shard] : wm->items()) {
     if (!shard.is_string()) throw index_error("index-json", "weight_map value is not a string", {file, tensor});
     const auto& s = shard.get_ref<const std::string&>();
-    if (!is_plain_file_name(s))
-      throw index_error("shard-name", fmt::format("shard '{}' is not a plain file name inside the checkpoint", s), {file, tensor});
+    if (!is_plain_file_name(s) || s.size() > lim.max_name_bytes)
+      throw index_error("shard-name",
+                        fmt::format("shard '{}' is not a plain file name inside the checkpoint{}", printable(s, 256),
+                                    s.size() > lim.max_name_bytes ? " (too long)" : ""),
+                        {file, tensor});
     ix.weight_map.emplace(tensor, s);
   }
   return ix;

@@ -61,8 +61,9 @@ struct index {
   return {};
 }
 
-/// Parses an index JSON. Throws index_error naming the file and the rule.
-[[nodiscard]] index parse_index(std::string_view text, const std::string& file);
+/// Parses an index JSON within `lim` (its size, depth, entry count and name
+/// lengths: limits.hpp). Throws index_error naming the file and the rule.
+[[nodiscard]] index parse_index(std::string_view text, const std::string& file, const limits& lim = {});
 
 /// What verification treats as errors. Missing shards and tensors the index
 /// names but a shard lacks are always errors.

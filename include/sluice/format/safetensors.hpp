@@ -25,11 +25,9 @@
 
 #include <sluice/error.hpp>
 #include <sluice/format/dtype.hpp>
+#include <sluice/format/limits.hpp>
 
 namespace sluice::inline v0::format {
-
-/// Largest header the reference accepts (bytes of JSON).
-inline constexpr std::uint64_t max_header_size = 100'000'000;
 
 /// One tensor as its header describes it.
 struct tensor_info {
@@ -69,8 +67,11 @@ struct header {
   }
   void rebuild_lookup() const {
     by_name_.clear();
+    by_name_.reserve(tensors.size());
     for (std::size_t i = 0; i < tensors.size(); ++i) by_name_.emplace(tensors[i].name, i);
   }
+  /// Distinct names in the lookup (fewer than tensors.size() when a name repeats).
+  [[nodiscard]] std::size_t lookup_size() const noexcept { return by_name_.size(); }
 
  private:
   mutable std::unordered_map<std::string, std::size_t> by_name_;
@@ -90,18 +91,20 @@ inline bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 
 }  // namespace detail
 
-/// Decodes the 8-byte length prefix and checks it against the reference limit
-/// and the file size. `first8` must hold at least 8 bytes unless the file is shorter.
+/// Decodes the 8-byte length prefix and checks it against `lim.max_header_bytes`
+/// (the reference's limit by default) and the file size. `first8` must hold at
+/// least 8 bytes unless the file is shorter.
 [[nodiscard]] inline std::uint64_t parse_header_length(std::span<const std::byte> first8, std::uint64_t file_size,
-                                                       const std::string& file) {
+                                                       const std::string& file, const limits& lim = {}) {
   if (file_size < 8 || first8.size() < 8)
     detail::fail(file, "", "header-length",
                  fmt::format("file is {} bytes, shorter than the 8-byte header length", file_size), byte_range{0, file_size});
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(first8[static_cast<std::size_t>(i)]);
-  if (n > max_header_size)
+  if (n > lim.max_header_bytes)
     detail::fail(file, "", "header-length",
-                 fmt::format("header length {} exceeds the limit of {} bytes", n, max_header_size), byte_range{0, 8});
+                 fmt::format("header length {} exceeds the limit{}", n, limit_hint(lim.max_header_bytes, "max_header_bytes")),
+                 byte_range{0, 8});
   if (n > file_size - 8)
     detail::fail(file, "", "header-length",
                  fmt::format("header length {} runs past the end of the {}-byte file", n, file_size), byte_range{8, 8 + n});
@@ -110,12 +113,17 @@ inline bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 }
 
 /// Parses and validates the JSON of a header (`text` = the N bytes after the
-/// length prefix) for a file of `file_size` bytes. Throws format_error naming
-/// the file, the tensor and the rule.
-[[nodiscard]] header parse_header(std::string_view text, std::uint64_t file_size, const std::string& file);
+/// length prefix) for a file of `file_size` bytes, within `lim` (nesting
+/// depth, tensor count, name length: limits.hpp). Throws format_error naming
+/// the file, the tensor and the rule; the first rule broken in file order.
+/// One pass over the text, no DOM: a header of a million tensors parses in
+/// about a second (bench/README.md, "Metadata").
+[[nodiscard]] header parse_header(std::string_view text, std::uint64_t file_size, const std::string& file,
+                                  const limits& lim = {});
 
 /// Parses a whole in-memory safetensors file (or at least its header, with the
 /// file's total size given separately).
-[[nodiscard]] header parse_header(std::span<const std::byte> prefix, std::uint64_t file_size, const std::string& file);
+[[nodiscard]] header parse_header(std::span<const std::byte> prefix, std::uint64_t file_size, const std::string& file,
+                                  const limits& lim = {});
 
 }  // namespace sluice::inline v0::format

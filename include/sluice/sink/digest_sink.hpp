@@ -27,9 +27,11 @@ struct tensor_digest {
   std::string sha256;  ///< lowercase hex
   tensor_part part;    ///< the TP part digested (count 1: the whole tensor)
 
-  /// `name<TAB>dtype<TAB>[d0,d1,...]<TAB>sha256`, then `<TAB>part=K/N,dim=D` for a TP part
+  /// `name<TAB>dtype<TAB>[d0,d1,...]<TAB>sha256`, then `<TAB>part=K/N,dim=D` for a TP part.
+  /// The name is escaped (sluice::printable: `\t`, `\n`, `\\`, `\xHH`), so a
+  /// name holding a tab or a newline cannot forge a field or a line.
   [[nodiscard]] std::string line() const {
-    auto l = fmt::format("{}\t{}\t[{}]\t{}", name, format::name(type), fmt::join(shape, ","), sha256);
+    auto l = fmt::format("{}\t{}\t[{}]\t{}", printable(name), format::name(type), fmt::join(shape, ","), sha256);
     if (part.count > 1) l += fmt::format("\tpart={}/{},dim={}", part.index, part.count, part.dim);
     return l;
   }

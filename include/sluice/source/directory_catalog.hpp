@@ -73,23 +73,33 @@ class directory_catalog final : public catalog {
   }
   [[nodiscard]] std::vector<std::byte> read(const std::string& name, std::uint64_t offset, std::uint64_t length) override {
     const auto p = uri(name);
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw io_error(fmt::format("cannot open: {}", std::strerror(errno)), {p}, errno);
+    // The descriptor closes on every path out (a failed allocation included).
+    struct fd_guard {
+      int fd;
+      ~fd_guard() {
+        if (fd >= 0) ::close(fd);
+      }
+    } f{::open(p.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (f.fd < 0) throw io_error(fmt::format("cannot open: {}", std::strerror(errno)), {p}, errno);
     counters_.files_opened.fetch_add(1, std::memory_order_relaxed);
-    std::vector<std::byte> buf(length);
+    // Sized from what the file holds, not from what was asked: a caller's
+    // length taken from a stranger's metadata never sizes memory beyond the file.
+    struct stat st{};
+    if (::fstat(f.fd, &st) != 0) throw io_error(fmt::format("cannot stat: {}", std::strerror(errno)), {p}, errno);
+    const auto file_size = static_cast<std::uint64_t>(st.st_size);
+    const std::uint64_t available = offset < file_size ? file_size - offset : 0;
+    std::vector<std::byte> buf(std::min(length, available));
     std::uint64_t got = 0;
-    while (got < length) {
-      const auto r = ::pread(fd, buf.data() + got, length - got, static_cast<off_t>(offset + got));
+    while (got < buf.size()) {
+      const auto r = ::pread(f.fd, buf.data() + got, buf.size() - got, static_cast<off_t>(offset + got));
       if (r < 0 && errno == EINTR) continue;
       if (r < 0) {
         const int e = errno;
-        ::close(fd);
         throw io_error(fmt::format("read failed: {}", std::strerror(e)), {p, "", byte_range{offset, offset + length}}, e);
       }
       if (r == 0) break;
       got += static_cast<std::uint64_t>(r);
     }
-    ::close(fd);
     buf.resize(got);
     counters_.bytes_read.fetch_add(got, std::memory_order_relaxed);
     counters_.requests.fetch_add(1, std::memory_order_relaxed);

@@ -1,0 +1,112 @@
+// JSON (and CBOR) from strangers, parsed within bounds: private to the
+// compiled core (format.cpp, collective_open.cpp).
+//
+// nlohmann's parsers are iterative and its destructor flattens nesting, but
+// its CBOR reader recurses once per level and dump() recurses too: a
+// document nested a million levels deep overflows the stack in either. The
+// parser below counts the depth as the events arrive and stops at the cap,
+// before the reader recurses any further; and no message here serialises a
+// value it was given without a bound (describe()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sluice/error.hpp>
+
+namespace sluice::inline v0::detail {
+
+using json = nlohmann::json;
+
+/// A value as an error message may quote it: numbers and short strings as
+/// they are (strings escaped, cut at `max` bytes), containers by kind.
+[[nodiscard]] inline std::string describe(const json& v, std::size_t max = 64) {
+  switch (v.type()) {
+    case json::value_t::object: return fmt::format("an object of {} members", v.size());
+    case json::value_t::array: return fmt::format("an array of {} entries", v.size());
+    case json::value_t::string: return "'" + printable(v.get_ref<const std::string&>(), max) + "'";
+    case json::value_t::binary: return fmt::format("{} bytes of binary", v.get_binary().size());
+    case json::value_t::discarded: return "nothing";
+    default: return printable(v.dump(), max);  // a scalar: dump() does not recurse
+  }
+}
+
+/// Builds the DOM of a document whose nesting stays within `max_depth`;
+/// `on_key(depth, key)` sees every object key as it is read (duplicates
+/// that the DOM would silently merge). A deeper document stops the parse at
+/// the first level past the cap: depth_exceeded() then says so.
+class bounded_dom_parser : public nlohmann::detail::json_sax_dom_parser<json> {
+  using base = nlohmann::detail::json_sax_dom_parser<json>;
+
+ public:
+  bounded_dom_parser(json& root, std::uint32_t max_depth, std::function<void(std::size_t, const std::string&)> on_key = {})
+      : base(root, true), max_depth_(max_depth), on_key_(std::move(on_key)) {}
+
+  bool start_object(std::size_t n) { return deeper() && base::start_object(n); }
+  bool start_array(std::size_t n) { return deeper() && base::start_array(n); }
+  bool end_object() {
+    --depth_;
+    return base::end_object();
+  }
+  bool end_array() {
+    --depth_;
+    return base::end_array();
+  }
+  bool key(string_t& k) {
+    if (on_key_) on_key_(depth_, k);
+    return base::key(k);
+  }
+  [[nodiscard]] bool depth_exceeded() const noexcept { return exceeded_; }
+
+ private:
+  bool deeper() {
+    if (++depth_ > max_depth_) {
+      exceeded_ = true;
+      return false;
+    }
+    return true;
+  }
+  std::uint32_t max_depth_;
+  std::size_t depth_ = 0;
+  bool exceeded_ = false;
+  std::function<void(std::size_t, const std::string&)> on_key_;
+};
+
+/// What a bounded parse gave: the document, or why not.
+struct bounded_parse {
+  json value;
+  bool too_deep = false;
+  std::optional<std::string> syntax_error;   ///< the parser's message (bounded by the caller's printable)
+};
+
+/// Parses JSON text (`cbor` false) or a CBOR document (strict: no trailing
+/// bytes) within `max_depth`.
+[[nodiscard]] inline bounded_parse parse_bounded(std::string_view text, std::uint32_t max_depth,
+                                                 std::function<void(std::size_t, const std::string&)> on_key = {},
+                                                 bool cbor = false) {
+  bounded_parse out;
+  bounded_dom_parser sax(out.value, max_depth, std::move(on_key));
+  try {
+    const bool ok = cbor ? json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::cbor, true)
+                         : json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::json, true);
+    if (!ok && sax.depth_exceeded()) {
+      out.too_deep = true;
+      out.value = nullptr;
+    } else if (!ok) {
+      out.syntax_error = "the document ends early or holds an invalid value";
+    }
+  } catch (const json::exception& e) {
+    out.syntax_error = e.what();
+    out.value = nullptr;
+  }
+  return out;
+}
+
+}  // namespace sluice::inline v0::detail
