@@ -9,7 +9,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sluice/distributed.hpp>
+#include <sluice/format/name_pattern.hpp>
 #include <sluice/sink/discard_sink.hpp>
 #include <sluice/sink/forwarding_sink.hpp>
 #if SLUICE_HAS_S3
@@ -38,8 +38,7 @@ using sluice_cli::human_bytes;
 open_options open_options_of(const options& o) {
   open_options oo;
   if (!o.select.empty()) {
-    auto re = std::make_shared<std::regex>(o.select);
-    oo.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
+    oo.select = sluice::format::matching(o.select);
   }
   oo.index = o.index_file;
   return oo;

@@ -33,7 +33,7 @@ digests_match() {
 # bench/gpu/fetch-deps.sh into .gpudeps/debs; bench/gpu/rehearse.sh stages
 # exactly these). -dev packages and the runtime libraries they link.
 gpu_debs=(libboost1.74-dev libfmt-dev libfmt9 nlohmann-json3-dev liburing-dev liburing2
-          libssl-dev libssl3 catch2 libcli11-dev libdlpack-dev)
+          libssl-dev libssl3 catch2 libcli11-dev libdlpack-dev libre2-dev libre2-9)
 
 # The multiarch folder of include/ and lib/ (Debian's libssl-dev puts
 # openssl/opensslconf.h and openssl/configuration.h there, not in include/).
@@ -46,7 +46,7 @@ missing_headers() {
   local h p found ma
   ma=$(multiarch)
   for h in boost/asio.hpp fmt/format.h nlohmann/json.hpp liburing.h openssl/evp.h openssl/opensslconf.h \
-           catch2/catch.hpp CLI/CLI.hpp dlpack/dlpack.h; do
+           catch2/catch.hpp CLI/CLI.hpp dlpack/dlpack.h re2/re2.h; do
     found=
     for p in "$@"; do
       [ -e "$p/include/$h" ] || [ -e "$p/include/$ma/$h" ] && { found=1; break; }

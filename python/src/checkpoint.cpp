@@ -6,11 +6,11 @@
 
 #include <array>
 #include <map>
-#include <regex>
 #include <set>
 
 #include <pybind11/stl.h>
 
+#include <sluice/format/name_pattern.hpp>
 #include <sluice/policy/classify.hpp>
 
 namespace sluice_py {
@@ -27,14 +27,13 @@ py_checkpoint open_checkpoint(const std::string& where, py::object select_regex,
   if (!index.empty()) opt.index = index;
   for (const auto& [from, to] : rename) opt.rename.push_back({from, to});
   if (!select_regex.is_none()) {
+    // RE2 syntax, compiled in the core (format/name_pattern.hpp): linear in the name.
     const auto pattern = select_regex.cast<std::string>();
-    std::shared_ptr<std::regex> re;
     try {
-      re = std::make_shared<std::regex>(pattern, std::regex::ECMAScript | std::regex::optimize);
-    } catch (const std::regex_error& e) {
-      throw config_error(fmt::format("select: '{}' is not a valid regular expression: {}", pattern, e.what()));
+      opt.select = format::matching(pattern);
+    } catch (const config_error& e) {
+      throw config_error(fmt::format("select: {}", e.detail()));
     }
-    opt.select = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
   } else if (!select_fn.is_none()) {
     // Called on this thread. A collective open runs without the GIL (it waits
     // on its peers), so the call takes it, and copies of the function share

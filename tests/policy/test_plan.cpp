@@ -371,8 +371,8 @@ TEST_CASE("an expert or layer index that does not fit is a config error naming t
   const classifier c = classifier::deepseek();
   tensor_info huge{"model.layers.3.mlp.experts.99999999999999999999999.w1.weight", 16, {4, 4}};
   REQUIRE_THROWS_MATCHES(c.classify(huge), config_error,
-                         Catch::Message("tensor 'model.layers.3.mlp.experts.99999999999999999999999.w1.weight': the expert index "
-                                        "'99999999999999999999999' captured by the pattern is not a number below 2^32"));
+                         Catch::Message("the expert index '99999999999999999999999' captured by the pattern is not a number "
+                                        "below 2^32 (tensor 'model.layers.3.mlp.experts.99999999999999999999999.w1.weight')"));
   tensor_info big{"model.layers.3.mlp.experts.4294967296.w1.weight", 16, {4, 4}};
   REQUIRE_THROWS_AS(c.classify(big), config_error);
   tensor_info layer{"model.layers.18446744073709551616.self_attn.q_proj.weight", 16, {4, 4}};

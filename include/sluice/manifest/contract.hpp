@@ -38,7 +38,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
-#include <regex>
+#include <charconv>
 #include <set>
 #include <string>
 #include <string_view>
@@ -51,6 +51,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sluice/error.hpp>
+#include <sluice/format/name_pattern.hpp>
 #include <sluice/sink/concepts.hpp>
 #include <sluice/tensor_view.hpp>
 
@@ -102,37 +103,37 @@ inline constexpr std::int64_t non_layer = -1;
 /// The default layer pattern: the first capture group is the layer index.
 inline constexpr std::string_view default_layer_pattern = R"(layers\.(\d+)\.)";
 
-/// Finds a name's layer with a regular expression whose first capture group is
-/// the layer index (searched anywhere in the name); names that do not match
-/// belong to `non_layer`.
+/// Finds a name's layer with a regular expression (RE2 syntax,
+/// format/name_pattern.hpp) whose first capture group is the layer index
+/// (searched anywhere in the name); names that do not match belong to
+/// `non_layer`.
 class layer_grouping {
  public:
   /// Throws config_error for an invalid pattern or one without a capture group.
   explicit layer_grouping(std::string pattern = std::string(default_layer_pattern)) : pattern_(std::move(pattern)) {
     try {
-      re_ = std::regex(pattern_, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      throw config_error(fmt::format("layer pattern '{}' is not a valid regular expression: {}", pattern_, e.what()));
+      re_ = format::name_pattern(pattern_);
+    } catch (const config_error& e) {
+      throw config_error(fmt::format("layer {}", e.detail()));
     }
-    if (re_.mark_count() < 1)
+    if (re_.groups() < 1)
       throw config_error(fmt::format("layer pattern '{}' has no capture group for the layer index", pattern_));
   }
 
   /// The layer of `name`, or non_layer.
   [[nodiscard]] std::int64_t layer_of(std::string_view name) const {
-    std::match_results<std::string_view::const_iterator> m;
-    if (!std::regex_search(name.begin(), name.end(), m, re_) || !m[1].matched) return non_layer;
-    try {
-      return std::stoll(m[1].str());
-    } catch (const std::exception&) {
-      return non_layer;
-    }
+    const auto digits = re_.group(name);
+    if (!digits) return non_layer;
+    std::int64_t v = 0;
+    const auto [p, ec] = std::from_chars(digits->data(), digits->data() + digits->size(), v);
+    if (ec != std::errc{} || p != digits->data() + digits->size() || v < 0) return non_layer;
+    return v;
   }
   [[nodiscard]] const std::string& pattern() const noexcept { return pattern_; }
 
  private:
   std::string pattern_;
-  std::regex re_;
+  format::name_pattern re_;
 };
 
 /// The frozen contract of one layer: every key the initial load applied to it.

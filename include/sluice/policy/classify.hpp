@@ -5,18 +5,21 @@
 /// replicated tensors (everything else); which tensors TP ranks split by
 /// rows or by columns; and, for pipeline stages, each tensor's layer
 /// index and whether a layer-less tensor belongs to the first stage
-/// (embeddings) or the last (final norm, lm_head). Patterns are ECMAScript regular expressions,
-/// searched (not matched) in the tensor's name.
+/// (embeddings) or the last (final norm, lm_head). Patterns are RE2 regular
+/// expressions (format/name_pattern.hpp: linear time, no backtracking; the
+/// `layers\.(\d+)\.` and `mlp\.experts\.(\d+)\.` forms are matched by
+/// hand), searched (not matched) in the tensor's name.
 
 #include <charconv>
 #include <cstdint>
 #include <optional>
-#include <regex>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include <sluice/error.hpp>
+#include <sluice/format/name_pattern.hpp>
 #include <sluice/policy/concepts.hpp>
 
 namespace sluice::inline v0::policy {
@@ -50,25 +53,19 @@ struct classify_options {
 /// Which pipeline stage a layer-less tensor goes with.
 enum class pp_anchor : std::uint8_t { every, first, last };
 
-/// Assigns tensor classes by name (and size). Copyable; the regexes are compiled once.
+/// Assigns tensor classes by name (and size). Copyable; the patterns are compiled once.
 class classifier {
  public:
+  /// Throws config_error for a pattern that is not valid RE2, or an expert or
+  /// layer pattern without a capture group for the index.
   explicit classifier(classify_options o = {}) : opt_(std::move(o)) {
-    try {
-      expert_ = std::regex(opt_.expert_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.table_pattern.empty()) table_ = std::regex(opt_.table_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.row_sliced_pattern.empty())
-        row_ = std::regex(opt_.row_sliced_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.column_sliced_pattern.empty())
-        column_ = std::regex(opt_.column_sliced_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.layer_pattern.empty()) layer_ = std::regex(opt_.layer_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.first_pp_stage_pattern.empty())
-        first_ = std::regex(opt_.first_pp_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
-      if (!opt_.last_pp_stage_pattern.empty())
-        last_ = std::regex(opt_.last_pp_stage_pattern, std::regex::ECMAScript | std::regex::optimize);
-    } catch (const std::regex_error& e) {
-      throw config_error(fmt::format("classifier: bad pattern: {}", e.what()));
-    }
+    expert_ = compiled(opt_.expert_pattern, "expert", true);
+    table_ = compiled(opt_.table_pattern, "table", false);
+    row_ = compiled(opt_.row_sliced_pattern, "row-sliced", false);
+    column_ = compiled(opt_.column_sliced_pattern, "column-sliced", false);
+    layer_ = compiled(opt_.layer_pattern, "layer", true);
+    first_ = compiled(opt_.first_pp_stage_pattern, "first PP stage", false);
+    last_ = compiled(opt_.last_pp_stage_pattern, "last PP stage", false);
   }
 
   /// The DeepSeek-style preset: `mlp.experts.N.` are routed experts;
@@ -82,8 +79,7 @@ class classifier {
 
   /// Fills `t.cls` and `t.expert` from its name and size (`t.layer`: see layer()).
   void classify(tensor_info& t) const {
-    std::smatch m;
-    if (!opt_.table_pattern.empty() && std::regex_search(t.name, m, *table_)) {
+    if (table_.search(t.name)) {
       t.cls = tensor_class::shared_table;
       t.expert = -1;
       return;
@@ -93,9 +89,9 @@ class classifier {
       t.expert = -1;
       return;
     }
-    if (std::regex_search(t.name, m, *expert_) && m.size() > 1) {
+    if (const auto digits = expert_.group(t.name)) {
       t.cls = tensor_class::routed_expert;
-      t.expert = index_in(t.name, m[1].str(), "expert");
+      t.expert = index_in(t.name, *digits, "expert");
       return;
     }
     t.cls = tensor_class::replicated;
@@ -104,15 +100,14 @@ class classifier {
 
   /// Fills `t.layer` from its name (-1: no layer index, or no layer pattern).
   void layer(tensor_info& t) const {
-    std::smatch m;
     t.layer = -1;
-    if (layer_ && std::regex_search(t.name, m, *layer_) && m.size() > 1) t.layer = index_in(t.name, m[1].str(), "layer");
+    if (const auto digits = layer_.group(t.name)) t.layer = index_in(t.name, *digits, "layer");
   }
 
   /// The stage a layer-less tensor goes with (first wins when both patterns match).
   [[nodiscard]] pp_anchor anchor(const tensor_info& t) const {
-    if (first_ && std::regex_search(t.name, *first_)) return pp_anchor::first;
-    if (last_ && std::regex_search(t.name, *last_)) return pp_anchor::last;
+    if (first_.search(t.name)) return pp_anchor::first;
+    if (last_.search(t.name)) return pp_anchor::last;
     return pp_anchor::every;
   }
 
@@ -124,11 +119,11 @@ class classifier {
 
   /// Whether TP ranks each take a contiguous block of this tensor's rows.
   [[nodiscard]] bool row_sliced(const tensor_info& t) const {
-    return row_ && t.shape.size() >= 1 && t.shape[0] > 0 && std::regex_search(t.name, *row_);
+    return !row_.empty() && t.shape.size() >= 1 && t.shape[0] > 0 && row_.search(t.name);
   }
   /// Whether TP ranks each take a block of this tensor's columns (dim 1).
   [[nodiscard]] bool column_sliced(const tensor_info& t) const {
-    return column_ && t.shape.size() >= 2 && t.shape[0] > 0 && t.shape[1] > 0 && std::regex_search(t.name, *column_);
+    return !column_.empty() && t.shape.size() >= 2 && t.shape[0] > 0 && t.shape[1] > 0 && column_.search(t.name);
   }
   /// How `tp` ranks split the tensor: by its patterns, where `tp` divides the
   /// split dimension into whole bytes; otherwise every owner keeps it whole
@@ -148,23 +143,26 @@ class classifier {
   // never std::stoll's out_of_range escaping into the engine. Bounded by 2^32 so
   // that placement arithmetic (expert x EP) cannot overflow.
   static constexpr std::int64_t max_index = std::int64_t{1} << 32;
-  static std::int64_t index_in(const std::string& tensor, const std::string& digits, const char* what) {
+  static std::int64_t index_in(const std::string& tensor, std::string_view digits, const char* what) {
     std::int64_t v = 0;
     auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
     if (digits.empty() || ec != std::errc{} || p != digits.data() + digits.size() || v < 0 || v >= max_index)
-      throw config_error(fmt::format("tensor '{}': the {} index '{}' captured by the pattern is not a number below 2^32",
-                                     tensor, what, digits));
+      throw config_error(fmt::format("the {} index '{}' captured by the pattern is not a number below 2^32", what,
+                                     printable(digits, 40)),
+                         {{}, tensor});
     return v;
+  }
+  // An empty pattern: none (matches nothing).
+  static format::name_pattern compiled(const std::string& pattern, const char* what, bool needs_group) {
+    if (pattern.empty()) return {};
+    format::name_pattern p(pattern);
+    if (needs_group && p.groups() < 1)
+      throw config_error(fmt::format("classifier: the {} pattern '{}' has no capture group for the index", what, pattern));
+    return p;
   }
 
   classify_options opt_;
-  std::optional<std::regex> expert_;
-  std::optional<std::regex> table_;
-  std::optional<std::regex> row_;
-  std::optional<std::regex> column_;
-  std::optional<std::regex> layer_;
-  std::optional<std::regex> first_;
-  std::optional<std::regex> last_;
+  format::name_pattern expert_, table_, row_, column_, layer_, first_, last_;
 };
 
 }  // namespace sluice::inline v0::policy
