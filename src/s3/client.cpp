@@ -2,6 +2,8 @@
 // attempts over plain TCP. TLS attempts are client_tls.cpp's.
 #include "client_attempt.hpp"
 
+#include <set>
+
 namespace sluice::inline v0::s3 {
 
 template task<response> client::impl::attempt_on<plain_stream>(plain_stream&, connection&, op&, std::size_t&,
@@ -55,6 +57,9 @@ task<range_result> client::get_range(std::string bucket, std::string key, std::u
 task<list_result> client::list(std::string bucket, std::string prefix, std::string delimiter, unsigned max_keys) {
   list_result out;
   std::string token;
+  // A server that keeps saying "truncated" (or hands back a token it gave
+  // before) ends the listing with an error, not a loop.
+  std::set<std::string> tokens_seen;
   for (;;) {
     op o;
     o.name = "ListObjectsV2";
@@ -76,11 +81,17 @@ task<list_result> client::list(std::string bucket, std::string prefix, std::stri
     } catch (const detail::malformed_xml& e) {
       fail("MalformedResponse", fmt::format("page {} of the listing: {}", out.pages, e.what()));
     }
+    if (auto bad = detail::check_list_page(page, prefix, max_keys))
+      fail("MalformedResponse", fmt::format("page {} of the listing: {}", out.pages, *bad));
     std::move(page.objects.begin(), page.objects.end(), std::back_inserter(out.objects));
     std::move(page.common_prefixes.begin(), page.common_prefixes.end(), std::back_inserter(out.common_prefixes));
     token = std::move(page.next_token);
     if (!page.truncated) break;
     if (token.empty()) fail("MissingContinuationToken", "IsTruncated without NextContinuationToken");
+    if (!tokens_seen.insert(token).second)
+      fail("RepeatedContinuationToken", fmt::format("page {} hands back a continuation token of an earlier page", out.pages));
+    if (out.pages >= impl_->cfg.max_list_pages)
+      fail("ListingTooLong", fmt::format("still truncated after {} pages ({} keys)", out.pages, out.objects.size()));
   }
   co_return out;
 }

@@ -95,45 +95,23 @@ task<response> client::impl::attempt_on(Stream& s, connection& c, op& o, std::si
   const bool success = r.status >= 200 && r.status < 300;
 
   if (success && o.ranged) {
-    // Verify Content-Range and the length, then read straight into dst.
+    // What the answer allows (range_answer.hpp: strict, no wraparound, never
+    // more than the destination holds), then read straight into dst.
     const std::uint64_t want_first = o.begin + progress;
-    std::uint64_t first = 0, last = 0;
-    if (r.status == 206) {
-      auto cr = parse_content_range(sv(h[http::field::content_range]));
-      if (!cr || !cr->first || !cr->last || !cr->total)
-        throw attempt_failure{r.status, "BadContentRange",
-                              fmt::format("206 with Content-Range '{}'", std::string(h[http::field::content_range])),
-                              false};
-      first = *cr->first;
-      last = *cr->last;
-      r.object_size = *cr->total;
-    } else if (r.status == 200 && want_first == 0 && r.content_length) {
-      // The whole object (a server that ignores Range for a range covering it).
-      first = 0;
-      last = *r.content_length - 1;
-      r.object_size = *r.content_length;
-      if (*r.content_length > o.end)
-        throw attempt_failure{r.status, "RangeIgnored", "the server ignored the Range header", false};
-    } else {
-      throw attempt_failure{r.status, "RangeIgnored",
-                            fmt::format("expected 206 Partial Content, got {}", r.status), false};
-    }
-    const std::uint64_t want_last = std::min(o.end, r.object_size) - 1;
-    if (first != want_first || last != want_last)
-      throw attempt_failure{r.status, "BadContentRange",
-                            fmt::format("asked for bytes {}-{}, got {}-{}", want_first, want_last, first, last), false};
-    if (!r.content_length || *r.content_length != last - first + 1)
-      throw attempt_failure{r.status, "BadContentLength",
-                            fmt::format("Content-Length {} for bytes {}-{}",
-                                        r.content_length ? std::to_string(*r.content_length) : "missing", first, last),
-                            false};
+    const auto cr = h.find(http::field::content_range);
+    const auto checked =
+        detail::check_range_answer(want_first, o.end, r.status,
+                           cr == h.end() ? std::nullopt : std::optional<std::string_view>(sv(cr->value())), r.content_length);
+    if (const auto* no = std::get_if<detail::range_refusal>(&checked)) throw attempt_failure{r.status, no->code, no->message, false};
+    const auto& body = std::get<detail::range_body>(checked);
+    r.object_size = body.object_size;
     if (!o.if_match.empty() && r.etag != o.if_match)
       throw attempt_failure{r.status, "ObjectChanged",
                             fmt::format("ETag is now {}, was {} when first seen", r.etag, o.if_match), false, true};
     o.end = std::min(o.end, r.object_size);
     if (o.if_match.empty()) o.if_match = r.etag;   // pin the version for resumed requests
     phase = "body";
-    co_await read_body_into(s, c, o.dst + (first - o.begin), last - first + 1, progress);
+    co_await read_body_into(s, c, o.dst + (body.first - o.begin), body.count, progress);
   } else if (o.method == http::verb::head) {
     r.object_size = r.content_length.value_or(0);
   } else {
@@ -145,7 +123,7 @@ task<response> client::impl::attempt_on(Stream& s, connection& c, op& o, std::si
     co_await http::async_read(s, c.buffer, sp, asio::use_awaitable);
     r.body = std::move(sp.get().body());
     if (r.status == 416) {
-      if (auto cr = parse_content_range(sv(sp.get()[http::field::content_range])); cr && cr->total)
+      if (auto cr = detail::parse_content_range(sv(sp.get()[http::field::content_range])); cr && cr->total)
         r.object_size = *cr->total;
     }
   }

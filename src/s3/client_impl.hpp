@@ -10,6 +10,7 @@
 #include <sluice/s3/client.hpp>
 #include <sluice/s3/connection_pool.hpp>
 
+#include "range_answer.hpp"
 #include "xml.hpp"
 
 #include <sys/socket.h>
@@ -89,34 +90,6 @@ struct response {
 };
 
 inline std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
-
-inline std::uint64_t to_u64(std::string_view s) {
-  std::uint64_t v = 0;
-  std::from_chars(s.data(), s.data() + s.size(), v);
-  return v;
-}
-
-/// "bytes B-E/T" or "bytes */T".
-struct content_range {
-  std::optional<std::uint64_t> first, last;
-  std::optional<std::uint64_t> total;
-};
-inline std::optional<content_range> parse_content_range(std::string_view v) {
-  if (!v.starts_with("bytes ")) return std::nullopt;
-  v.remove_prefix(6);
-  auto slash = v.find('/');
-  if (slash == std::string_view::npos) return std::nullopt;
-  content_range cr;
-  auto range = v.substr(0, slash), total = v.substr(slash + 1);
-  if (total != "*") cr.total = to_u64(total);
-  if (range != "*") {
-    auto dash = range.find('-');
-    if (dash == std::string_view::npos) return std::nullopt;
-    cr.first = to_u64(range.substr(0, dash));
-    cr.last = to_u64(range.substr(dash + 1));
-  }
-  return cr;
-}
 
 inline std::string transport_code(const boost::system::error_code& ec, std::string_view phase) {
   if (ec == beast::error::timeout) return phase == "connect" ? "ConnectTimeout" : "Timeout";

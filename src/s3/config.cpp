@@ -10,6 +10,8 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 
+#include "ascii.hpp"
+
 namespace sluice::inline v0::s3 {
 
 namespace {
@@ -20,7 +22,7 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto& c : s) c = ascii::to_lower(c);
   return s;
 }
 bool truthy(const std::optional<std::string>& v) {
@@ -44,7 +46,7 @@ std::optional<std::string> lookup(const ini_file& f, const std::string& section,
 bool dns_compatible(std::string_view b) {
   if (b.size() < 3 || b.size() > 63) return false;
   for (char c : b)
-    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-' ||
+    if (!(ascii::is_lower(static_cast<unsigned char>(c)) || ascii::is_digit(static_cast<unsigned char>(c)) || c == '-' ||
           c == '.'))
       return false;
   return b.front() != '-' && b.back() != '-' && b.find("..") == std::string_view::npos;

@@ -12,12 +12,14 @@
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
 
+#include "ascii.hpp"
+
 namespace sluice::inline v0::s3 {
 
 namespace {
 std::string lower(std::string_view s) {
   std::string r(s);
-  for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto& c : r) c = ascii::to_lower(c);
   return r;
 }
 // Trimall: strip leading/trailing whitespace, collapse runs of spaces to one.
@@ -98,7 +100,7 @@ std::string uri_encode(std::string_view s, bool keep_slash) {
   r.reserve(s.size());
   for (char ch : s) {
     auto c = static_cast<unsigned char>(ch);
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+    if (ascii::is_alnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
       r += ch;
     } else {
       r += '%';

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <pugixml.hpp>
 
+#include <sluice/error.hpp>
+
 namespace sluice::inline v0::s3::detail {
 
 namespace {
@@ -75,6 +77,27 @@ list_page parse_list_page(std::string_view body) {
   }
   page.next_token = text_of(root, "NextContinuationToken");
   return page;
+}
+
+std::optional<std::string> check_list_page(const list_page& page, std::string_view prefix, unsigned max_keys) {
+  const auto entries = page.objects.size() + page.common_prefixes.size();
+  if (entries > max_keys)
+    return fmt::format("{} keys and common prefixes in a page, more than the {} asked for", entries, max_keys);
+  auto key_problem = [&](std::string_view key, const char* what) -> std::optional<std::string> {
+    if (key.size() > max_key_bytes)
+      return fmt::format("a {} of {} bytes, longer than S3's limit of {}", what, key.size(), max_key_bytes);
+    if (!key.starts_with(prefix))
+      return fmt::format("the {} '{}' is outside the prefix '{}' that was listed", what, printable(key, 120),
+                         printable(prefix, 120));
+    return std::nullopt;
+  };
+  for (const auto& o : page.objects)
+    if (auto p = key_problem(o.key, "key")) return p;
+  for (const auto& c : page.common_prefixes)
+    if (auto p = key_problem(c, "common prefix")) return p;
+  if (page.next_token.size() > max_token_bytes)
+    return fmt::format("a continuation token of {} bytes, longer than {}", page.next_token.size(), max_token_bytes);
+  return std::nullopt;
 }
 
 std::string excerpt(std::string_view body, std::size_t max) {

@@ -44,6 +44,17 @@ struct list_page {
 /// neither "true" nor "false".
 [[nodiscard]] list_page parse_list_page(std::string_view body);
 
+/// Bounds on a listing, whatever the server says.
+inline constexpr std::size_t max_key_bytes = 1024;          ///< S3's own limit on a key
+inline constexpr std::size_t max_token_bytes = 4096;        ///< a continuation token
+
+/// Checks a parsed page against what was asked: at most `max_keys` keys and
+/// common prefixes, each key at most max_key_bytes, starting with `prefix`
+/// (and each common prefix too), a continuation token at most
+/// max_token_bytes. The reason when it breaks one (a lying or broken
+/// server), else nullopt. Pure: fuzzed with parse_list_page.
+[[nodiscard]] std::optional<std::string> check_list_page(const list_page& page, std::string_view prefix, unsigned max_keys);
+
 /// At most `max` bytes of `body` with control characters replaced by spaces and
 /// "..." appended when cut: for quoting an unexpected body in an error message.
 [[nodiscard]] std::string excerpt(std::string_view body, std::size_t max = 120);

@@ -78,6 +78,10 @@ struct config {
   std::uint64_t low_speed_limit = 64 * 1024;
   std::chrono::milliseconds low_speed_window{10'000};
   retry_policy retry;
+  /// Pages one listing may take (1000 keys each) before it is an error
+  /// (ListingTooLong): a server that never stops saying "truncated" ends the
+  /// listing instead of looping. A checkpoint's prefix holds far fewer keys.
+  unsigned max_list_pages = 1000;
 
   /// Resolves the standard AWS conventions, in this order of precedence:
   /// - credentials: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
