@@ -2,9 +2,13 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <dlfcn.h>
+#include <liburing.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -240,4 +244,52 @@ TEST_CASE("io_mode::direct never maps; automatic maps what is cached", "[core][u
     return;
   }
   REQUIRE_FALSE(automatic.can_map(0, 0, 1 << 20));
+}
+
+// io_uring_submit_and_wait, as this executable sees it: the real one, unless
+// a test asks for EINTR first (the error io_uring_enter gives when a signal
+// arrives during the wait: a Ctrl-C in Python). The definition here
+// interposes liburing's exported one for this executable only.
+namespace {
+std::atomic<int> eintr_to_inject{0};
+std::atomic<int> eintr_injected{0};
+}  // namespace
+extern "C" int io_uring_submit_and_wait(struct io_uring* ring, unsigned wait_nr) {
+  using real_fn = int (*)(struct io_uring*, unsigned);
+  static const auto real = reinterpret_cast<real_fn>(::dlsym(RTLD_NEXT, "io_uring_submit_and_wait"));
+  if (eintr_to_inject.load() > 0) {
+    eintr_to_inject.fetch_sub(1);
+    eintr_injected.fetch_add(1);
+    return -EINTR;
+  }
+  return real(ring, wait_nr);
+}
+
+TEST_CASE("teardown waits out signals: every read in flight completes before the context is gone",
+          "[core][uring][concurrent]") {
+  // Reads of an empty pipe stay in flight until cancelled. The destructor's
+  // wait is interrupted (EINTR) three times; it must go on waiting, or reads
+  // still in flight would outlive their buffers. Every read's handler must be
+  // gone once the destructor returns (a canary counts them): an abandoned
+  // read keeps its own.
+  constexpr int reads = 32;
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  std::vector<std::byte> buf(reads * 16);
+  auto canary = std::make_shared<int>(0);
+  {
+    asio::io_context ioc;
+    uring_context ring(ioc, {.entries = 64});
+    for (int i = 0; i < reads; ++i)
+      ring.async_read_at(p[0], std::span<std::byte>(buf).subspan(static_cast<std::size_t>(i) * 16, 16), 0,
+                         [canary](boost::system::error_code, std::size_t) {});
+    ioc.poll();   // submits them
+    REQUIRE(canary.use_count() == reads + 1);
+    eintr_injected = 0;
+    eintr_to_inject = 3;
+  }
+  CHECK(eintr_injected.load() == 3);
+  CHECK(canary.use_count() == 1);   // every handler destroyed: no read was abandoned
+  ::close(p[0]);
+  ::close(p[1]);
 }

@@ -76,17 +76,29 @@ class uring_context {
     boost::system::error_code ignored;
     eventfd_.cancel(ignored);
     if (!inflight_.empty()) {
-      if (io_uring_sqe* s = ::io_uring_get_sqe(&ring_)) {
+      // One request cancels them all; if the SQ is full, what is queued goes
+      // first so that a slot frees.
+      io_uring_sqe* s = ::io_uring_get_sqe(&ring_);
+      if (!s) {
+        (void)::io_uring_submit(&ring_);
+        s = ::io_uring_get_sqe(&ring_);
+      }
+      if (s) {
         ::io_uring_prep_cancel64(s, 0, IORING_ASYNC_CANCEL_ANY);
         ::io_uring_sqe_set_data64(s, 0);
-        ::io_uring_submit(&ring_);
       }
+      // Every read in flight completes (cancelled or not) before its buffer
+      // may be released: a signal (EINTR: a Ctrl-C in Python) or a full CQ
+      // (EBUSY/EAGAIN) interrupts the wait, never ends it.
       while (!inflight_.empty()) {
         io_uring_cqe* cqe = nullptr;
-        if (::io_uring_wait_cqe(&ring_, &cqe) < 0) break;
-        auto* op = static_cast<op_base*>(::io_uring_cqe_get_data(cqe));
-        ::io_uring_cqe_seen(&ring_, cqe);
-        if (op && inflight_.erase(op)) op->destroy();
+        const int r = ::io_uring_submit_and_wait(&ring_, 1);
+        if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) break;   // the ring itself is gone
+        while (::io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe) {
+          auto* op = static_cast<op_base*>(::io_uring_cqe_get_data(cqe));
+          ::io_uring_cqe_seen(&ring_, cqe);
+          if (op && inflight_.erase(op)) op->destroy();
+        }
       }
     }
     for (auto* op : pending_) op->destroy();
