@@ -16,12 +16,16 @@
 // non-zero or by a signal ends the group: the others get SIGTERM at once and
 // SIGKILL --grace seconds later, and the launcher says which rank failed
 // first and how (--no-teardown: wait for every rank, for tests of the
-// library's own detection of a dead peer).
+// library's own detection of a dead peer). SIGTERM, SIGINT or SIGHUP to the
+// launcher is passed on to every rank (SIGKILL --grace seconds later), its
+// temporary directory is removed, and it exits 128 + the signal's number,
+// naming it.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +41,24 @@
 #include "common/args.hpp"
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The signal that asked the launcher to stop (0: none). Set by the handler,
+// read by the wait loop, which passes it on to the ranks.
+volatile std::sig_atomic_t stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
+
+// Removes the launcher's temporary directory on every way out of main.
+struct remove_on_exit {
+  fs::path dir;
+  ~remove_on_exit() {
+    std::error_code ec;
+    if (!dir.empty()) fs::remove_all(dir, ec);
+  }
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::size_t n = 1, nnodes = 1, node_rank = 0;
@@ -78,6 +100,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool redis = store.rfind("redis://", 0) == 0;
+  // Several nodes: each must say where the others reach it. The default,
+  // 127.0.0.1, would send every other node to itself. (An explicit loopback
+  // --host is taken as meant: "nodes" simulated on one machine.)
+  if (nnodes > 1 && app.count("--host") == 0) {
+    std::fprintf(stderr,
+                 "sluice-launch: --nnodes %zu needs --host: this node's address that the other nodes reach (the default, "
+                 "127.0.0.1, reaches only this machine)\n",
+                 nnodes);
+    return 2;
+  }
   if (nnodes > 1 && store.empty()) {
     std::fprintf(stderr, "sluice-launch: --nnodes %zu needs --store (a shared directory or redis://HOST:PORT/RUN)\n", nnodes);
     return 2;
@@ -89,6 +121,13 @@ int main(int argc, char** argv) {
   std::string work_tmpl = (fs::temp_directory_path() / "sluice-launch-XXXXXX").string();
   if (!::mkdtemp(work_tmpl.data())) { std::perror("sluice-launch: mkdtemp"); return 1; }
   const fs::path work = work_tmpl;
+  const remove_on_exit cleanup{work};
+  // Installed before the ranks start: a signal that arrives while they start
+  // is passed on too. (A child runs this handler only until its exec.)
+  struct sigaction sa{};
+  sa.sa_handler = on_stop_signal;
+  ::sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   if (store.empty()) store = (work / "store").string();
   if (!redis) {
     fs::create_directories(store);
@@ -100,7 +139,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<pid_t> pids;
-  for (std::size_t r = 0; r < n; ++r) {
+  for (std::size_t r = 0; r < n && !stop_signal; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) { std::perror("sluice-launch: fork"); return 1; }
     if (pid == 0) {
@@ -122,11 +161,22 @@ int main(int argc, char** argv) {
     }
     pids.push_back(pid);
   }
+  n = pids.size();   // fewer when a stop signal came while they started
   std::vector<int> codes(n, -1);
   std::size_t left = n;
   std::chrono::steady_clock::time_point first_failure{};
   bool failed = false, killed = false;
+  int forwarded = 0;   // the stop signal passed on to the ranks
   while (left) {
+    if (stop_signal && !forwarded) {
+      forwarded = stop_signal;
+      const int to_ranks = forwarded == SIGINT ? SIGINT : SIGTERM;
+      std::fprintf(stderr, "sluice-launch: stopped by SIG%s: passing SIG%s to %zu running rank(s), SIGKILL after %g s\n",
+                   ::sigabbrev_np(forwarded), ::sigabbrev_np(to_ranks), left, grace);
+      for (std::size_t q = 0; q < n; ++q)
+        if (codes[q] < 0) ::kill(pids[q], to_ranks);
+      if (!failed) failed = true, first_failure = std::chrono::steady_clock::now();
+    }
     int st = 0;
     const pid_t p = ::waitpid(-1, &st, WNOHANG);
     if (p > 0) {
@@ -134,7 +184,7 @@ int main(int argc, char** argv) {
         if (pids[r] == p) {
           codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
           --left;
-          if (codes[r] != 0 && !failed) {
+          if (codes[r] != 0 && !failed && !forwarded) {
             failed = true, first_failure = std::chrono::steady_clock::now();
             if (WIFSIGNALED(st))
               std::fprintf(stderr, "sluice-launch: rank %zu failed first: killed by signal %d (%s)%s\n", node_rank * n + r,
@@ -150,7 +200,7 @@ int main(int argc, char** argv) {
         }
       continue;
     }
-    if (failed && !no_teardown && !killed &&
+    if (failed && (!no_teardown || forwarded) && !killed &&
         std::chrono::steady_clock::now() - first_failure > std::chrono::duration<double>(grace)) {
       killed = true;
       for (std::size_t r = 0; r < n; ++r)
@@ -178,7 +228,10 @@ int main(int argc, char** argv) {
   const auto text = merged.dump(2);
   if (!json_out.empty()) std::ofstream(json_out) << text << "\n";
   else if (!totals.empty()) std::printf("%s\n", text.c_str());
-  fs::remove_all(work);
+  if (forwarded) {
+    std::fprintf(stderr, "sluice-launch: stopped by SIG%s; every rank has ended\n", ::sigabbrev_np(forwarded));
+    return 128 + forwarded;
+  }
   int rc = 0;
   for (std::size_t r = 0; r < n; ++r)
     if (codes[r] != 0) {

@@ -38,6 +38,38 @@ def default_store(timeout=60.0):
     return _store
 
 
+def node_address(store=None):
+    """The address the other nodes reach this one at, for a world across
+    nodes (SLUICE_GLOO_HOST wins; 127.0.0.1 reaches nobody else): the local
+    end of a route toward the store's host (MASTER_ADDR under torchrun), as
+    torch and vLLM find their own IP. No packet is sent: a UDP socket's
+    connect() only picks the route."""
+    import socket
+    peer = getattr(store, "host", None) if store is not None else None
+    peer = peer or os.environ.get("MASTER_ADDR") or ""
+    candidates = [peer] if peer else []
+    try:
+        candidates.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    for target in candidates:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((target, 1))
+                ip = s.getsockname()[0]
+        except OSError:
+            continue
+        if not ip.startswith("127.") and ip != "0.0.0.0":
+            return ip
+    return ""
+
+
+def _set_host(o, store=None):
+    """Multi-node: the address this rank advertises (see node_address)."""
+    if o.world_size > o.local_size and not os.environ.get("SLUICE_GLOO_HOST"):
+        o.host = node_address(store)
+
+
 def configure(o, topology, offload, store, timeout, world=None):
     """Fills a StreamOptions' distributed fields from `world` (a sluice.World),
     or else from torchrun's environment."""
@@ -53,6 +85,7 @@ def configure(o, topology, offload, store, timeout, world=None):
     o.topology = topology or f"tp1,dp{o.world_size},ep{o.world_size}"  # as sluice-load under sluice-launch
     o.offload = offload
     o.timeout_ms = int(timeout * 1000)
+    _set_host(o, store)
     if o.world_size > 1:
         if store is not None and world is not None:
             o.set_store(store)  # the caller agreed on its prefix with its peers
@@ -75,6 +108,7 @@ def collective_open_options(world, store, timeout):
     o.timeout_ms = int(timeout * 1000)
     if world is not None:
         o.rank, o.world_size, o.local_rank, o.local_size = world.rank, world.size, world.local_rank, world.local_size
+        _set_host(o, store)
         if o.world_size > 1:
             o.set_store(dist.PrefixStore("open", store))
         return o
@@ -82,6 +116,7 @@ def collective_open_options(world, store, timeout):
     o.world_size = int(_env("WORLD_SIZE", "1"))
     o.local_rank = int(_env("LOCAL_RANK", str(o.rank)))
     o.local_size = int(_env("LOCAL_WORLD_SIZE", str(o.world_size)))
+    _set_host(o)
     if o.world_size > 1:
         _opens += 1
         o.set_store(dist.PrefixStore(f"sluice/open-{_opens}", default_store(timeout)))

@@ -85,6 +85,7 @@ class StreamOptions:
     local_size: int
     kv_prefix: str
     timeout_ms: int
+    host: str
     pp_stage_layers: list[int]
     pp_first_pattern: Optional[str]
     pp_last_pattern: Optional[str]

@@ -76,6 +76,7 @@ struct py_stream_options {
   std::shared_ptr<comm::kv_store> kv;
   std::string kv_prefix;
   std::uint64_t timeout_ms = 60000;
+  std::string host;   // the address this rank's Gloo device listens on (empty: SLUICE_GLOO_HOST, else 127.0.0.1)
   // PP > 1: layers per stage (empty: the plan's even split) and the patterns of
   // the layer-less tensors that go with the first / last stage (unset: the classifier's).
   std::vector<std::size_t> pp_stage_layers;

@@ -191,6 +191,7 @@ comm::rank_info rank_info_of(const py_stream_options& o) {
   who.kv = o.kv;
   who.kv_prefix = o.kv_prefix;
   if (const char* h = std::getenv("SLUICE_GLOO_HOST"); h && *h) who.hostname = h;
+  else if (!o.host.empty()) who.hostname = o.host;
   return who;
 }
 
@@ -228,6 +229,7 @@ void init_stream(py::module_& m) {
       .def_readwrite("local_size", &py_stream_options::local_size)
       .def_readwrite("kv_prefix", &py_stream_options::kv_prefix)
       .def_readwrite("timeout_ms", &py_stream_options::timeout_ms)
+      .def_readwrite("host", &py_stream_options::host)
       .def_readwrite("pp_stage_layers", &py_stream_options::pp_stage_layers)
       .def_readwrite("pp_first_pattern", &py_stream_options::pp_first_pattern)
       .def_readwrite("pp_last_pattern", &py_stream_options::pp_last_pattern)

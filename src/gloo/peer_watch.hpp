@@ -319,6 +319,13 @@ class peer_watch {
             heard(p, partial[p].substr(0, nl));
             partial[p].erase(0, nl + 1);
           }
+          // Lines are a few words ("at 12", "lost 3", "done"): a peer that
+          // sends more without a newline breaks the protocol, and its bytes
+          // are not kept without bound.
+          if (partial[p].size() > max_line) {
+            partial[p].clear();
+            broke_protocol(p, fmt::format("it sent more than {} bytes without a newline", max_line));
+          }
           continue;
         }
         ended(p, n < 0 ? fmt::format("connection failed: {}", std::strerror(errno)) : std::string("connection closed"));
@@ -344,6 +351,15 @@ class peer_watch {
     cv_.notify_all();
   }
 
+  // Peer p's watch connection carries what is not a line: its watch is
+  // ignored from then on (it is a peer no more than a dead one is).
+  void broke_protocol(std::size_t p, const std::string& how) {
+    std::lock_guard lock(m_);
+    ended_[p] = true;
+    lose(p, how);
+    cv_.notify_all();
+  }
+
   // Peer p's connection ended: a death unless it said its last word.
   void ended(std::size_t p, const std::string& how) {
     std::lock_guard lock(m_);
@@ -361,6 +377,7 @@ class peer_watch {
     cv_.notify_all();
   }
 
+  static constexpr std::size_t max_line = 4096;
   std::size_t rank_;
   int listen_ = -1, wake_ = -1;
   std::string address_;

@@ -127,6 +127,7 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
         int code = 0;
         try {
           comm::rank_info who;
+          who.hostname = "127.0.0.1";  // every "node" of the test is this machine
           who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
           who.store_dir = store.string();
           who.timeout = 20s;
@@ -251,6 +252,7 @@ TEST_CASE("a one-rank distributed load equals the plain load", "[comm][distribut
   auto ck = checkpoint::open(checkpoint_dir());
   recording_sink s;
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   auto st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, s, small_options());
   const auto ref = reference_digests();
   REQUIRE(s.digests.digests().size() == ref.size());
@@ -498,6 +500,7 @@ TEST_CASE("window buffers kept between loads are reused and the loads deliver th
       n,
       [&](std::size_t rank) {
         comm::rank_info who;
+        who.hostname = "127.0.0.1";  // every "node" of the test is this machine
         who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
         who.store_dir = store.string();
         who.timeout = 20s;
@@ -582,6 +585,7 @@ TEST_CASE("a rank killed mid-load makes the others fail with comm_error, not han
       4,
       [&](std::size_t rank) {
         comm::rank_info who;
+        who.hostname = "127.0.0.1";  // every "node" of the test is this machine
         who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
         who.store_dir = store.string();
         who.timeout = 120s;
@@ -644,6 +648,7 @@ TEST_CASE("a peer dead during a device-lane exchange: the others throw peer_lost
       4,
       [&](std::size_t rank) {
         comm::rank_info who;
+        who.hostname = "127.0.0.1";  // every "node" of the test is this machine
         who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
         who.store_dir = store.string();
         who.timeout = 300s;
@@ -696,6 +701,7 @@ void require_every_rank_fails_opening(const std::string& tag, const std::functio
       4,
       [&](std::size_t rank) {
         comm::rank_info who;
+        who.hostname = "127.0.0.1";  // every "node" of the test is this machine
         who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
         who.store_dir = store.string();
         who.timeout = 60s;  // the failure must not wait for it
@@ -735,6 +741,7 @@ TEST_CASE("a rank that cannot open its checkpoint fails every rank at once", "[c
 
 TEST_CASE("a group is checked: duplicates, ranks outside the world and empty names are config errors", "[comm][groups]") {
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = 0, who.world_size = 4, who.store_dir = "/nonexistent";
   const std::vector<std::size_t> dup{0, 2, 2}, outside{0, 4}, fine{1, 3};
   REQUIRE_THROWS_WITH(comm::gloo::group(who, dup, "g"), Catch::Contains("rank 2 is listed twice"));
@@ -753,6 +760,7 @@ TEST_CASE("a load on the subgroup {0, 2, 5} of six ranks; the others are untouch
   opt.plan.uneven_experts = true;  // 8 experts per layer over EP=3
   auto res = sluice_test::run_ranks(6, [&](std::size_t rank) {
     comm::rank_info who;
+    who.hostname = "127.0.0.1";  // every "node" of the test is this machine
     who.rank = rank, who.world_size = 6, who.local_rank = rank, who.local_size = 6;
     who.store_dir = store.string();
     who.timeout = 20s;
@@ -815,6 +823,7 @@ TEST_CASE("ranks with nothing to read take part in every collective and finish",
   const auto out = sluice_test::fresh_dir("idle-out");
   auto res = sluice_test::run_ranks(4, [&](std::size_t rank) {
     comm::rank_info who;
+    who.hostname = "127.0.0.1";  // every "node" of the test is this machine
     who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
     who.store_dir = store.string();
     who.timeout = 20s;
@@ -879,6 +888,7 @@ TEST_CASE("a sink that reserves from the plan is asked once, before any view, at
         4,
         [&](std::size_t rank) {
           comm::rank_info who;
+          who.hostname = "127.0.0.1";  // every "node" of the test is this machine
           who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
           who.store_dir = store.string();
           who.timeout = 20s;
@@ -940,6 +950,7 @@ std::vector<nlohmann::json> run_collective(std::size_t n, const std::function<nl
         nlohmann::json j;
         try {
           comm::rank_info who;
+          who.hostname = "127.0.0.1";  // every "node" of the test is this machine
           who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
           who.store_dir = store.string();
           who.timeout = 20s;
@@ -1059,6 +1070,7 @@ TEST_CASE("load_distributed from a path: the bytes read to open, summed over 4 r
       4,
       [&](std::size_t rank) {
         comm::rank_info who;
+        who.hostname = "127.0.0.1";  // every "node" of the test is this machine
         who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
         who.store_dir = store.string();
         who.timeout = 20s;

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include <sluice/gloo/communicator.hpp>
 #include <sluice/comm/local.hpp>
 
+#include "gloo/peer_watch.hpp"   // src/gloo: the component's private watch
 #include "multiprocess.hpp"
 #include "support/redis_server.hpp"
 
@@ -215,6 +217,7 @@ TEST_CASE("2 gloo ranks meet through a program's kv_store, under the load's pref
     ranks.emplace_back([&, rank] {
       try {
         comm::rank_info who;
+        who.hostname = "127.0.0.1";  // every "node" of the test is this machine
         who.rank = rank;
         who.world_size = 2;
         who.timeout = 20s;
@@ -241,6 +244,7 @@ TEST_CASE("2 gloo ranks meet through a program's kv_store, under the load's pref
 
 TEST_CASE("a peer missing from a kv_store rendezvous is a comm_error, not a hang", "[comm][gloo][kv]") {
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = 0;
   who.world_size = 2;
   who.timeout = 1s;
@@ -424,4 +428,30 @@ TEST_CASE("a dead peer cannot kill a rank with SIGPIPE; a process's own SIGPIPE 
     std::filesystem::remove_all(dir);
     CHECK(res[0].code == 0);
   }
+}
+
+TEST_CASE("a peer-watch connection that sends an endless line is a lost peer, not unbounded memory",
+          "[comm][gloo][watch]") {
+  // Rank 0's watch, and a stranger in rank 1's place: it greets as rank 1,
+  // then sends bytes without a newline. The watch keeps at most a line's
+  // worth of them and calls rank 1 lost, naming why.
+  comm::detail::peer_watch watch(0, 2, "127.0.0.1");
+  const auto& a = watch.address();
+  const auto port = static_cast<std::uint16_t>(std::stoi(a.substr(a.rfind('|') + 1)));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  const std::uint64_t one = 1;
+  REQUIRE(::send(fd, &one, sizeof one, MSG_NOSIGNAL) == sizeof one);
+  watch.connect({a, "127.0.0.1|1"}, std::chrono::seconds(10));
+  const std::string flood(64 * 1024, 'x');
+  (void)::send(fd, flood.data(), flood.size(), MSG_NOSIGNAL);
+  const auto v = watch.settle(std::chrono::seconds(20));
+  REQUIRE(v.lost == std::optional<std::size_t>(1));
+  CHECK_THAT(v.how, Catch::Contains("without a newline"));
+  ::close(fd);
 }

@@ -59,6 +59,7 @@ using sluice_test::small_options;
 
 comm::rank_info world(std::size_t rank, std::size_t n, const fs::path& store, std::chrono::milliseconds timeout) {
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
   who.store_dir = store.string();
   who.timeout = timeout;

@@ -127,6 +127,7 @@ struct publish_log {
 
 comm::rank_info rank_info_for(std::size_t rank, const fs::path& store) {
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = rank, who.world_size = world, who.local_rank = rank, who.local_size = world;
   who.store_dir = store.string();
   who.timeout = 30s;

@@ -90,6 +90,7 @@ std::size_t witnessed(std::size_t rank) {
 // A rank's world for one load: its own store directory.
 comm::rank_info world(std::size_t rank, std::size_t n, const fs::path& store) {
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
   who.store_dir = store.string();
   who.timeout = 30s;  // a dead peer is seen by its closed sockets, long before this

@@ -299,6 +299,7 @@ TEST_CASE("a sink that throws stops the load at the next status exchange, naming
 TEST_CASE("a multi-rank load in a program that does not link sluice::gloo names the component to link", "[distributed][world]") {
   // This executable links the core alone: nothing registered a communicator.
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = 0, who.world_size = 4, who.local_rank = 0, who.local_size = 4;
   discard_sink s;
   try {
@@ -396,6 +397,7 @@ TEST_CASE("a static topology and an offload type reach the plan and the driver w
   const auto ck = checkpoint::open(checkpoint_dir());
   const auto opt = many_windows(false);
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = 0, who.world_size = 1, who.local_rank = 0, who.local_size = 1;
 
   const auto before = policy::run_time_parses();
@@ -444,6 +446,7 @@ TEST_CASE("a static topology whose world is not the communicator's fails before 
   // The tool-level call checks WORLD_SIZE before joining a world (this
   // executable links no communicator: joining would name sluice::gloo).
   comm::rank_info who;
+  who.hostname = "127.0.0.1";  // every "node" of the test is this machine
   who.rank = 0, who.world_size = 4, who.local_rank = 0, who.local_size = 4;
   REQUIRE_THROWS_WITH(load_distributed(ck, policy::topology<1, 2, 2>{}, policy::offload::none{}, who, s),
                       Catch::Contains("topology tp1,dp2,ep2 has 2 ranks but WORLD_SIZE is 4"));

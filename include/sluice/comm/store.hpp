@@ -99,7 +99,11 @@ struct rank_info {
   std::size_t local_size = 1;   ///< ranks on this node
   std::string store_dir;         ///< file-store directory (empty: none)
   std::string store;             ///< redis://HOST:PORT/PREFIX (takes precedence over store_dir)
-  std::string hostname = "127.0.0.1";  ///< address this rank's Gloo device listens on
+  /// The address this rank's Gloo device listens on and tells its peers
+  /// (SLUICE_GLOO_HOST). Empty: 127.0.0.1, which a world across nodes
+  /// refuses (check_reachable); set it explicitly to 127.0.0.1 to run a
+  /// world of several "nodes" on one machine.
+  std::string hostname;
   std::chrono::milliseconds timeout{60000};  ///< per collective and for rendezvous
   std::shared_ptr<kv_store> kv;  ///< a store the program supplies (takes precedence over store and store_dir)
   std::string kv_prefix;         ///< key prefix within `kv` (one per load)
@@ -129,6 +133,23 @@ struct rank_info {
     if (r.rank >= r.world_size) throw config_error(fmt::format("RANK={} is not below WORLD_SIZE={}", r.rank, r.world_size));
     return r;
   }
+
+  /// Throws config_error when this rank's world spans nodes (`world_size` >
+  /// `local_size`) but no address was given (`hostname` empty): it would
+  /// tell the other nodes 127.0.0.1, and they would connect to themselves.
+  /// Names SLUICE_GLOO_HOST and the launcher's --host, where it is set. An
+  /// explicit loopback address is taken as meant (nodes simulated on one
+  /// machine).
+  void check_reachable() const {
+    if (world_size > local_size && hostname.empty())
+      throw config_error(fmt::format(
+          "rank {} of a world of {} ranks on more than one node ({} on this node) would tell the other nodes to connect "
+          "to '{}', which only this machine reaches: set SLUICE_GLOO_HOST (sluice-launch --host) to this node's address",
+          rank, world_size, local_size, address()));
+  }
+
+  /// The address to listen on: `hostname`, or 127.0.0.1 when it is empty.
+  [[nodiscard]] std::string address() const { return hostname.empty() ? std::string("127.0.0.1") : hostname; }
 
   /// The rendezvous: `store` when set, else the file store in `store_dir`.
   [[nodiscard]] store_address rendezvous() const {

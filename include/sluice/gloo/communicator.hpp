@@ -31,8 +31,13 @@ struct gloo_options {
   std::string hostname = "127.0.0.1";         ///< address this rank listens on
   std::chrono::milliseconds timeout{60000};   ///< rendezvous and every collective
 
-  /// From rank_info: its rendezvous, listening address and timeout.
-  [[nodiscard]] static gloo_options from(const rank_info& who) { return {who.rendezvous(), who.hostname, who.timeout}; }
+  /// From rank_info: its rendezvous, listening address and timeout. Throws
+  /// config_error for a world across nodes whose address is loopback
+  /// (rank_info::check_reachable).
+  [[nodiscard]] static gloo_options from(const rank_info& who) {
+    who.check_reachable();
+    return {who.rendezvous(), who.address(), who.timeout};
+  }
 };
 
 /// A Gloo full-mesh context among `size` ranks. Move-only.
