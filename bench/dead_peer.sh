@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The time from a rank's death to the last survivor's exit, per phase of a
 # distributed load (issue 24). Four ranks load a generated checkpoint under
-# sluice-launch; the test fault hook (SLUICE_TEST_FAULT, in builds with
-# SLUICE_TEST_FAULTS: the default where tests are built) SIGKILLs RANK when
+# sluice-launch; the test fault hook (SLUICE_TEST_FAULT, preloaded from the
+# build's tests/libsluice_test_faults.so: no installed library has it) SIGKILLs RANK when
 # the load enters each phase. The launcher's tear-down is off (--no-teardown)
 # where it has one, so what is timed is the library's own detection; an older
 # launcher kills the survivors --timeout seconds after the first failure, so
@@ -16,6 +16,8 @@ victim=${2:-0}
 timeout=${3:-60}
 size=${4:-1GiB}
 bin=$build/examples
+hook=$build/tests/libsluice_test_faults.so
+[ -f "$hook" ] || { echo "$0: no $hook (build the tests of $build)" >&2; exit 1; }
 work=$(mktemp -d /tmp/sluice-dead-peer-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 "$bin/gen-checkpoint" "$work/ck" --size "$size" >/dev/null
@@ -28,7 +30,7 @@ echo "# $0 $build $victim $timeout $size: rank $victim SIGKILLed entering each p
 echo "# phase      kill -> last survivor's exit (s)   survivors' errors (first line of each)"
 for phase in open plan tables reads exchange delivery; do
   log=$work/$phase.log
-  SLUICE_TEST_FAULT=$phase:$victim:KILL "${launch[@]}" -- "$bin/sluice-load" "$work/ck" --topology tp1,dp4,ep4 \
+  SLUICE_TEST_FAULT=$phase:$victim:KILL LD_PRELOAD=$hook "${launch[@]}" -- "$bin/sluice-load" "$work/ck" --topology tp1,dp4,ep4 \
     --offload shared-cooperative >/dev/null 2>"$log" || true
   end=$(date +%s.%N)
   t=$(grep -o 'entering phase [a-z]* at [0-9.]*' "$log" | awk '{print $5}' | head -1)

@@ -161,11 +161,15 @@ def test_rank_0_killed_during_the_exchange_fails_every_survivor_naming_it(ck, tm
     timeout = 300
     port = free_port()
     procs = []
+    # The hook is no part of the package: the ranks preload the tests' own
+    # (tests/support/fault_hook.cpp), as ctest's environment names it.
+    preload = os.environ.get("SLUICE_TEST_FAULT_PRELOAD")
+    assert preload, "SLUICE_TEST_FAULT_PRELOAD is not set (run through ctest: tests/python/CMakeLists.txt)"
     t0 = time.monotonic()
     for r in range(4):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="4", LOCAL_WORLD_SIZE="4",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLUICE_COMM_TIMEOUT_MS=str(timeout * 1000),
-                   SLUICE_TEST_FAULT="exchange:0:KILL")
+                   SLUICE_TEST_FAULT="exchange:0:KILL", LD_PRELOAD=preload)
         args = [PYTHON, os.path.join(HERE, "dist_worker.py"), path, digests_path, str(tmp_path), "tp1,dp4,ep4",
                 "shared-cooperative"]
         procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

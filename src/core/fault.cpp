@@ -1,55 +1,16 @@
-// The test-only fault hook (distributed/fault.hpp): compiled here once, so
-// that every translation unit sees the same behaviour whatever it defines.
+// The test fault hook's call site (distributed/fault.hpp). The library holds
+// only a weak reference to the hook: where no test has linked or preloaded
+// it (every installed library, the pip package, any engine), the reference
+// is null and fault_point does nothing, reading no environment.
 #include <sluice/distributed/fault.hpp>
 
-#if defined(SLUICE_TEST_FAULTS)
-#include <signal.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cstdio>
-#include <cstdlib>
-#include <ctime>
-#include <string>
-#endif
+extern "C" void sluice_test_fault_hook(const char* phase, std::size_t phase_size, std::size_t rank) noexcept
+    __attribute__((weak, visibility("default")));
 
 namespace sluice::inline v0::detail {
 
-#if defined(SLUICE_TEST_FAULTS)
-namespace {
-int signal_named(const std::string& s) {
-  if (s.empty()) return 0;
-  if (s.find_first_not_of("0123456789") == std::string::npos) return std::atoi(s.c_str());
-  const std::string n = s.rfind("SIG", 0) == 0 ? s.substr(3) : s;
-  if (n == "KILL") return SIGKILL;
-  if (n == "STOP") return SIGSTOP;
-  if (n == "TERM") return SIGTERM;
-  if (n == "SEGV") return SIGSEGV;
-  if (n == "ABRT") return SIGABRT;
-  return 0;
-}
-}  // namespace
-
 void fault_point(std::string_view phase, std::size_t rank) noexcept {
-  static std::atomic<bool> fired{false};
-  const char* spec = std::getenv("SLUICE_TEST_FAULT");
-  if (!spec || fired.load()) return;
-  const std::string s(spec);
-  const auto a = s.find(':'), b = a == std::string::npos ? a : s.find(':', a + 1);
-  if (b == std::string::npos || s.compare(0, a, phase) != 0 || a != phase.size()) return;
-  if (std::strtoull(s.c_str() + a + 1, nullptr, 10) != rank) return;
-  const int sig = signal_named(s.substr(b + 1));
-  if (sig <= 0 || fired.exchange(true)) return;
-  // The moment of the fault, for bench/dead_peer.sh (kill to last exit).
-  timespec t{};
-  ::clock_gettime(CLOCK_REALTIME, &t);
-  std::fprintf(stderr, "sluice: test fault: rank %zu raises signal %d entering phase %s at %lld.%06ld\n", rank, sig,
-               std::string(phase).c_str(), static_cast<long long>(t.tv_sec), t.tv_nsec / 1000);
-  std::fflush(stderr);
-  ::kill(::getpid(), sig);
+  if (&sluice_test_fault_hook != nullptr) sluice_test_fault_hook(phase.data(), phase.size(), rank);
 }
-#else
-void fault_point(std::string_view, std::size_t) noexcept {}
-#endif
 
 }  // namespace sluice::inline v0::detail

@@ -29,6 +29,11 @@ if(RANKS)
   set(step_run ${RANK_LAUNCHER} -n ${RANKS} --comm-timeout 60 -- ${build}/${EXE} ${build}/checkpoint)
   list(APPEND steps step_write)
 endif()
+# FAULT=PHASE:RANK:SIGNAL: the run has SLUICE_TEST_FAULT set, which an
+# installed library must ignore (it has no test hook).
+if(FAULT)
+  set(step_run ${CMAKE_COMMAND} -E env SLUICE_TEST_FAULT=${FAULT} ${step_run})
+endif()
 list(APPEND steps step_run)
 foreach(step IN ITEMS ${steps})
   execute_process(COMMAND ${${step}} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
-/// The test-only fault hook of a distributed load. In a build with
-/// `SLUICE_TEST_FAULTS` on (the default where sluice's tests are built), a
+/// The test-only fault hook of a distributed load. In a process that has the
+/// hook (a test executable linking tests/support/fault_hook.cpp, or a tool or
+/// Python interpreter started with libsluice_test_faults.so in LD_PRELOAD), a
 /// rank whose environment has `SLUICE_TEST_FAULT=PHASE:RANK:SIGNAL` (e.g.
 /// `exchange:0:KILL`, `tables:2:STOP`, a signal by name or number) raises
 /// that signal on itself when the load enters PHASE, the first time. Phases,
@@ -17,8 +18,9 @@
 
 namespace sluice::inline v0::detail {
 
-/// Raises the signal SLUICE_TEST_FAULT names when `phase` and `rank` match it
-/// (test builds only; a no-op otherwise). Compiled once, in src/core.
+/// Calls the test hook, where a test has linked or preloaded it; a no-op
+/// otherwise (the library holds only a weak reference to it: nothing
+/// installed reads SLUICE_TEST_FAULT). Compiled once, in src/core.
 void fault_point(std::string_view phase, std::size_t rank) noexcept;
 
 }  // namespace sluice::inline v0::detail
