@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include <sluice/s3/client.hpp>
+#include <sluice/s3/listing.hpp>
 
 namespace sluice::inline v0::s3::detail {
 

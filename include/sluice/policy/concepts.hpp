@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include <sluice/checkpoint.hpp>
+#include <sluice/error.hpp>
 
 namespace sluice::inline v0::policy {
 
@@ -140,8 +140,13 @@ struct tensor_info {
   std::int64_t expert = -1;             ///< routed experts: the expert index, else -1
   std::int64_t layer = -1;              ///< the layer index parsed from the name, else -1 (pipeline stages)
 
-  /// Metadata of a checkpoint tensor (class filled in by a classifier).
-  [[nodiscard]] static tensor_info from(const tensor_ref& t) { return {t.name, t.size, t.shape}; }
+  /// Metadata of a checkpoint tensor (a tensor_ref; class filled in by a
+  /// classifier). A template, so that placement stays free of the checkpoint's
+  /// I/O headers (the name fuzz target compiles it without Asio).
+  template <class TensorRef>
+  [[nodiscard]] static tensor_info from(const TensorRef& t) {
+    return {t.name, t.size, t.shape};
+  }
 };
 
 }  // namespace sluice::inline v0::policy

@@ -20,6 +20,7 @@
 #include <sluice/source/concepts.hpp>
 #include <sluice/s3/config.hpp>
 #include <sluice/s3/error.hpp>
+#include <sluice/s3/listing.hpp>
 
 namespace sluice::inline v0::s3 {
 
@@ -27,20 +28,6 @@ namespace sluice::inline v0::s3 {
 struct object_info {
   std::uint64_t size = 0;
   std::string etag;   ///< as sent by the server, quotes included
-};
-
-/// One object of a listing.
-struct list_entry {
-  std::string key;
-  std::uint64_t size = 0;
-  std::string etag;
-};
-
-/// A complete listing (all pages followed).
-struct list_result {
-  std::vector<list_entry> objects;            ///< in the server's (lexicographic) order
-  std::vector<std::string> common_prefixes;   ///< "sub/dir/" entries when a delimiter is given
-  unsigned pages = 0;                         ///< ListObjectsV2 requests made
 };
 
 /// The outcome of a range GET.
