@@ -81,9 +81,22 @@ class Checkpoint:
     def __init__(self, core, where):
         self._core = core
         self.where = where
-        self.tensors = [TensorInfo(n, s, d, tuple(sh), nb, f, off)
-                        for (n, s, d, sh, nb, f, off) in core.tensors()]
-        self._by_name = {t.name: t for t in self.tensors}
+        self._tensors = None   # made on first use: a header of a million tensors opens without them
+        self._names = None
+
+    @property
+    def tensors(self):
+        """The tensors, in file order (TensorInfo)."""
+        if self._tensors is None:
+            self._tensors = [TensorInfo(n, s, d, tuple(sh), nb, f, off)
+                             for (n, s, d, sh, nb, f, off) in self._core.tensors()]
+        return self._tensors
+
+    @property
+    def _by_name(self):
+        if self._names is None:
+            self._names = {t.name: t for t in self.tensors}
+        return self._names
 
     location = property(lambda self: self._core.location)
     tensor_bytes = property(lambda self: self._core.tensor_bytes)
@@ -91,7 +104,7 @@ class Checkpoint:
     shards = property(lambda self: [n for n, _ in self._core.shards()])
 
     def __len__(self):
-        return len(self.tensors)
+        return len(self._core)
 
     def __iter__(self):
         return iter(self.tensors)
@@ -122,10 +135,12 @@ class Checkpoint:
 
 
 def open(path, select=None, rename=None, index=None, collective=None, world=None, store=None,  # noqa: A001
-         timeout=60.0) -> Checkpoint:
+         timeout=60.0, limits=None) -> Checkpoint:
     """Opens a checkpoint directory, a .safetensors file or s3://bucket/prefix/ (headers only).
 
-    select: a regular expression (searched in the file's tensor names) or a callable name -> bool.
+    select: a regular expression in RE2 syntax (https://github.com/google/re2/wiki/Syntax:
+      Python's re syntax without backreferences or lookaround), searched in the
+      file's tensor names, or a callable name -> bool.
     rename: {prefix: replacement}, applied in order, first match wins.
     index: a local model.safetensors.index.json to open `path` through instead
       of its own index (e.g. the weights in S3, the index beside the config).
@@ -146,6 +161,10 @@ def open(path, select=None, rename=None, index=None, collective=None, world=None
       uses the keys under "open/"), or, with collective=True, torchrun's
       environment and the default store (as iter_weights). `header_bytes_read`
       is then what this rank read: everything on rank 0, nothing elsewhere.
+    limits: caps on the metadata, by name (max_header_bytes, max_index_bytes,
+      max_tensors, max_depth, max_name_bytes; defaults 100 MB, 128 MiB, 2**20,
+      16, 1 KiB): a checkpoint beyond one raises FormatError/IndexError naming
+      it, before memory is sized from it.
     """
     regex = fn = None
     if isinstance(select, (str, _re.Pattern)):
@@ -164,7 +183,7 @@ def open(path, select=None, rename=None, index=None, collective=None, world=None
     if collective or world is not None or store is not None:
         from ._distributed import collective_open_options
         who = collective_open_options(world, store, timeout)
-    return Checkpoint(_sluice.open_checkpoint(where, regex, fn, rules, index or "", who), where)
+    return Checkpoint(_sluice.open_checkpoint(where, regex, fn, rules, index or "", who, dict(limits or {})), where)
 
 
 def inspect(ck) -> dict:

@@ -22,9 +22,21 @@ namespace {
 // reads the metadata and the others replay it (open_collective).
 py_checkpoint open_checkpoint(const std::string& where, py::object select_regex, py::object select_fn,
                               const std::vector<std::pair<std::string, std::string>>& rename, const std::string& index,
-                              const py_stream_options* who) {
+                              const py_stream_options* who, const std::map<std::string, std::uint64_t>& limits) {
   open_options opt;
   if (!index.empty()) opt.index = index;
+  // limits={"max_tensors": N, ...}: format::limits by its fields' names.
+  for (const auto& [k, v] : limits) {
+    auto& l = opt.limits;
+    if (k == "max_header_bytes") l.max_header_bytes = v;
+    else if (k == "max_index_bytes") l.max_index_bytes = v;
+    else if (k == "max_tensors") l.max_tensors = v;
+    else if (k == "max_depth") l.max_depth = static_cast<std::uint32_t>(std::min<std::uint64_t>(v, UINT32_MAX));
+    else if (k == "max_name_bytes") l.max_name_bytes = static_cast<std::uint32_t>(std::min<std::uint64_t>(v, UINT32_MAX));
+    else
+      throw config_error(fmt::format("limits: unknown key '{}' (max_header_bytes, max_index_bytes, max_tensors, max_depth, "
+                                     "max_name_bytes)", printable(k, 64)));
+  }
   for (const auto& [from, to] : rename) opt.rename.push_back({from, to});
   if (!select_regex.is_none()) {
     // RE2 syntax, compiled in the core (format/name_pattern.hpp): linear in the name.
@@ -128,9 +140,11 @@ void init_checkpoint(py::module_& m) {
         return sub;
       }, py::arg("names"))
       .def("tensors", &tensor_list)
+      .def("__len__", [](const py_checkpoint& p) { return p.ck->tensors().size(); })
       .def("inspect", &inspect_checkpoint);
   m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"),
-        py::arg("index") = std::string(), py::arg("who") = nullptr);
+        py::arg("index") = std::string(), py::arg("who") = nullptr,
+        py::arg("limits") = std::map<std::string, std::uint64_t>{});
 }
 
 }  // namespace sluice_py

@@ -275,8 +275,12 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
     detail::fail(file, f->tensor, f->rule, f->detail, f->rule == std::string_view("tensor-size") && b.size_range_ ? b.size_range_ : hdr_range);
   if (!ok) detail::fail(file, "", "header-json", "header is not valid UTF-8 JSON", hdr_range);
 
-  // Duplicate names (the reference rejects them; a DOM would keep the last).
+  // File order (by offset), then the lookup by name, built once.
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   h.rebuild_lookup();
+  // Duplicate names (the reference rejects them; a DOM would keep the last).
   if (h.lookup_size() != h.tensors.size()) {
     std::unordered_set<std::string_view> seen;
     for (const auto& t : h.tensors)
@@ -285,9 +289,6 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
   }
 
   // Layout: sorted by offset the tensors tile [0, data size) exactly.
-  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
   const std::uint64_t data_size = file_size - h.data_start();
   std::uint64_t expect = 0;
   for (const auto& t : h.tensors) {
@@ -308,7 +309,6 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
                  fmt::format("{} bytes after the last tensor's data (data ends at {}, file data section is {} bytes)", data_size - expect, expect, data_size),
                  byte_range{h.data_start() + expect, file_size});
   }
-  h.rebuild_lookup();
   return h;
 }
 

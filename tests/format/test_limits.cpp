@@ -119,18 +119,23 @@ TEST_CASE("more tensors than max_tensors is tensor-count, in a header and in an 
 }
 
 TEST_CASE("a million and a half zero-size tensors end at the default tensor cap at once", "[format][limits]") {
-  std::string json = "{";
-  for (int i = 0; i < 1'500'000; ++i) json += (i ? "," : "") + ("\"t" + std::to_string(i) + R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})");
-  json += "}";
+  const auto zero_size = [](int n) {
+    std::string j = "{";
+    for (int i = 0; i < n; ++i) {
+      if (i) j += ',';
+      j += "\"t";
+      j += std::to_string(i);
+      j += R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})";
+    }
+    return j + "}";
+  };
+  const std::string json = zero_size(1'500'000);
   CHECK(header_rule(json, 0) == "tensor-count");
   // Within a raised cap a large header parses (one pass, no DOM): here 200,000
   // entries, which the DOM-and-callback parser took tens of seconds for.
   limits raised;
   raised.max_tensors = 2'000'000;
-  std::string some = "{";
-  for (int i = 0; i < 200'000; ++i) some += (i ? "," : "") + ("\"t" + std::to_string(i) + R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})");
-  some += "}";
-  const auto f = file_of(some, 0);
+  const auto f = file_of(zero_size(200'000), 0);
   const auto h = parse_header(std::span<const std::byte>(f), f.size(), "many.safetensors", raised);
   CHECK(h.tensors.size() == 200'000);
   CHECK(h.find("t199999") != nullptr);

@@ -42,9 +42,10 @@ struct limits {
   std::uint32_t max_name_bytes = 1024;
 };
 
-/// " (limit: N; raise open_options::limits.FIELD to accept it)": the tail of a cap's message.
+/// " (limit N: raise limits.FIELD to accept it)": the tail of a cap's message
+/// (open_options::limits in C++, sluice.open(limits={...}) in Python).
 [[nodiscard]] inline std::string limit_hint(std::uint64_t limit, std::string_view field) {
-  return " (limit: " + std::to_string(limit) + "; raise open_options::limits." + std::string(field) + " to accept it)";
+  return " (limit " + std::to_string(limit) + ": raise limits." + std::string(field) + " to accept it)";
 }
 
 }  // namespace sluice::inline v0::format
