@@ -40,7 +40,7 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   app.add_flag_callback("--inline-copies", [&] { o.load.punt_buffered = false; },
                         "copy page-cache hits in the submitting thread, not in io_uring's\n"
                         "io-wq workers (default: workers, so cached reads copy on several cores)");
-  app.add_option("--select", o.select, "load only tensors whose name matches")->type_name("REGEX");
+  app.add_option("--select", o.select, "load only tensors whose name matches (RE2 syntax, searched)")->type_name("REGEX");
   app.add_option("--index", o.index_file,
                  "open SOURCE through this local index instead of its own; the shards it names are\n"
                  "verified against what SOURCE lists (presence, size, ETag) before any tensor is read")
