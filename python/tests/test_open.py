@@ -134,3 +134,41 @@ def test_select_of_a_name_the_checkpoint_lacks_names_it(small):
         ck.select(["no-such-tensor"])
     with pytest.raises(sluice.ConfigError):
         ck.select("a-string")
+
+
+def test_hostile_metadata_raises_named_errors_and_the_caps_are_options(tmp_path):
+    """Issue 40's files (tests/hostile/make_hostile.py) through sluice.open:
+    a shape nested a million deep, an index nested so, a 200,000-digit name,
+    a terabyte index; each a FormatError/IndexError naming its rule. The caps
+    are sluice.open's `limits`."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "tests", "hostile", "make_hostile.py"), str(tmp_path),
+                    "--only", "deep-shape", "deep-total-size", "long-digits", "huge-index", "control-names"],
+                   check=True, stdout=subprocess.DEVNULL)
+    for case, kind, rule in [("deep-shape", sluice.FormatError, "shape:"),
+                             ("deep-total-size", sluice.IndexError, "index-depth:"),
+                             ("long-digits", sluice.FormatError, "name-length:"),
+                             ("huge-index", sluice.IndexError, "index-size:")]:
+        with pytest.raises(kind, match=rule):
+            sluice.open(str(tmp_path / case))
+    # Raised by name, the long name opens; an unknown key is refused.
+    ck = sluice.open(str(tmp_path / "long-digits"), limits={"max_name_bytes": 1 << 20})
+    assert len(ck) == 2 and max(len(t.name) for t in ck) > 400_000
+    with pytest.raises(sluice.ConfigError, match="unknown key 'max_names'"):
+        sluice.open(str(tmp_path / "long-digits"), limits={"max_names": 1})
+    # A name with a tab and a newline is kept as it is, and printed escaped.
+    ck = sluice.open(str(tmp_path / "control-names"))
+    assert any("\t" in t.name and "\n" in t.name for t in ck)
+    with pytest.raises(sluice.ConfigError) as e:
+        ck.select(["no\tsuch\nname"])
+    assert "\n" not in str(e.value) and "no\\tsuch\\nname" in str(e.value)
+
+
+def test_select_takes_re2_syntax(small):
+    path, digests = small
+    # RE2's syntax is Python's for what sluice's users write; lookaround is not RE2.
+    assert len(sluice.open(path, select=r"^model\.layers\.(0|1)\.")) == sum(
+        1 for n in digests if re.match(r"^model\.layers\.(0|1)\.", n))
+    with pytest.raises(sluice.ConfigError, match=r"RE2 syntax"):
+        sluice.open(path, select=r"^(?!model)")
