@@ -102,8 +102,8 @@ pre=$tmp/prefix
 mkdir -p "$pre/include/boost" "$pre/include/$(multiarch)/openssl" "$pre/include/openssl"
 : > "$pre/include/boost/asio.hpp"; : > "$pre/include/openssl/evp.h"; : > "$pre/include/$(multiarch)/openssl/opensslconf.h"
 got=$(missing_headers "$pre" | tr '\n' ' ')
-want="fmt/format.h nlohmann/json.hpp liburing.h catch2/catch.hpp CLI/CLI.hpp dlpack/dlpack.h "
-[ "$got" = "$want" ] && echo "ok: missing_headers finds the multiarch opensslconf.h and lists CLI11 and dlpack" ||
+want="fmt/format.h nlohmann/json.hpp liburing.h catch2/catch.hpp CLI/CLI.hpp dlpack/dlpack.h re2/re2.h "
+[ "$got" = "$want" ] && echo "ok: missing_headers finds the multiarch opensslconf.h and lists CLI11, dlpack and RE2" ||
   bad "missing_headers gave '$got', expected '$want'"
 if [ -x "$py" ]; then
   mkdir -p "$tmp/whl/pybind11/share/cmake/pybind11"
