@@ -6,6 +6,7 @@
 
 #include <array>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <pybind11/stl.h>
@@ -142,6 +143,28 @@ void init_checkpoint(py::module_& m) {
       .def("tensors", &tensor_list)
       .def("__len__", [](const py_checkpoint& p) { return p.ck->tensors().size(); })
       .def("inspect", &inspect_checkpoint);
+  m.def(
+      "name_rules",
+      [](const std::vector<std::string>& names, std::optional<std::string> first, std::optional<std::string> last) {
+        // The plan's own rules (policy/classify.hpp), for Python code that must
+        // agree with the plan: never a copy of them in Python.
+        policy::classify_options o;
+        if (first) o.first_pp_stage_pattern = *first;
+        if (last) o.last_pp_stage_pattern = *last;
+        const policy::classifier c(o);
+        py::list out;
+        for (const auto& n : names) {
+          policy::tensor_info t{n, 0, {}};
+          c.layer(t);
+          const auto a = c.anchor(t);
+          out.append(py::make_tuple(t.layer < 0 ? py::object(py::none()) : py::object(py::int_(t.layer)),
+                                    a == policy::pp_anchor::first ? "first" : a == policy::pp_anchor::last ? "last" : "every"));
+        }
+        return out;
+      },
+      py::arg("names"), py::arg("pp_first_pattern") = std::nullopt, py::arg("pp_last_pattern") = std::nullopt,
+      "(layer or None, 'first' | 'last' | 'every') per name: the layer index and the pipeline stage a "
+      "layer-less tensor goes with, by the plan's classifier (its default patterns unless given).");
   m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"),
         py::arg("index") = std::string(), py::arg("who") = nullptr,
         py::arg("limits") = std::map<std::string, std::uint64_t>{});

@@ -1,4 +1,4 @@
-"""sluice._direct: the dry run of a model's load_weights that finds the tensors
+"""sluice.vllm.dry_run: the dry run of a model's load_weights that finds the tensors
 sluice may read straight into their parameters. Each loader pattern below is
 one that engines' weight_loaders use (vLLM's fused QKV and gate/up narrows,
 MoE expert slices, TP slices, dtype casts, transposes); only the whole,
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sluice
-from sluice._direct import dry_run
+from sluice.vllm.dry_run import dry_run
 
 Info = namedtuple("Info", "name dtype shape")
 

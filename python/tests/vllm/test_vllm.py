@@ -242,7 +242,7 @@ def test_extra_config_values_of_the_wrong_kind_fail_naming_the_key():
     for bad, key in (({"direct": "yes"}, "direct"), ({"prefault": 1}, "prefault"), ({"map": "true"}, "map"),
                      ({"queue_depth": 0}, "queue_depth"), ({"offload": "x"}, "offload")):
         with pytest.raises(sluice.ConfigError, match=key):
-            sluice.vllm._options(bad)
+            sluice.vllm.config.options(bad)
 
 
 def _weights(loader, model):

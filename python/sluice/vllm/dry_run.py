@@ -1,4 +1,5 @@
-"""Where a model's `load_weights` puts each checkpoint tensor, found by a dry run.
+"""Where a model's `load_weights` puts each checkpoint tensor, found by a dry run (the
+model is any torch module with vLLM's load_weights contract; nothing here imports vLLM).
 
 An engine's loader (vLLM's `model.load_weights`) gets full tensors and copies
 each, through its parameters' `weight_loader`s, into parameter memory: one
@@ -41,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ._torch import arrival_shape, as_torch_dtype
+from .._torch import arrival_shape, as_torch_dtype
 
 __all__ = ["Plan", "dry_run"]
 

@@ -1,0 +1,277 @@
+"""`SluiceModelLoader`: vLLM's model loader for `--load-format sluice`.
+
+What the model gets: `model.load_weights()` receives the checkpoint's names and
+full logical tensors, as from vLLM's default loader; each parameter's
+`weight_loader` narrows them for TP. With expert parallelism on (and vLLM's EP
+weight filter, no EPLB), a rank's routed-expert weights of other ranks' experts
+are not read: the same rule as vLLM's own filter (`.experts.N.*.weight`; every
+expert's scales are still yielded). The strict check that every parameter was
+loaded is vLLM's own (`DefaultModelLoader.track_weights_loading`).
+
+One process: a dry run of `model.load_weights` (dry_run.py) finds the tensors
+whose bytes land whole in one parameter; sluice reads those straight into
+their parameters and streams the rest through `load_weights`.
+
+Multi-rank worlds (TP/DP/PP > 1): one sluice load across vLLM's world group,
+the checkpoint opened once (rank 0 reads the headers, the others replay them),
+each byte read from storage by one rank and sent over Gloo to the ranks that
+keep it: a PP stage gets its layers only, an EP rank its experts only (see
+world.placement() for the mapping).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import sluice
+
+from . import _vllm, config, world
+from .dry_run import dry_run
+
+__all__ = ["SluiceModelLoader", "LOADS", "last_load"]
+
+#: The stats of this process's `load_weights` calls, oldest first (the last 16):
+#: bytes read and received, tensors, and for one-process loads how many went
+#: straight into their parameters. `llm.collective_rpc(sluice.vllm.last_load)`
+#: asks every worker of an engine.
+LOADS: list = []
+
+
+def last_load(worker=None) -> dict:
+    """The stats of this process's last `--load-format sluice` load ({} before
+    any); `worker` is there so that vLLM's `collective_rpc` can call it."""
+    return LOADS[-1] if LOADS else {}
+
+
+class SluiceModelLoader(_vllm.base_loader()):
+    """vLLM's model loader for `--load-format sluice` (see the module docstring)."""
+
+    def __init__(self, load_config):
+        super().__init__(load_config)
+        self.options = config.options(load_config.model_loader_extra_config)
+        self.last_stats = None
+
+    # ---- where the weights are
+    def _location(self, model_config) -> str:
+        return self.options["weights"] or getattr(model_config, "model_weights", None) or model_config.model
+
+    def download_model(self, model_config) -> None:
+        """Nothing to download: checks that the weights location opens (headers only)."""
+        self._open(model_config)
+
+    def _open(self, model_config, select=None, world=None, store=None):
+        """Opens the weights (through the `index` extra-config key's index if
+        set); with `world` and `store`, collectively: rank 0 reads the
+        metadata, the other ranks replay it."""
+        where = self._location(model_config)
+        if not where.startswith("s3://") and not os.path.exists(where):
+            raise sluice.ConfigError(f"--load-format sluice: the weights location '{where}' does not exist")
+        index = self.options["index"]
+        if index is not None and not os.path.isfile(index):
+            raise sluice.ConfigError(f"--model-loader-extra-config: index '{index}' is not a file "
+                                     "(a local model.safetensors.index.json)")
+        return sluice.open(where, select=select, index=index, world=world, store=store)
+
+    # ---- which tensors this rank needs
+    @staticmethod
+    def _world():
+        import torch.distributed as dist
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    # ---- the loader API
+    def get_all_weights(self, model_config, model):
+        """(name, tensor) for every tensor this rank needs: what `load_weights`,
+        `reload_weights(weights_path=...)` and sleep level 2 call."""
+        local = world.local_experts(model_config, model)
+        if self._world() > 1:
+            yield from self._distributed(model_config, local, model)
+            return
+        yield from self._stream(self._open(model_config, select=world.ep_filter(local)), {})
+
+    def _distributed(self, model_config, local, model):
+        """A load across vLLM's world group, each byte read from storage by one
+        rank, the checkpoint opened collectively (rank 0 reads the index and
+        the headers, the other ranks replay them). The mapping onto sluice's
+        world is `placement()`'s."""
+        from .._distributed import torch_world
+        group = _vllm.world_group()
+        strategy = world.effective_placement(model, None)
+        place = world.placement(model_config, local, strategy=strategy)
+        stages = None
+        if place["pp"] > 1:  # which stages' models hold the layer-less tensors: their own parameters say
+            import torch.distributed as dist
+            flags = [None] * group.world_size
+            dist.all_gather_object(flags, (_vllm.pp_group_rank(), world.anchored(model)), group=group.cpu_group)
+            stages = {}
+            for k, (first, last) in flags:
+                had = stages.get(k, (False, False))
+                stages[k] = (had[0] or first, had[1] or last)
+        # One key prefix per load, agreed over the world's CPU group (a per-process
+        # counter diverges when only some ranks load, e.g. a draft model); the
+        # sluice world is ordered as sluice's plan is (PP x DP x TP).
+        ranks, store = torch_world(group.cpu_group, prefix="sluice/vllm", rank=place["rank"])
+        log = _vllm.logger()
+        for note in place["notes"]:
+            log.info("sluice: %s", note)
+        ck = self._open(model_config, world=ranks, store=store)
+        if place["pp"] > 1:
+            place = world.placement(model_config, local, ck=ck, stages=stages, strategy=strategy)
+        options = {k: place[k] for k in ("expert_placement", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern")}
+        yield from self._stream(ck, {"topology": place["topology"], "offload": self.options["offload"],
+                                     "store": store, "world": ranks, "plan": options})
+
+    def _bar(self, total):
+        return _vllm.progress_bar(self.load_config, total)
+
+    @staticmethod
+    def _advance(bar, base, off):
+        """A load's progress callable that moves `bar` to `base` + its bytes
+        done, or `off` (what the call takes for none) without a bar."""
+        return (lambda done, total: bar.update(base + done - bar.n)) if bar is not None else off
+
+    @staticmethod
+    def _log():
+        return _vllm.logger()
+
+    def _stream(self, ck, distributed, bar=None, base=0, log=True):
+        """Yields the load's tensors; `bar` (made here when None and log is
+        True) advances from `base`; `log` prints the one-line summary."""
+        own = bar is None and log
+        if own:
+            bar = self._bar(ck.tensor_bytes)
+        t0 = time.perf_counter()
+        it = sluice.iter_weights(ck, staging=self.options["staging"], max_read=self.options["max_read"],
+                                 queue_depth=self.options["queue_depth"],
+                                 progress=self._advance(bar, base, False),
+                                 **{k: v for k, v in distributed.items() if k != "plan"},
+                                 **distributed.get("plan", {}))
+        try:
+            with it:
+                for name, tensor in it:
+                    if getattr(tensor, "sluice_kind", None) == "placeholder":
+                        continue  # another rank's expert or PP stage: neither read nor received here
+                    yield name, tensor
+        finally:
+            if own and bar is not None:
+                bar.close()
+        self.last_stats = dict(it.stats or {})
+        if not log:
+            return
+        seconds = max(time.perf_counter() - t0, 1e-9)
+        read = self.last_stats.get("bytes_read", 0)
+        received = self.last_stats.get("bytes_received", 0)
+        self._log().info(
+            "sluice: %s%s: %d tensors, %.3f GiB read, %.3f GiB received, %.2f GiB/s (%.2f s)", ck.location,
+            f" (rank {distributed['world'].rank} of {distributed['world'].size} in sluice's order, {distributed['topology']})"
+            if distributed else "", self.last_stats.get("tensors", 0), read / 2**30, received / 2**30,
+            (read + received) / 2**30 / seconds, seconds)
+
+    def load_weights(self, model, model_config) -> None:
+        if self.options["direct"] and self._world() == 1:
+            loaded = self._load_direct(model, model_config)
+        else:
+            loaded = model.load_weights(self.get_all_weights(model_config, model))
+        LOADS.append(dict(self.last_stats or {}))
+        del LOADS[:-16]
+        if model_config.quantization is None and loaded is not None:
+            _vllm.track_weights_loading(self, model, loaded)
+
+    def _map_parameters(self, model, ck, plan, bar) -> dict:
+        """The `map` extra-config key: each direct tensor that fills a whole
+        CPU parameter becomes that parameter's memory as a private mapping of
+        its file (sluice's page-cache views, io="buffered": mapped in on the
+        ring's workers, read from storage where not cached): no fresh memory
+        and no copy; a write copies the page, never the file. Returns the
+        stream's stats (its "mapped" counts are the parameters mapped) and
+        the names it loaded: a tensor the stream hands out in staging (too
+        small to map) is copied in."""
+        if ck.location.startswith("s3://"):
+            self._log().info("sluice: map applies to local files; %s is read into the parameters", ck.location)
+            return {}
+        whole = {}
+        for p in model.parameters():
+            if p.device.type == "cpu" and p.is_contiguous() and p.numel() > 0:
+                whole[(p.data_ptr(), p.numel() * p.element_size())] = p
+        targets = {}
+        for name, dst in plan.direct.items():
+            p = whole.get((dst.data_ptr(), dst.numel() * dst.element_size()))
+            if p is not None and p.untyped_storage().nbytes() == dst.numel() * dst.element_size():
+                targets[name] = p
+        if not targets:
+            return {}
+        base = bar.n if bar else 0
+        it = sluice.iter_weights(ck.select(set(targets)), staging=self.options["staging"],
+                                 max_read=self.options["max_read"], queue_depth=self.options["queue_depth"],
+                                 io="buffered", map_cached=True,
+                                 progress=self._advance(bar, base, False))
+        with it, torch.no_grad():
+            for name, t in it:
+                p = targets[name]
+                if t.sluice_holds_staging:
+                    plan.direct[name].copy_(t.view(p.shape))
+                else:
+                    p.data = t.view(p.shape)
+        return dict(it.stats or {}, names=set(targets))
+
+    def _load_direct(self, model, model_config):
+        """One process: a dry run of `model.load_weights` (dry_run.py) finds
+        the tensors whose bytes land whole in one parameter; sluice reads those
+        straight into their parameters, and streams the rest through
+        `model.load_weights` as usual. Returns the parameters loaded."""
+        t0 = time.perf_counter()
+        # The fresh parameters' first touch is most of a page-cache-hot load;
+        # it starts now, on another core, rather than after the open and the
+        # dry run (which touch no parameter memory), and load_into's own
+        # prefaulter takes over from it.
+        # (Not when parameters are to be mapped: most would be replaced.)
+        early = sluice.prefault(model.parameters()) if self.options["prefault"] and not self.options["map"] else None
+        try:
+            ck = self._open(model_config, select=world.ep_filter(world.local_experts(model_config, model)))
+            t1 = time.perf_counter()
+            plan = dry_run(model, ck.tensors)
+            dry = time.perf_counter() - t1
+        finally:
+            early_bytes = early.stop() if early is not None else 0
+        log = self._log()
+        if plan.failure:
+            log.info("sluice: the dry run of load_weights failed (%s); streaming every tensor", plan.failure)
+        else:
+            for name, why in plan.streamed.items():
+                log.debug("sluice: %s goes through load_weights: %s", name, why)
+        bar = self._bar(ck.tensor_bytes)
+        stats, mapped = {}, {}
+        if self.options["map"] and plan.direct:
+            mapped = self._map_parameters(model, ck, plan, bar)
+        into = {name: dst for name, dst in plan.direct.items() if name not in mapped.get("names", ())}
+        if into:
+            base = bar.n if bar else 0
+            stats = sluice.load_into(ck, into, staging=self.options["staging"], max_read=self.options["max_read"],
+                                     queue_depth=self.options["queue_depth"], prefault=self.options["prefault"],
+                                     progress=self._advance(bar, base, None))
+        loaded = set(plan.loaded or ())
+        streamed_stats = {}
+        if plan.streamed:
+            keep = set(plan.streamed)
+            rest = ck.select(keep)  # the same opened checkpoint: no header read again
+            base = bar.n if bar else 0
+            got = model.load_weights(self._stream(rest, {}, bar=bar, base=base, log=False))
+            loaded |= set(got or ())
+            streamed_stats = self.last_stats or {}
+        if bar is not None:
+            bar.close()
+        self.last_stats = {k: stats.get(k, 0) + streamed_stats.get(k, 0) + mapped.get(k, 0)
+                           for k in ("bytes_read", "tensors")}
+        self.last_stats.update(direct_tensors=len(plan.direct), streamed_tensors=len(plan.streamed),
+                               mapped_parameters=mapped.get("mapped", {}).get("tensors", 0),
+                               mapped_bytes=mapped.get("mapped", {}).get("bytes", 0),
+                               dry_run_seconds=dry, prefaulted_bytes=early_bytes + stats.get("prefaulted_bytes", 0))
+        seconds = max(time.perf_counter() - t0, 1e-9)
+        read = self.last_stats["bytes_read"]
+        log.info("sluice: %s: %d tensors (%d straight into their parameters%s, %d through load_weights), "
+                 "%.3f GiB read, %.2f GiB/s (%.2f s, dry run %.2f s, %.3f GiB faulted in ahead)", ck.location,
+                 len(plan.direct) + len(plan.streamed), len(plan.direct),
+                 f", {self.last_stats['mapped_parameters']} of them page-cache mappings" if mapped else "", len(plan.streamed),
+                 read / 2**30, read / 2**30 / seconds, seconds, dry, self.last_stats["prefaulted_bytes"] / 2**30)
+        return loaded if plan.loaded is not None else None  # None: the model does not say (no strict check)
