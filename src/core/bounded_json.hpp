@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -79,6 +80,64 @@ class bounded_dom_parser : public nlohmann::detail::json_sax_dom_parser<json> {
   std::function<void(std::size_t, const std::string&)> on_key_;
 };
 
+/// Walks a CBOR document's item heads without recursion and says what is
+/// wrong with it, if anything, before nlohmann's reader sees it: that reader
+/// recurses once per nesting level, and once per chunk of an
+/// indefinite-length string (0x7F 0x7F ... overflowed the stack under the
+/// fuzzer: an indefinite string's chunks nest no deeper by its rules, but
+/// nlohmann's reader does not check). sluice writes CBOR with nlohmann's
+/// to_cbor, which uses definite lengths only: an indefinite length (or a
+/// reserved head) is refused, as are nesting deeper than `max_depth`, a
+/// count no remaining byte could hold, and trailing bytes.
+[[nodiscard]] inline std::optional<std::string> cbor_shape_problem(std::string_view bytes, std::uint32_t max_depth) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = bytes.size();
+  std::size_t at = 0;
+  std::vector<std::uint64_t> left{1};   // items still to read at each open level (the document: one)
+  while (!left.empty()) {
+    if (left.back() == 0) {
+      left.pop_back();
+      continue;
+    }
+    --left.back();
+    if (at >= n) return "it ends early";
+    const unsigned major = p[at] >> 5, info = p[at] & 31u;
+    ++at;
+    std::uint64_t v = info;
+    if (info >= 24 && info <= 27) {
+      const std::size_t len = std::size_t{1} << (info - 24);
+      if (n - at < len) return "it ends early";
+      v = 0;
+      for (std::size_t i = 0; i < len; ++i) v = (v << 8) | p[at + i];
+      at += len;
+    } else if (info >= 28) {
+      return fmt::format("byte {} holds an indefinite length or a reserved head (0x{:02x})", at - 1, p[at - 1]);
+    }
+    switch (major) {
+      case 2:
+      case 3:   // a byte or text string of v bytes
+        if (v > n - at) return fmt::format("a string of {} bytes at byte {} runs past the end", v, at);
+        at += static_cast<std::size_t>(v);
+        break;
+      case 4:
+      case 5: {  // an array of v items, a map of v pairs
+        const std::uint64_t items = major == 5 ? (v > UINT64_MAX / 2 ? UINT64_MAX : v * 2) : v;
+        if (items > n - at) return fmt::format("a container of {} items at byte {} holds more than its bytes can", v, at);
+        if (left.size() >= max_depth) return fmt::format("nested more than {} levels deep", max_depth);
+        left.push_back(items);
+        break;
+      }
+      case 6:   // a tag: one item follows
+        left.back() += 1;
+        break;
+      default:  // integers, simple values, floats: nothing more
+        break;
+    }
+  }
+  if (at != n) return fmt::format("{} bytes follow the document", n - at);
+  return std::nullopt;
+}
+
 /// What a bounded parse gave: the document, or why not.
 struct bounded_parse {
   json value;
@@ -92,6 +151,13 @@ struct bounded_parse {
                                                  std::function<void(std::size_t, const std::string&)> on_key = {},
                                                  bool cbor = false) {
   bounded_parse out;
+  if (cbor) {
+    if (auto bad = cbor_shape_problem(text, max_depth)) {
+      if (bad->starts_with("nested more than")) out.too_deep = true;
+      else out.syntax_error = "not the CBOR sluice writes: " + *bad;
+      return out;
+    }
+  }
   bounded_dom_parser sax(out.value, max_depth, std::move(on_key));
   try {
     const bool ok = cbor ? json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::cbor, true)
