@@ -185,3 +185,28 @@ def test_rank_0_killed_during_the_exchange_fails_every_survivor_naming_it(ck, tm
         assert kind == "PeerLostError", (r, kind, message)
         assert "peer rank 0 lost" in message, (r, message)
         assert took[r] < timeout / 4, (r, took[r], message)
+
+
+def test_a_world_across_nodes_advertises_an_address_the_other_nodes_reach(monkeypatch):
+    """Issue 40: with more ranks than on this node and no SLUICE_GLOO_HOST, the
+    address a rank advertises is the local end of its route toward the store's
+    host (127.0.0.1 would send the other nodes to themselves); within one node
+    nothing is set (127.0.0.1 is right there)."""
+    from sluice import _distributed, _sluice
+    monkeypatch.delenv("SLUICE_GLOO_HOST", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    o = _sluice.StreamOptions()
+    o.world_size, o.local_size = 4, 2
+    _distributed._set_host(o)
+    addr = _distributed.node_address()
+    assert o.host == addr
+    assert not addr.startswith("127."), addr   # this machine's own address, or "" (then the C++ side refuses)
+    one = _sluice.StreamOptions()
+    one.world_size, one.local_size = 4, 4
+    _distributed._set_host(one)
+    assert one.host == ""
+    monkeypatch.setenv("SLUICE_GLOO_HOST", "10.1.2.3")   # an explicit address wins, and is not overwritten
+    o2 = _sluice.StreamOptions()
+    o2.world_size, o2.local_size = 4, 2
+    _distributed._set_host(o2)
+    assert o2.host == ""

@@ -455,3 +455,22 @@ TEST_CASE("a peer-watch connection that sends an endless line is a lost peer, no
   CHECK_THAT(v.how, Catch::Contains("without a newline"));
   ::close(fd);
 }
+
+TEST_CASE("a world across nodes with no address set is refused before it listens", "[comm][gloo][address]") {
+  comm::rank_info who;
+  who.rank = 0;
+  who.world_size = 8;
+  who.local_size = 4;   // two nodes
+  who.store_dir = "/nonexistent";
+  try {
+    (void)comm::gloo_options::from(who);
+    FAIL("accepted");
+  } catch (const config_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("SLUICE_GLOO_HOST") && Catch::Contains("127.0.0.1"));
+  }
+  who.local_size = 8;   // one node: loopback is right
+  CHECK(comm::gloo_options::from(who).hostname == "127.0.0.1");
+  who.local_size = 4;
+  who.hostname = "127.0.0.1";   // said on purpose: nodes simulated on one machine
+  CHECK(comm::gloo_options::from(who).hostname == "127.0.0.1");
+}

@@ -1,9 +1,12 @@
 #pragma once
-// A temporary directory removed at scope exit (tests/format only).
+// A temporary directory removed at scope exit, and a safetensors file's bytes
+// (tests/format only).
 #include <unistd.h>
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -31,6 +34,15 @@ class temp_dir {
  private:
   std::filesystem::path path_;
 };
+
+/// A whole safetensors file in memory: 8-byte little-endian length, `json`, `data_bytes` zero bytes.
+inline std::vector<std::byte> safetensors_file(const std::string& json, std::size_t data_bytes) {
+  std::vector<std::byte> f(8 + json.size() + data_bytes);
+  const std::uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<std::byte>(n >> (8 * i));
+  std::memcpy(f.data() + 8, json.data(), json.size());
+  return f;
+}
 
 inline std::vector<std::byte> read_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -24,11 +24,7 @@ using namespace sluice::format;
 namespace {
 
 std::vector<std::byte> file_of(const std::string& json, std::size_t data_bytes) {
-  std::vector<std::byte> f(8 + json.size() + data_bytes);
-  const std::uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<std::byte>(n >> (8 * i));
-  std::memcpy(f.data() + 8, json.data(), json.size());
-  return f;
+  return sluice_test::safetensors_file(json, data_bytes);
 }
 
 void write(const std::filesystem::path& p, const std::vector<std::byte>& bytes) {
@@ -214,4 +210,62 @@ TEST_CASE("a name with 200,000-digit layer and expert numbers is a named error t
     CHECK(std::string(e.what()).size() < 2048);
   }
   CHECK_THROWS_AS(c.layer(t), config_error);
+}
+
+TEST_CASE("every file of issue 40's table opens to its named error and leaves no descriptor or thread behind",
+          "[format][limits]") {
+  sluice_test::temp_dir d("table");
+  auto dir = [&](const std::string& name) {
+    const auto p = d.path() / name;
+    std::filesystem::create_directories(p);
+    return p;
+  };
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  write(dir("deep-shape") / "model.safetensors",
+        file_of(R"({"a":{"dtype":"U8","shape":)" + deep + R"(,"data_offsets":[0,0]}})", 0));
+  write(dir("deep-total-size") / "s.safetensors", file_of("{" + entry("a", 0, 1) + "}", 1));
+  write(d.path() / "deep-total-size" / "model.safetensors.index.json",
+        std::string(R"({"metadata":{"total_size":)") + deep + R"(},"weight_map":{"a":"s.safetensors"}})");
+  const std::string digits = "model.layers." + std::string(200'000, '7') + ".mlp.experts." + std::string(200'000, '3') + ".w1.weight";
+  write(dir("long-digits") / "model.safetensors", file_of("{" + entry(digits, 0, 4) + "}", 4));
+  write(dir("huge-index") / "s.safetensors", file_of("{" + entry("a", 0, 1) + "}", 1));
+  {
+    const int fd = ::open((d.path() / "huge-index" / "model.safetensors.index.json").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, off_t{1} << 40) == 0);
+    ::close(fd);
+  }
+  std::string many = "{";
+  for (int i = 0; i < 1'100'000; ++i) {
+    if (i) many += ',';
+    many += "\"t" + std::to_string(i) + R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})";
+  }
+  many += "}";
+  write(dir("many-tensors") / "model.safetensors", file_of(many, 0));
+  many.clear();
+  many.shrink_to_fit();
+
+  auto threads = [] {
+    std::size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) (void)e, ++n;
+    return n;
+  };
+  const auto fds = open_fds();
+  const auto tasks = threads();
+  for (const auto& [name, rule] : std::vector<std::pair<std::string, std::string>>{{"deep-shape", "shape"},
+                                                                                    {"deep-total-size", "index-depth"},
+                                                                                    {"long-digits", "name-length"},
+                                                                                    {"huge-index", "index-size"},
+                                                                                    {"many-tensors", "tensor-count"}}) {
+    INFO(name);
+    try {
+      (void)checkpoint::open(d.path() / name);
+      FAIL("accepted");
+    } catch (const format_error& e) {
+      CHECK(e.rule() == rule);
+      CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    }
+    CHECK(open_fds() == fds);
+    CHECK(threads() == tasks);
+  }
 }

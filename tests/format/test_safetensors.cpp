@@ -6,18 +6,15 @@
 
 #include <sluice/format/safetensors.hpp>
 
+#include "temp_dir.hpp"
+
 using namespace sluice;
 using namespace sluice::format;
 
 namespace {
 
-/// A whole safetensors file in memory: 8-byte little-endian length, `json`, `data_bytes` zero bytes.
 std::vector<std::byte> file_of(const std::string& json, std::size_t data_bytes) {
-  std::vector<std::byte> f(8 + json.size() + data_bytes);
-  const std::uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<std::byte>(n >> (8 * i));
-  std::memcpy(f.data() + 8, json.data(), json.size());
-  return f;
+  return sluice_test::safetensors_file(json, data_bytes);
 }
 
 header parse(const std::string& json, std::size_t data_bytes) {
