@@ -17,7 +17,11 @@ sample=".samples/deepseek-like-$size"
 
 bash scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build --preset release --target sluice-load sluice-launch gen-checkpoint -j "$(nproc)" >/dev/null
+# The tools, and the Python extension where the build has it, so that the
+# README's Python example works as written after this (PYTHONPATH=build/release/python).
+targets=(sluice-load sluice-launch gen-checkpoint)
+if cmake --build --preset release --target help 2>/dev/null | grep -q '^sluice_python:'; then targets+=(sluice_python); fi
+cmake --build --preset release --target "${targets[@]}" -j "$(nproc)" >/dev/null
 if [[ ! -f "$sample/.complete" ]]; then
   echo "demo: generating a $size sample checkpoint in $sample (once)"
   rm -rf "$sample"

@@ -295,7 +295,7 @@ class WeightIterator:
 def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto", on_exhausted="copy",
                  queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0,
                  world=None, pp_stage_layers=None, pp_first_pattern=None, pp_last_pattern=None,
-                 expert_placement="linear", map_cached=True) -> WeightIterator:
+                 expert_placement="linear", map_cached=True, placeholders=True) -> WeightIterator:
     """Streams the checkpoint's tensors as (name, torch.Tensor).
 
     staging: the staging budget (bytes or "4GiB"); memory stays within it.
@@ -310,6 +310,9 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       file: no copy and no memory of its own; writing to it copies the page,
       never the file. False reads it into a slot or memory of its own. A
       one-process load only.
+    placeholders: in a distributed load, whether another rank's tensors come
+      as empty placeholders (sluice_kind "placeholder": every rank then sees
+      the same sequence of names); False skips them in C++.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
     topology/offload/store/world: a distributed load (see sluice._distributed):
@@ -331,6 +334,7 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
         ck = open(ck)
     o = _options(staging, max_read, queue_depth, threads, io, on_exhausted, queue)
     o.map_cached = bool(map_cached)
+    o.placeholders = bool(placeholders)
     if topology is not None or store is not None or world is not None:
         from ._distributed import configure
         configure(o, topology, offload, store, timeout, world)
@@ -395,7 +399,7 @@ def load_into(ck, tensors: dict, staging="1GiB", max_read="32MiB", queue_depth=4
         if t.device.type == "cuda" and not _sluice.has_cuda:
             raise ConfigError(f"load_into: the destination of '{name}' is on {t.device}; this build of sluice has no "
                               "cuda component (build it where the CUDA toolkit is found)")
-        want = as_torch_dtype(info.dtype)
+        want = as_torch_dtype(info.dtype, info.shape)
         if t.dtype != want:
             raise ConfigError(f"load_into: tensor '{name}' is {info.dtype} (torch {want}), the destination is {t.dtype}")
         shape = arrival_shape(info.dtype, info.shape)

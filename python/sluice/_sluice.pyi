@@ -80,6 +80,7 @@ class StreamOptions:
     io: str
     on_exhausted: str
     map_cached: bool
+    placeholders: bool
     prefault: bool
     queue: int
     topology: str

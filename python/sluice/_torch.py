@@ -17,13 +17,32 @@ _EXACT = {
 }
 
 
-def as_torch_dtype(dtype: str) -> torch.dtype:
-    """The torch dtype a tensor of sluice dtype `dtype` arrives as."""
-    return _EXACT.get(dtype, torch.uint8)  # F6_*, F4: the packed bytes
+# F4 (FP4 E2M1) packs two values per byte: HF safetensors gives it as torch's
+# float4_e2m1fn_x2 with the last dimension halved (shape [2, 18] arrives as
+# [2, 9]), as NVFP4/MXFP4 weights reach vLLM's loaders. A last dimension that
+# is odd (or a scalar) has no such view: flat bytes, as the F6 types (which
+# HF safetensors does not read at all).
+_F4_X2 = getattr(torch, "float4_e2m1fn_x2", None)
+
+
+def _f4_pairs(dtype: str, shape) -> bool:
+    return dtype == "F4" and _F4_X2 is not None and (shape is None or (len(shape) > 0 and shape[-1] % 2 == 0))
+
+
+def as_torch_dtype(dtype: str, shape=None) -> torch.dtype:
+    """The torch dtype a tensor of sluice dtype `dtype` (and `shape`, which
+    decides for F4) arrives as."""
+    if _f4_pairs(dtype, shape):
+        return _F4_X2
+    return _EXACT.get(dtype, torch.uint8)  # F6_*, F4 without pairs: the packed bytes
 
 
 def arrival_shape(dtype: str, shape):
-    """The shape a tensor of `dtype` and `shape` arrives with (sub-byte types: flat bytes)."""
+    """The shape a tensor of `dtype` and `shape` arrives with: F4 in pairs
+    (the last dimension halved, as HF safetensors gives it), other sub-byte
+    types as flat bytes."""
+    if _f4_pairs(dtype, shape):
+        return list(shape[:-1]) + [shape[-1] // 2]
     if dtype.startswith("F4") or dtype.startswith("F6"):
         bits = 4 if dtype.startswith("F4") else 6
         n = 1
@@ -36,13 +55,15 @@ def arrival_shape(dtype: str, shape):
 def tensor_from(item):
     """A torch tensor from the extension's TensorItem (its capsule is consumed)."""
     capsule, dtype, shape, kind, part = item.capsule, item.dtype, item.shape, item.kind, item.part
-    target = as_torch_dtype(dtype)
+    target = as_torch_dtype(dtype, shape)
     if capsule is None:  # a placeholder: a tensor another rank owns
         t = torch.empty(arrival_shape(dtype, shape), dtype=target, device="meta")
     else:
         t = torch.utils.dlpack.from_dlpack(capsule)
         if t.dtype != target:
-            t = t.view(target)  # BOOL, float8 (uint8 on the wire), U16-U64 (signed on the wire)
+            t = t.view(target)  # BOOL, float8 (uint8 on the wire), U16-U64 (signed on the wire), F4 pairs
+        if target is _F4_X2 and part is None:
+            t = t.view(arrival_shape(dtype, shape))   # the pairs' shape (the wire's is flat)
     if target is not _EXACT.get(dtype, None):
         t.sluice_dtype = dtype  # the dtype torch has no type for
     t.sluice_kind = kind

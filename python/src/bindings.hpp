@@ -68,6 +68,7 @@ struct py_stream_options {
   std::string io = "auto";
   std::string exhausted = "copy";
   bool map_cached = true;  // tensors larger than a slot whose file is cached: page-cache views
+  bool placeholders = true;  // hand out placeholders of other ranks' tensors (false: they stay in C++)
   bool prefault = true;    // load_into: fault direct destinations in ahead (load_options::prefault_above)
   std::size_t queue = 8;
   // distributed (world_size > 1 or a topology)

@@ -75,6 +75,7 @@ class stream {
         r = s_->next(50ms, t);
       }
       if (r == pull_status::tensor) {
+        if (!opt_.placeholders && t.view.kind == view_kind::placeholder) continue;   // another rank's: never reaches Python
         tensor_view v = std::move(t.view);  // the capsule's deleter releases `t` (the pin, the budget) after the bytes
         return tensor_item(std::move(v), std::move(t));
       }
@@ -219,6 +220,7 @@ void init_stream(py::module_& m) {
       .def_readwrite("io", &py_stream_options::io)
       .def_readwrite("on_exhausted", &py_stream_options::exhausted)
       .def_readwrite("map_cached", &py_stream_options::map_cached)
+      .def_readwrite("placeholders", &py_stream_options::placeholders)
       .def_readwrite("prefault", &py_stream_options::prefault)
       .def_readwrite("queue", &py_stream_options::queue)
       .def_readwrite("topology", &py_stream_options::topology)

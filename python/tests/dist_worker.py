@@ -40,7 +40,7 @@ try:
             if part is not None:  # a TP part: checked by the test against the slice of the whole tensor
                 shape[part[0]] //= part[2]
                 result["parts"][name] = [list(part), sha256(t)]
-            if list(t.shape) != shape or t.dtype != sluice.as_torch_dtype(info.dtype):
+            if list(t.shape) != shape or t.dtype != sluice.as_torch_dtype(info.dtype, info.shape):
                 result["wrong"].append([name, "dtype or shape"])
             if part is None and kind in ("bytes", "shared"):
                 if t.device.type != "cpu" or sha256(t) != digests[name]:

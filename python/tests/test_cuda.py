@@ -98,7 +98,7 @@ def test_every_tensor_loaded_into_device_memory_equals_the_generators_digest(med
 def test_load_into_cuda_torch_tensors(medium):
     path, digests = medium
     ck = sluice.open(path)
-    dst = {t.name: torch.empty(sluice.arrival_shape(t.dtype, t.shape), dtype=sluice.as_torch_dtype(t.dtype),
+    dst = {t.name: torch.empty(sluice.arrival_shape(t.dtype, t.shape), dtype=sluice.as_torch_dtype(t.dtype, t.shape),
                                device="cuda") for t in ck.tensors}
     sluice.load_into(ck, dst)
     for name, t in dst.items():

@@ -8,7 +8,7 @@ from conftest import sha256
 
 
 def _empty_like(info):
-    return torch.empty(sluice.arrival_shape(info.dtype, info.shape), dtype=sluice.as_torch_dtype(info.dtype))
+    return torch.empty(sluice.arrival_shape(info.dtype, info.shape), dtype=sluice.as_torch_dtype(info.dtype, info.shape))
 
 
 def test_load_into_fills_every_destination_exactly(medium):

@@ -87,6 +87,9 @@ def test_a_file_hf_writes_with_every_torch_dtype_reads_back_identically(tmp_path
         if dt == torch.bool:
             raw = raw % 2
         tensors[f"t.{str(dt).removeprefix('torch.')}"] = raw.view(dt).reshape(6, 5)
+    # FP4 in pairs (NVFP4/MXFP4 weights): HF writes "F4" with the last dimension
+    # doubled and reads it back as float4_e2m1fn_x2 [6, 5]; sluice gives the same.
+    tensors["t.float4_e2m1fn_x2"] = bits[:30].clone().view(torch.float4_e2m1fn_x2).reshape(6, 5)
     tensors["t.scalar"] = torch.tensor(3.5)
     tensors["t.empty"] = torch.empty(0, 4, dtype=torch.bfloat16)
     path = str(tmp_path / "all.safetensors")

@@ -28,6 +28,9 @@ error naming it, raised before anything is read:
                  runs (a truncated file kills it with SIGBUS: write updates to
                  a new directory), and under memory pressure weight pages may
                  be dropped and read again from storage
+    timeout      seconds a multi-rank load waits on its peers (the collective
+                 open, each exchange) before it fails naming the ranks that did
+                 not come (default 60)
     prefault     true (default) | false: in a one-process load, fault the model's
                  fresh CPU parameters in on a thread of sluice's own, from the
                  start of load_weights (during the dry run) and then from the
@@ -42,7 +45,8 @@ import sluice
 
 __all__ = ["EXTRA_CONFIG_KEYS", "options"]
 
-EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct", "prefault", "map")
+EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct", "prefault", "map",
+                     "timeout")
 _OFFLOADS = ("none", "per-rank", "shared-single", "shared-cooperative")
 
 
@@ -58,7 +62,7 @@ def options(extra) -> dict:
         raise sluice.ConfigError(f"--model-loader-extra-config: unknown key(s) {', '.join(map(repr, unknown))} for "
                                  f"--load-format sluice (known: {', '.join(EXTRA_CONFIG_KEYS)})")
     o = {"staging": "4GiB", "max_read": "32MiB", "queue_depth": 4, "offload": "none", "weights": None, "index": None,
-         "direct": True, "prefault": True, "map": False}
+         "direct": True, "prefault": True, "map": False, "timeout": 60.0}
     o.update(extra)
     for k in ("staging", "max_read"):
         o[k] = sluice.parse_size(o[k])
@@ -69,6 +73,10 @@ def options(extra) -> dict:
     for k in ("direct", "prefault", "map"):
         if not isinstance(o[k], bool):
             raise sluice.ConfigError(f"--model-loader-extra-config: {k} must be true or false, got {o[k]!r}")
+    t = o["timeout"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+        raise sluice.ConfigError(f"--model-loader-extra-config: timeout must be a positive number of seconds, got {t!r}")
+    o["timeout"] = float(t)
     for k in ("weights", "index"):
         if o[k] is not None and not isinstance(o[k], str):
             raise sluice.ConfigError(f"--model-loader-extra-config: {k} must be a string, got {o[k]!r}")

@@ -167,7 +167,7 @@ def dry_run(model, tensors) -> Plan:
 
     def probes():
         for info in tensors:
-            probe = torch.empty(arrival_shape(info.dtype, info.shape), dtype=as_torch_dtype(info.dtype), device="meta")
+            probe = torch.empty(arrival_shape(info.dtype, info.shape), dtype=as_torch_dtype(info.dtype, info.shape), device="meta")
             rec.owner[_key(probe)] = info.name
             rec.size[info.name] = probe.numel()
             rec.current = info.name

@@ -54,25 +54,36 @@ class SluiceModelLoader(_vllm.base_loader()):
         self.last_stats = None
 
     # ---- where the weights are
-    def _location(self, model_config) -> str:
-        return self.options["weights"] or getattr(model_config, "model_weights", None) or model_config.model
+    def _location(self, model_config, model=None):
+        """(where, index): the `weights` key (else vLLM's model_weights, else
+        the model path) and the `index` key. The model remembers the path of
+        its first load; when vLLM later points model_config.model elsewhere
+        (`reload_weights(weights_path=...)` does, on a fresh loader), that
+        path wins over `weights`, and `index` (which described the first
+        weights) is dropped."""
+        path = model_config.model
+        first = getattr(model, "_sluice_model_path", None) if model is not None else None
+        if model is not None and first is None:
+            model._sluice_model_path = path
+        elif first is not None and path != first:
+            return path, None
+        return (self.options["weights"] or getattr(model_config, "model_weights", None) or path), self.options["index"]
 
     def download_model(self, model_config) -> None:
         """Nothing to download: checks that the weights location opens (headers only)."""
         self._open(model_config)
 
-    def _open(self, model_config, select=None, world=None, store=None):
+    def _open(self, model_config, select=None, world=None, store=None, model=None):
         """Opens the weights (through the `index` extra-config key's index if
         set); with `world` and `store`, collectively: rank 0 reads the
         metadata, the other ranks replay it."""
-        where = self._location(model_config)
+        where, index = self._location(model_config, model)
         if not where.startswith("s3://") and not os.path.exists(where):
             raise sluice.ConfigError(f"--load-format sluice: the weights location '{where}' does not exist")
-        index = self.options["index"]
         if index is not None and not os.path.isfile(index):
             raise sluice.ConfigError(f"--model-loader-extra-config: index '{index}' is not a file "
                                      "(a local model.safetensors.index.json)")
-        return sluice.open(where, select=select, index=index, world=world, store=store)
+        return sluice.open(where, select=select, index=index, world=world, store=store, timeout=self.options["timeout"])
 
     # ---- which tensors this rank needs
     @staticmethod
@@ -88,7 +99,7 @@ class SluiceModelLoader(_vllm.base_loader()):
         if self._world() > 1:
             yield from self._distributed(model_config, local, model)
             return
-        yield from self._stream(self._open(model_config, select=world.ep_filter(local)), {})
+        yield from self._stream(self._open(model_config, select=world.ep_filter(local), model=model), {})
 
     def _distributed(self, model_config, local, model):
         """A load across vLLM's world group, each byte read from storage by one
@@ -115,12 +126,13 @@ class SluiceModelLoader(_vllm.base_loader()):
         log = _vllm.logger()
         for note in place["notes"]:
             log.info("sluice: %s", note)
-        ck = self._open(model_config, world=ranks, store=store)
+        ck = self._open(model_config, world=ranks, store=store, model=model)
         if place["pp"] > 1:
             place = world.placement(model_config, local, ck=ck, stages=stages, strategy=strategy)
         options = {k: place[k] for k in ("expert_placement", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern")}
         yield from self._stream(ck, {"topology": place["topology"], "offload": self.options["offload"],
-                                     "store": store, "world": ranks, "plan": options})
+                                     "store": store, "world": ranks, "timeout": self.options["timeout"],
+                                     "plan": options})
 
     def _bar(self, total):
         return _vllm.progress_bar(self.load_config, total)
@@ -142,17 +154,16 @@ class SluiceModelLoader(_vllm.base_loader()):
         if own:
             bar = self._bar(ck.tensor_bytes)
         t0 = time.perf_counter()
+        # Placeholders of other ranks' experts and PP stages stay in C++: neither
+        # read nor received here, and never handed to load_weights.
         it = sluice.iter_weights(ck, staging=self.options["staging"], max_read=self.options["max_read"],
-                                 queue_depth=self.options["queue_depth"],
+                                 queue_depth=self.options["queue_depth"], placeholders=False,
                                  progress=self._advance(bar, base, False),
                                  **{k: v for k, v in distributed.items() if k != "plan"},
                                  **distributed.get("plan", {}))
         try:
             with it:
-                for name, tensor in it:
-                    if getattr(tensor, "sluice_kind", None) == "placeholder":
-                        continue  # another rank's expert or PP stage: neither read nor received here
-                    yield name, tensor
+                yield from it
         finally:
             if own and bar is not None:
                 bar.close()
@@ -228,7 +239,7 @@ class SluiceModelLoader(_vllm.base_loader()):
         # (Not when parameters are to be mapped: most would be replaced.)
         early = sluice.prefault(model.parameters()) if self.options["prefault"] and not self.options["map"] else None
         try:
-            ck = self._open(model_config, select=world.ep_filter(world.local_experts(model_config, model)))
+            ck = self._open(model_config, select=world.ep_filter(world.local_experts(model_config, model)), model=model)
             t1 = time.perf_counter()
             plan = dry_run(model, ck.tensors)
             dry = time.perf_counter() - t1

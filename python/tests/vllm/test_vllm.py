@@ -130,6 +130,19 @@ def test_a_dense_model_loads_through_sluice_with_the_tokens_and_bytes_of_vllms_o
     assert st["direct_tensors"] + st["streamed_tensors"] == 21 and st["direct_tensors"] >= 19
 
 
+def test_reload_weights_path_wins_over_the_weights_key(dense):
+    """`reload_weights(weights_path=new)` on an engine whose extra config names
+    `weights` (the original): vLLM points model_config.model at `new` and
+    builds a fresh loader; the model remembers its first path, so `new` wins
+    (issue 41: the original weights came back before)."""
+    def check(llm):
+        assert _param_digests(llm) == dense["params"]
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": dense["updated"]})
+        assert _param_digests(llm) == dense["params_updated"]
+    _with_engine(dense["orig"], "sluice", check,
+                 model_loader_extra_config={"weights": dense["orig"], "staging": "8MiB", "max_read": "256KiB", "timeout": 30})
+
+
 def _file_digests(path):
     return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest() for f in sorted(os.listdir(path))}
 
@@ -240,7 +253,8 @@ def test_the_same_model_from_the_s3_test_server_gives_the_same_tokens(dense, mon
 
 def test_extra_config_values_of_the_wrong_kind_fail_naming_the_key():
     for bad, key in (({"direct": "yes"}, "direct"), ({"prefault": 1}, "prefault"), ({"map": "true"}, "map"),
-                     ({"queue_depth": 0}, "queue_depth"), ({"offload": "x"}, "offload")):
+                     ({"queue_depth": 0}, "queue_depth"), ({"offload": "x"}, "offload"), ({"timeout": 0}, "timeout"),
+                     ({"timeout": "60"}, "timeout")):
         with pytest.raises(sluice.ConfigError, match=key):
             sluice.vllm.config.options(bad)
 
