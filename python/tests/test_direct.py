@@ -175,3 +175,16 @@ def test_probes_carry_the_checkpoints_dtype(dtype):
             return set()
     dry_run(Probe(), [Info("t", dtype, (3, 5))])
     assert seen["t"] == (sluice.as_torch_dtype(dtype), "meta", (3, 5))
+
+
+def test_the_dry_run_names_the_parameters_a_checkpoint_leaves_unwritten():
+    """Every copy and every write of the loader's own counts (the streamed ones
+    too, and the padding fill): the full toy checkpoint leaves nothing
+    unwritten; without "whole" its parameter is named; without "k", the two
+    rows of the fused parameter that "k" fills are."""
+    ck = _checkpoint()
+    assert dry_run(Model(), _infos(ck)).unwritten == {}
+    plan = dry_run(Model(), _infos({n: t for n, t in ck.items() if n != "whole"}))
+    assert plan.unwritten == {"whole": (64, 64)}
+    plan = dry_run(Model(), _infos({n: t for n, t in ck.items() if n != "k"}))
+    assert plan.unwritten == {"fused": (2 * 8 * 2, 6 * 8 * 2)}

@@ -28,6 +28,11 @@ error naming it, raised before anything is read:
                  runs (a truncated file kills it with SIGBUS: write updates to
                  a new directory), and under memory pressure weight pages may
                  be dropped and read again from storage
+    strict       true (default) | false: a model parameter whose bytes nothing in
+                 the checkpoint writes (a tensor the checkpoint lacks, found by
+                 the dry run before any byte is read) fails the load naming it;
+                 false logs it instead. vLLM's own check exempts every module
+                 with a quant method, so a missing linear layer passes it
     timeout      seconds a multi-rank load waits on its peers (the collective
                  open, each exchange) before it fails naming the ranks that did
                  not come (default 60)
@@ -46,7 +51,7 @@ import sluice
 __all__ = ["EXTRA_CONFIG_KEYS", "options"]
 
 EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct", "prefault", "map",
-                     "timeout")
+                     "timeout", "strict")
 _OFFLOADS = ("none", "per-rank", "shared-single", "shared-cooperative")
 
 
@@ -62,7 +67,7 @@ def options(extra) -> dict:
         raise sluice.ConfigError(f"--model-loader-extra-config: unknown key(s) {', '.join(map(repr, unknown))} for "
                                  f"--load-format sluice (known: {', '.join(EXTRA_CONFIG_KEYS)})")
     o = {"staging": "4GiB", "max_read": "32MiB", "queue_depth": 4, "offload": "none", "weights": None, "index": None,
-         "direct": True, "prefault": True, "map": False, "timeout": 60.0}
+         "direct": True, "prefault": True, "map": False, "timeout": 60.0, "strict": True}
     o.update(extra)
     for k in ("staging", "max_read"):
         o[k] = sluice.parse_size(o[k])
@@ -70,7 +75,7 @@ def options(extra) -> dict:
         raise sluice.ConfigError(f"--model-loader-extra-config: queue_depth must be a positive integer, got {o['queue_depth']!r}")
     if o["offload"] not in _OFFLOADS:
         raise sluice.ConfigError(f"--model-loader-extra-config: offload {o['offload']!r} is not one of {', '.join(_OFFLOADS)}")
-    for k in ("direct", "prefault", "map"):
+    for k in ("direct", "prefault", "map", "strict"):
         if not isinstance(o[k], bool):
             raise sluice.ConfigError(f"--model-loader-extra-config: {k} must be true or false, got {o[k]!r}")
     t = o["timeout"]

@@ -21,6 +21,11 @@ from the page cache, none for O_DIRECT), which is what `dry_run` proves:
   range afterwards (a loader's own writes elsewhere, such as the zero fill of
   a padded vocabulary, run in the dry run as they would in the real one).
 
+The dry run also knows which parameter bytes nothing writes (`Plan.unwritten`):
+every copy into a parameter and every write of the loader's own is marked, so
+a parameter the checkpoint has nothing for (a missing tensor, or one part of
+a fused parameter) is named before any byte is read.
+
 Everything else is *streamed*: any other op on a probe (a dtype conversion, a
 transpose copied out, arithmetic, a slice of it for TP), a copy made later
 (a loader that buffers tensors), no copy at all (a tensor the loader skips),
@@ -53,6 +58,8 @@ class Plan:
     streamed: dict = field(default_factory=dict)  # name -> why it is not direct
     loaded: set | None = None                    # what model.load_weights returned in the dry run
     failure: str | None = None                   # why the dry run gave up (everything streamed)
+    # parameter name -> (bytes nothing wrote, its bytes): what the checkpoint lacks
+    unwritten: dict = field(default_factory=dict)
 
 
 def _key(t: torch.Tensor) -> int:
@@ -78,6 +85,24 @@ class _Recorder(TorchDispatchMode):
         self.dst = {}              # name -> the one destination recorded
         self.why = {}              # name -> why it is streamed
         self.spans = []            # (start, end, name) of the copies recorded
+        self.writes = {}           # target storage -> [(start, end)] of everything written into it
+
+    def mark(self, v):
+        """Parameter memory `v` is written by the load (a copy of a tensor, or
+        the loader's own fill): what the coverage check counts."""
+        if _key(v) in self.targets:
+            self.writes.setdefault(_key(v), []).append(_span(v))
+
+    def _write_args(self, func, args, kwargs):
+        """The tensors an op writes into (its mutable arguments)."""
+        if not func._schema.is_mutable:
+            return []
+        out = []
+        for i, a in enumerate(func._schema.arguments):
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor):
+                out.append(v)
+        return out
 
     def bad(self, name, why):
         self.why.setdefault(name, why)
@@ -133,18 +158,20 @@ class _Recorder(TorchDispatchMode):
                 for n in names:
                     self.bad(n, "written into")
             else:
+                self.mark(dst)
                 self._copy(dst, src, self._names([src]))
             return dst
         if not names:
-            if func._schema.is_mutable and self.spans:
-                for i, a in enumerate(func._schema.arguments):
-                    v = args[i] if i < len(args) else kwargs.get(a.name)
-                    if (a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor)
-                            and _key(v) in self.targets):
+            for v in self._write_args(func, args, kwargs):
+                if _key(v) in self.targets:
+                    self.mark(v)
+                    if self.spans:
                         self._written(func, v)
             return func(*args, **kwargs)
         if func.is_view:
             return func(*args, **kwargs)  # a view of a probe is a probe
+        for v in self._write_args(func, args, kwargs):
+            self.mark(v)  # parameter memory a probe's bytes reach through another op (streamed, still written)
         for n in names:
             self.bad(n, f"its bytes go through {func}")
         # Run it on the meta device, so that the loader carries on; what it
@@ -183,6 +210,7 @@ def dry_run(model, tensors) -> Plan:
         plan.streamed = {t.name: "the dry run failed" for t in tensors}
         return plan
     plan.loaded = set(loaded) if loaded is not None else None
+    plan.unwritten = _unwritten(model, rec.writes)
     for info in tensors:
         if info.name in rec.why:
             plan.streamed[info.name] = rec.why[info.name]
@@ -191,3 +219,24 @@ def dry_run(model, tensors) -> Plan:
         else:
             plan.direct[info.name] = rec.dst[info.name]
     return plan
+
+
+def _unwritten(model, writes) -> dict:
+    """Parameters some of whose bytes nothing in the load wrote: {name:
+    (bytes unwritten, bytes)}. A checkpoint that lacks a tensor leaves its
+    parameter (or its part of a fused one) so, whatever vLLM's strict check
+    exempts (every module with a quant method, so every linear layer)."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.numel() == 0 or p.device.type == "meta":
+            continue
+        start, end = _span(p)
+        covered, at = 0, start
+        for s, e in sorted(writes.get(_key(p), [])):
+            s, e = max(s, at), min(e, end)
+            if e > s:
+                covered += e - s
+                at = e
+        if covered < end - start:
+            out[name] = (end - start - covered, end - start)
+    return out

@@ -226,6 +226,18 @@ class SluiceModelLoader(_vllm.base_loader()):
                     p.data = t.view(p.shape)
         return dict(it.stats or {}, names=set(targets))
 
+    def _missing(self, ck, unwritten, log):
+        """Parameters the checkpoint has nothing for (the dry run's coverage):
+        an error naming them (the `strict` key), or a warning."""
+        names = sorted(unwritten)
+        shown = ", ".join(f"{n} ({unwritten[n][0]} of {unwritten[n][1]} bytes)" for n in names[:8])
+        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+        msg = (f"missing-tensor: the checkpoint at '{ck.location}' has nothing for {len(names)} parameter(s) of the "
+               f"model, which its load_weights would leave unwritten: {shown}{more}")
+        if self.options["strict"]:
+            raise sluice.FormatError(msg + ' (set {"strict": false} in --model-loader-extra-config to load anyway)')
+        log.warning("sluice: %s", msg)
+
     def _load_direct(self, model, model_config):
         """One process: a dry run of `model.load_weights` (dry_run.py) finds
         the tensors whose bytes land whole in one parameter; sluice reads those
@@ -246,6 +258,8 @@ class SluiceModelLoader(_vllm.base_loader()):
         finally:
             early_bytes = early.stop() if early is not None else 0
         log = self._log()
+        if plan.unwritten and not plan.failure:
+            self._missing(ck, plan.unwritten, log)
         if plan.failure:
             log.info("sluice: the dry run of load_weights failed (%s); streaming every tensor", plan.failure)
         else:
