@@ -429,3 +429,53 @@ TEST_CASE("a TP that does not divide a split tensor is an error naming it, or ke
   // A TP that divides everything keeps nothing whole.
   CHECK(make_plan(tensors, classifier::deepseek(), 1, 2, 1, offload_kind::none).kept_whole.empty());
 }
+
+TEST_CASE("the engine's model owners override every name rule; a tensor no model takes is not read",
+          "[policy][plan][model_owners]") {
+  // Names sluice's classifier does not know as experts (a Mixtral's), one it
+  // does (mlp.experts.N) given other owners, a table nobody takes.
+  const std::vector<tensor_info> tensors{{"model.layers.0.block_sparse_moe.experts.0.w1.weight", 4096, {64, 32}},
+                                         {"model.layers.0.block_sparse_moe.experts.1.w1.weight", 4096, {64, 32}},
+                                         {"model.layers.0.mlp.experts.0.w1.weight", 4096, {64, 32}},
+                                         {"model.layers.0.self_attn.q_proj.weight", 8192, {64, 64}},
+                                         {"mtp.0.head.weight", 2048, {32, 32}}};
+  auto owners = std::make_shared<std::map<std::string, std::vector<rank_t>>>();
+  (*owners)["model.layers.0.block_sparse_moe.experts.0.w1.weight"] = {0};
+  (*owners)["model.layers.0.block_sparse_moe.experts.1.w1.weight"] = {1};
+  (*owners)["model.layers.0.mlp.experts.0.w1.weight"] = {1};   // not the EP rule's rank 0
+  (*owners)["model.layers.0.self_attn.q_proj.weight"] = {0, 1};
+  (*owners)["mtp.0.head.weight"] = {};                          // the draft's: no main-model rank takes it
+  plan_options o;
+  o.model_owners = owners;
+  const auto p = make_plan(tensors, classifier::deepseek(), 2, 1, 2, offload_kind::none, o);   // TP2 by the topology
+  for (const auto& e : p.entries) {
+    INFO(e.info.name);
+    const auto& want = owners->at(e.info.name);
+    CHECK(e.owners.members() == want);
+    CHECK(e.split == tp_split::none);   // whole: the model narrows what it takes
+    if (want.empty()) {
+      CHECK(e.reads.empty());
+    } else {
+      std::uint64_t covered = 0;
+      for (const auto& r : e.reads) {
+        CHECK(e.owners.contains(r.reader));   // read by a rank that keeps it
+        covered += r.size;
+      }
+      CHECK(covered == e.info.size);
+    }
+  }
+  CHECK(p.unowned_tensors == 1);
+  CHECK(p.unowned_bytes == 2048);
+  CHECK(std::accumulate(p.read_bytes.begin(), p.read_bytes.end(), std::uint64_t{0}) == 4096 * 3 + 8192);
+  CHECK(std::accumulate(p.received_bytes.begin(), p.received_bytes.end(), std::uint64_t{0}) == 8192);   // q_proj to the other
+  // The owners are in the digest: another map is another plan.
+  auto other = std::make_shared<std::map<std::string, std::vector<rank_t>>>(*owners);
+  (*other)["model.layers.0.mlp.experts.0.w1.weight"] = {0};
+  plan_options o2;
+  o2.model_owners = other;
+  CHECK(make_schedule(p).digest != make_schedule(make_plan(tensors, classifier::deepseek(), 2, 1, 2, offload_kind::none, o2)).digest);
+  // A rank outside the world is a config error naming the tensor.
+  (*other)["mtp.0.head.weight"] = {2};
+  CHECK_THROWS_WITH(make_plan(tensors, classifier::deepseek(), 2, 1, 2, offload_kind::none, o2),
+                    Catch::Contains("'mtp.0.head.weight'") && Catch::Contains("rank 2"));
+}

@@ -23,6 +23,8 @@
 /// (when `even_pp_stages` asks for it) or an explicit stage split that does not
 /// add up are config_errors naming the numbers.
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -81,6 +83,15 @@ struct plan_options {
   /// kept whole by every owner, and load_plan::kept_whole lists them (the
   /// tools print them in their summary).
   bool uneven_tp_keep_whole = false;
+  /// Owners from the engine's own model: tensor name -> the ranks whose
+  /// model takes bytes of it (each rank's dry run of its load_weights,
+  /// exchanged; python/sluice/vllm). A listed tensor's owners are these
+  /// ranks, whatever its name says (no class, expert, layer or TP rule of
+  /// the classifier applies to it): it is read by one of them and sent,
+  /// whole, only to the others. Listed with no rank: no model needs it, so
+  /// it is neither read nor sent (load_plan::unowned_bytes). Unlisted
+  /// tensors follow the classifier. Every rank must pass the same map.
+  std::shared_ptr<const std::map<std::string, std::vector<rank_t>>> model_owners;
 };
 
 /// One read from storage: bytes [offset, offset + size) of a tensor, by `reader`.
@@ -135,6 +146,8 @@ class load_plan {
   std::uint32_t windows = 0;
   std::uint64_t shared_bytes = 0;     ///< size of each node's shared segment
   std::vector<std::uint64_t> read_bytes;  ///< storage bytes each rank reads
+  std::uint64_t unowned_bytes = 0;    ///< bytes of tensors no rank's model takes (plan_options::model_owners): not read
+  std::uint64_t unowned_tensors = 0;
   std::vector<std::uint64_t> sent_bytes;      ///< bytes each rank sends in the exchanges (per receiver)
   std::vector<std::uint64_t> received_bytes;  ///< bytes each rank receives in the exchanges
   /// Every exchange message, entry by entry (plan_entry::first_message):
@@ -316,6 +329,11 @@ class rank_sets {
 inline void classify_tensors(load_plan& p, std::vector<tensor_info>& tensors, const classifier& cls,
                              const plan_options& opt) {
   for (auto& t : tensors) {
+    if (opt.model_owners && opt.model_owners->contains(t.name)) {
+      t.cls = tensor_class::replicated;   // its owners are the model's: no name rule applies
+      t.expert = -1;
+      continue;
+    }
     cls.classify(t);
     if (t.cls == tensor_class::routed_expert) p.experts = std::max<std::uint64_t>(p.experts, static_cast<std::uint64_t>(t.expert) + 1);
     if (p.pp > 1) {
@@ -368,12 +386,27 @@ inline destination owner_destination(tensor_class c, offload_kind off) noexcept 
 // Pass 2, owners and split: one entry per tensor, in file order, with its
 // stage, owners, destination and TP split; a tensor the classifier would
 // split but TP does not divide goes to p.kept_whole.
-inline void place_tensors(load_plan& p, std::vector<tensor_info>& tensors, const classifier& cls, const rank_sets& sets) {
+inline void place_tensors(load_plan& p, std::vector<tensor_info>& tensors, const classifier& cls, const rank_sets& sets,
+                          const plan_options& opt) {
   p.entries.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     plan_entry e;
     e.index = i;
     e.info = std::move(tensors[i]);
+    if (opt.model_owners) {
+      if (const auto it = opt.model_owners->find(e.info.name); it != opt.model_owners->end()) {
+        e.owners = rank_set(p.world);
+        for (const auto r : it->second) {
+          if (r >= p.world)
+            throw config_error(fmt::format("plan: the model's owners of tensor '{}' name rank {}, outside the world of {}",
+                                           printable(e.info.name, 256), r, p.world));
+          e.owners.insert(r);
+        }
+        e.stage = -1;
+        p.entries.push_back(std::move(e));
+        continue;
+      }
+    }
     e.stage = stage_of(p, e.info, cls);
     e.owners = e.info.cls == tensor_class::routed_expert ? expert_owners(p, e.info, e.stage) : sets.stage(e.stage);
     e.owner_destination = owner_destination(e.info.cls, p.offload);
@@ -411,6 +444,11 @@ inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_
     auto& e = p.entries[i];
     const auto size = e.info.size;
     if (size == 0) continue;
+    if (e.owners.empty()) {   // no rank's model takes it: not read (plan_options::model_owners)
+      p.unowned_bytes += size;
+      ++p.unowned_tensors;
+      continue;
+    }
     auto add_read = [&e](std::uint64_t at, std::uint64_t n) { e.reads.push_back({at, n, 0, false}); };
     auto balance = [&](const rank_set& eligible) { out.balanced.push_back({i, e.reads.size() - 1, &eligible}); };
     if (e.info.cls == tensor_class::routed_expert && e.split == tp_split::none) {
@@ -570,7 +608,7 @@ inline void plan_passes(load_plan& p, std::vector<tensor_info>& tensors, const c
     throw config_error(fmt::format("plan: {} ranks per node do not divide the world of {}", p.local_size, p.world));
   classify_tensors(p, tensors, cls, opt);
   const rank_sets sets(p);
-  place_tensors(p, tensors, cls, sets);
+  place_tensors(p, tensors, cls, sets, opt);
   assign_readers(p, plan_reads(p, sets, opt));
   cut_windows(p, opt);
   plan_messages(p);
