@@ -295,7 +295,8 @@ class WeightIterator:
 def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1, io="auto", on_exhausted="copy",
                  queue=8, progress=None, topology=None, offload="none", store=None, timeout=60.0,
                  world=None, pp_stage_layers=None, pp_first_pattern=None, pp_last_pattern=None,
-                 expert_placement="linear", map_cached=True, placeholders=True) -> WeightIterator:
+                 expert_placement="linear", map_cached=True, placeholders=True, model_owners=None,
+                 stand_ins=None) -> WeightIterator:
     """Streams the checkpoint's tensors as (name, torch.Tensor).
 
     staging: the staging budget (bytes or "4GiB"); memory stays within it.
@@ -312,7 +313,14 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       one-process load only.
     placeholders: in a distributed load, whether another rank's tensors come
       as empty placeholders (sluice_kind "placeholder": every rank then sees
-      the same sequence of names); False skips them in C++.
+      the same sequence of names); False skips them in C++, but for the names
+      in `stand_ins`, whose placeholders still come (a byte-less stand-in for
+      an engine loader that must be called).
+    model_owners: {name: [ranks]}: the ranks each tensor goes to, as the
+      engine's own model says (every rank passes the same map; see
+      plan_options::model_owners): a listed tensor is read by one of them and
+      sent, whole, only to the others; listed with no rank, it is not read.
+      Unlisted tensors follow sluice's name rules.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
     topology/offload/store/world: a distributed load (see sluice._distributed):
@@ -335,14 +343,16 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
     o = _options(staging, max_read, queue_depth, threads, io, on_exhausted, queue)
     o.map_cached = bool(map_cached)
     o.placeholders = bool(placeholders)
+    if stand_ins:
+        o.stand_ins = set(stand_ins)
     if topology is not None or store is not None or world is not None:
         from ._distributed import configure
         configure(o, topology, offload, store, timeout, world)
-    _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement)
+    _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement, model_owners)
     return WeightIterator(ck, o, progress)
 
 
-def _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement):
+def _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement, model_owners=None):
     if pp_stage_layers:
         layers = list(pp_stage_layers)
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
@@ -353,10 +363,12 @@ def _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_
     if pp_last_pattern is not None:
         o.pp_last_pattern = str(pp_last_pattern)
     o.expert_placement = str(expert_placement)
+    if model_owners:
+        o.model_owners = {str(n): [int(r) for r in rs] for n, rs in model_owners.items()}
 
 
 def plan_owners(ck, topology, offload="none", local_size=None, pp_stage_layers=None, pp_first_pattern=None,
-                pp_last_pattern=None, expert_placement="linear") -> list:
+                pp_last_pattern=None, expert_placement="linear", model_owners=None) -> list:
     """The tensors each rank of a distributed load would own, from sluice's
     plan alone (no process, no read): a list over the topology's ranks (in
     sluice's order: PP x DP x TP) of tensor names in file order. The plan is
@@ -368,7 +380,7 @@ def plan_owners(ck, topology, offload="none", local_size=None, pp_stage_layers=N
     o = _sluice.StreamOptions()
     o.topology, o.offload = topology, offload
     o.local_size = int(local_size) if local_size else 0
-    _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement)
+    _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_placement, model_owners)
     return _sluice.plan_owners(ck._core, o)
 
 

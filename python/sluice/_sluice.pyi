@@ -81,6 +81,8 @@ class StreamOptions:
     on_exhausted: str
     map_cached: bool
     placeholders: bool
+    stand_ins: set[str]
+    model_owners: dict[str, list[int]]
     prefault: bool
     queue: int
     topology: str

@@ -31,7 +31,9 @@
 #include <mutex>
 #include <optional>
 #include <stop_token>
+#include <map>
 #include <string>
+#include <unordered_set>
 #include <thread>
 #include <vector>
 
@@ -69,6 +71,9 @@ struct py_stream_options {
   std::string exhausted = "copy";
   bool map_cached = true;  // tensors larger than a slot whose file is cached: page-cache views
   bool placeholders = true;  // hand out placeholders of other ranks' tensors (false: they stay in C++)
+  std::unordered_set<std::string> stand_ins;  // with placeholders false: the names whose placeholders still come out
+  // The engine's model's owners (plan_options::model_owners): name -> ranks; empty: the classifier's.
+  std::map<std::string, std::vector<std::uint32_t>> model_owners;
   bool prefault = true;    // load_into: fault direct destinations in ahead (load_options::prefault_above)
   std::size_t queue = 8;
   // distributed (world_size > 1 or a topology)

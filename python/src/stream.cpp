@@ -32,6 +32,8 @@ distributed_options distributed_options_of(const py_stream_options& o) {
   d.plan.experts = policy::parse_expert_placement(o.expert_placement);
   if (o.pp_first_pattern) d.classify.first_pp_stage_pattern = *o.pp_first_pattern;
   if (o.pp_last_pattern) d.classify.last_pp_stage_pattern = *o.pp_last_pattern;
+  if (!o.model_owners.empty())
+    d.plan.model_owners = std::make_shared<const std::map<std::string, std::vector<policy::rank_t>>>(o.model_owners);
   return d;
 }
 
@@ -75,7 +77,9 @@ class stream {
         r = s_->next(50ms, t);
       }
       if (r == pull_status::tensor) {
-        if (!opt_.placeholders && t.view.kind == view_kind::placeholder) continue;   // another rank's: never reaches Python
+        // Another rank's tensor never reaches Python, but where this rank's
+        // model still wants the call (stand_ins: a byte-less stand-in).
+        if (!opt_.placeholders && t.view.kind == view_kind::placeholder && !opt_.stand_ins.contains(t.view.name())) continue;
         tensor_view v = std::move(t.view);  // the capsule's deleter releases `t` (the pin, the budget) after the bytes
         return tensor_item(std::move(v), std::move(t));
       }
@@ -221,6 +225,8 @@ void init_stream(py::module_& m) {
       .def_readwrite("on_exhausted", &py_stream_options::exhausted)
       .def_readwrite("map_cached", &py_stream_options::map_cached)
       .def_readwrite("placeholders", &py_stream_options::placeholders)
+      .def_readwrite("stand_ins", &py_stream_options::stand_ins)
+      .def_readwrite("model_owners", &py_stream_options::model_owners)
       .def_readwrite("prefault", &py_stream_options::prefault)
       .def_readwrite("queue", &py_stream_options::queue)
       .def_readwrite("topology", &py_stream_options::topology)
