@@ -188,3 +188,87 @@ def test_the_dry_run_names_the_parameters_a_checkpoint_leaves_unwritten():
     assert plan.unwritten == {"whole": (64, 64)}
     plan = dry_run(Model(), _infos({n: t for n, t in ck.items() if n != "k"}))
     assert plan.unwritten == {"fused": (2 * 8 * 2, 6 * 8 * 2)}
+
+
+def test_the_dry_run_says_what_the_model_takes_calls_its_loaders_with_or_ignores():
+    """The ownership a multi-rank load plans from: bytes that reach parameter
+    memory (directly or through ops) are taken; a weight_loader called with a
+    tensor that writes nothing (a MoE expert another EP rank holds) only
+    calls; a name the model skips is ignored. Loaders are restored after."""
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2, 4, dtype=torch.bfloat16), requires_grad=False)
+            self.w.weight_loader = self.load_expert   # as vLLM's RoutedExperts: local experts 0 and 1 only
+            self.norm = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16), requires_grad=False)
+
+        def load_expert(self, param, w, expert):
+            if expert >= 2:
+                return False   # another rank's: nothing written
+            param.data[expert].copy_(w)
+            return True
+
+        def load_weights(self, weights):
+            for name, w in weights:
+                if name.startswith("experts."):
+                    self.w.weight_loader(self.w, w, int(name.split(".")[1]))
+                elif name == "norm":
+                    getattr(self.norm, "weight_loader")(self.norm, w)   # the default loader
+                # "other.layer" is another stage's: skipped
+            return set()
+
+    def default_loader(param, w):
+        param.data.copy_(w)
+
+    model = Experts()
+    own = model.w.weight_loader
+    infos = [Info(n, "BF16", (4,)) for n in ("experts.0", "experts.1", "experts.2", "experts.3", "norm", "other.layer")]
+    plan = dry_run(model, infos, default_weight_loader=default_loader)
+    assert plan.takes == {"experts.0", "experts.1", "norm"}
+    assert plan.calls == {"experts.2", "experts.3"}
+    assert model.w.weight_loader == own and "weight_loader" not in vars(model.norm)
+
+
+def test_the_dry_run_gives_back_a_loader_kept_behind_a_property():
+    """vLLM's parameter classes keep the loader behind a property whose
+    deleter leaves None: the dry run must leave it as it found it."""
+    class Param(torch.nn.Parameter):   # the shape of vLLM's BasevLLMParameter
+        def __new__(cls, data, weight_loader):
+            return super().__new__(cls, data=data, requires_grad=False)
+
+        def __init__(self, data, weight_loader):
+            self._weight_loader = weight_loader
+
+        @property
+        def weight_loader(self):
+            if self._weight_loader is None:
+                raise AttributeError("weight_loader attribute has been deleted")
+            return self._weight_loader
+
+        @weight_loader.setter
+        def weight_loader(self, value):
+            self._weight_loader = value
+
+        @weight_loader.deleter
+        def weight_loader(self):
+            self._weight_loader = None
+
+    def load(param, w):
+        param.data.copy_(w)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = Param(torch.zeros(4, dtype=torch.bfloat16), load)
+
+        def load_weights(self, weights):
+            for _, w in weights:
+                self.w.weight_loader(self.w, w)
+            return {"w"}
+
+    model = Model()
+    plan = dry_run(model, [Info("w", "BF16", (4,))])
+    assert plan.takes == {"w"}
+    assert model.w.weight_loader is load
+    model.load_weights([("w", torch.ones(4, dtype=torch.bfloat16))])
+    assert model.w.eq(1).all()

@@ -13,7 +13,8 @@ the load format "sluice", is idempotent and touches no CUDA.
 The package, one concern per module (only `_vllm` imports vLLM's internals):
 
     config    the extra-config keys, their defaults and checks
-    world     vLLM's parallel groups as sluice's world: ranks, PP stages, experts
+    world     vLLM's parallel groups as sluice's world, and the ownership the
+              ranks' models give (their dry runs, exchanged)
     dry_run   where a model's load_weights puts each tensor (no vLLM import)
     loader    SluiceModelLoader
     _vllm     every vLLM internal used, imported on first use
@@ -23,10 +24,9 @@ from __future__ import annotations
 from . import _vllm
 from .config import EXTRA_CONFIG_KEYS
 from .loader import LOADS, SluiceModelLoader, last_load
-from .world import anchored, effective_placement, placement
+from .world import sluice_place, sluice_rank
 
-__all__ = ["register", "SluiceModelLoader", "EXTRA_CONFIG_KEYS", "LOADS", "last_load", "placement", "anchored",
-           "effective_placement"]
+__all__ = ["register", "SluiceModelLoader", "EXTRA_CONFIG_KEYS", "LOADS", "last_load", "sluice_place", "sluice_rank"]
 
 _registered = False
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["base_loader", "register_model_loader", "current_parallel_config", "compute_local_expert_ids",
            "should_skip_weight", "get_pp_indices", "parallel_ranks", "world_group", "pp_group_rank", "logger",
-           "progress_bar", "track_weights_loading"]
+           "progress_bar", "track_weights_loading", "default_weight_loader"]
 
 
 def base_loader():
@@ -80,3 +80,9 @@ def track_weights_loading(loader, model, loaded):
     """vLLM's strict check that the checkpoint set every parameter."""
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     DefaultModelLoader.track_weights_loading(loader, model, loaded, quantized=False)
+
+
+def default_weight_loader():
+    """vLLM's loader for parameters without one of their own."""
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader as loader
+    return loader

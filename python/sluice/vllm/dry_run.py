@@ -60,6 +60,13 @@ class Plan:
     failure: str | None = None                   # why the dry run gave up (everything streamed)
     # parameter name -> (bytes nothing wrote, its bytes): what the checkpoint lacks
     unwritten: dict = field(default_factory=dict)
+    # What this model does with each tensor (the ownership a multi-rank load
+    # plans from): its bytes reach parameter memory ("takes"), or a weight
+    # loader of the model is called with it but writes nothing ("calls": a
+    # MoE expert another EP rank holds, a shared table another rank writes),
+    # or neither ("ignores": another PP stage's layer, a draft's tensors).
+    takes: set = field(default_factory=set)
+    calls: set = field(default_factory=set)
 
 
 def _key(t: torch.Tensor) -> int:
@@ -86,6 +93,8 @@ class _Recorder(TorchDispatchMode):
         self.why = {}              # name -> why it is streamed
         self.spans = []            # (start, end, name) of the copies recorded
         self.writes = {}           # target storage -> [(start, end)] of everything written into it
+        self.took = set()          # names whose bytes reached parameter memory (directly or through ops)
+        self.called = set()        # names a parameter's weight_loader was called with
 
     def mark(self, v):
         """Parameter memory `v` is written by the load (a copy of a tensor, or
@@ -159,6 +168,8 @@ class _Recorder(TorchDispatchMode):
                     self.bad(n, "written into")
             else:
                 self.mark(dst)
+                if _key(dst) in self.targets:
+                    self.took |= names
                 self._copy(dst, src, self._names([src]))
             return dst
         if not names:
@@ -172,6 +183,8 @@ class _Recorder(TorchDispatchMode):
             return func(*args, **kwargs)  # a view of a probe is a probe
         for v in self._write_args(func, args, kwargs):
             self.mark(v)  # parameter memory a probe's bytes reach through another op (streamed, still written)
+            if _key(v) in self.targets:
+                self.took |= names
         for n in names:
             self.bad(n, f"its bytes go through {func}")
         # Run it on the meta device, so that the loader carries on; what it
@@ -185,9 +198,14 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def dry_run(model, tensors) -> Plan:
+def dry_run(model, tensors, default_weight_loader=None) -> Plan:
     """Runs `model.load_weights` over probes of `tensors` (sluice tensor
-    infos: name, dtype, shape) and says which are direct (see the module)."""
+    infos: name, dtype, shape) and says which are direct (see the module),
+    and what the model takes, calls its loaders with, or ignores.
+
+    `default_weight_loader`: the engine's loader for parameters that have no
+    `weight_loader` of their own (vLLM's), so that calls through it are seen
+    too; every parameter's loader is wrapped for the dry run and restored."""
     targets = {_key(t) for t in model.parameters()} | {_key(t) for t in model.buffers()}
     rec = _Recorder(targets)
     tensors = list(tensors)
@@ -202,6 +220,7 @@ def dry_run(model, tensors) -> Plan:
             rec.current = None
 
     plan = Plan()
+    restore = _watch_loaders(model, rec, default_weight_loader)
     try:
         with rec, torch.no_grad():
             loaded = model.load_weights(probes())
@@ -209,8 +228,12 @@ def dry_run(model, tensors) -> Plan:
         plan.failure = f"{type(e).__name__}: {e}"
         plan.streamed = {t.name: "the dry run failed" for t in tensors}
         return plan
+    finally:
+        restore()
     plan.loaded = set(loaded) if loaded is not None else None
     plan.unwritten = _unwritten(model, rec.writes)
+    plan.takes = set(rec.took)
+    plan.calls = set(rec.called) - plan.takes
     for info in tensors:
         if info.name in rec.why:
             plan.streamed[info.name] = rec.why[info.name]
@@ -219,6 +242,44 @@ def dry_run(model, tensors) -> Plan:
         else:
             plan.direct[info.name] = rec.dst[info.name]
     return plan
+
+
+def _watch_loaders(model, rec, default_weight_loader):
+    """Wraps every parameter's weight_loader (and gives the default one to
+    those without) so that a call with a probe, or a view of one, is
+    recorded; returns what restores them. vLLM's newer parameter classes
+    keep theirs behind a property whose deleter leaves None."""
+    saved = []
+    for _, p in model.named_parameters():
+        own = getattr(p, "weight_loader", None)
+        inner = own if own is not None else default_weight_loader
+        if inner is None:
+            continue
+
+        def watched(*args, _inner=inner, **kwargs):
+            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            rec.called |= rec._names(tensors)
+            return _inner(*args, **kwargs)
+        # Restored from a snapshot of the instance's own attributes: a
+        # property's deleter (vLLM's parameters) would not give the old
+        # loader back.
+        before = {a: vars(p)[a] for a in ("weight_loader", "_weight_loader") if a in vars(p)}
+        for attr in ("weight_loader", "_weight_loader"):
+            try:
+                setattr(p, attr, watched)
+            except AttributeError:
+                continue
+            saved.append((p, before))
+            break
+
+    def restore():
+        for p, before in saved:
+            for attr in ("weight_loader", "_weight_loader"):
+                if attr in before:
+                    vars(p)[attr] = before[attr]
+                else:
+                    vars(p).pop(attr, None)
+    return restore
 
 
 def _unwritten(model, writes) -> dict:

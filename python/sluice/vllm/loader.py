@@ -2,21 +2,22 @@
 
 What the model gets: `model.load_weights()` receives the checkpoint's names and
 full logical tensors, as from vLLM's default loader; each parameter's
-`weight_loader` narrows them for TP. With expert parallelism on (and vLLM's EP
-weight filter, no EPLB), a rank's routed-expert weights of other ranks' experts
-are not read: the same rule as vLLM's own filter (`.experts.N.*.weight`; every
-expert's scales are still yielded). The strict check that every parameter was
-loaded is vLLM's own (`DefaultModelLoader.track_weights_loading`).
+`weight_loader` narrows them for TP. The strict check that every parameter was
+loaded is vLLM's own (`DefaultModelLoader.track_weights_loading`), and before
+it sluice's: a parameter the dry run finds no tensor writes fails the load
+(the `strict` key).
 
 One process: a dry run of `model.load_weights` (dry_run.py) finds the tensors
 whose bytes land whole in one parameter; sluice reads those straight into
 their parameters and streams the rest through `load_weights`.
 
 Multi-rank worlds (TP/DP/PP > 1): one sluice load across vLLM's world group,
-the checkpoint opened once (rank 0 reads the headers, the others replay them),
-each byte read from storage by one rank and sent over Gloo to the ranks that
-keep it: a PP stage gets its layers only, an EP rank its experts only (see
-world.placement() for the mapping).
+the checkpoint opened once (rank 0 reads the headers, the others replay them);
+every rank's dry run of its own model says which tensors it takes, which it
+only calls a loader with (a stand-in comes), and which it ignores; each byte
+is read from storage by one rank and sent over Gloo only to the ranks whose
+model takes it: a PP stage gets its layers, an EP rank its experts, whatever
+their names.
 """
 from __future__ import annotations
 
@@ -93,46 +94,57 @@ class SluiceModelLoader(_vllm.base_loader()):
 
     # ---- the loader API
     def get_all_weights(self, model_config, model):
-        """(name, tensor) for every tensor this rank needs: what `load_weights`,
-        `reload_weights(weights_path=...)` and sleep level 2 call."""
-        local = world.local_experts(model_config, model)
+        """(name, tensor) for every tensor this rank needs: what
+        `reload_weights(weights_path=...)` and sleep level 2 call (a load
+        through `load_weights` plans first, see there). Across ranks, the
+        ownership is the one the model's first load found; a tensor it did
+        not know goes to every rank."""
         if self._world() > 1:
-            yield from self._distributed(model_config, local, model)
+            ck, options = self._distributed(model_config, model, dry=False)
+            yield from self._stream(ck, options)
             return
-        yield from self._stream(self._open(model_config, select=world.ep_filter(local), model=model), {})
+        yield from self._stream(self._open(model_config, model=model), {})
 
-    def _distributed(self, model_config, local, model):
-        """A load across vLLM's world group, each byte read from storage by one
-        rank, the checkpoint opened collectively (rank 0 reads the index and
-        the headers, the other ranks replay them). The mapping onto sluice's
-        world is `placement()`'s."""
+    def _distributed(self, model_config, model, dry):
+        """A load across vLLM's world group: the checkpoint opened
+        collectively (rank 0 reads the index and the headers, the others
+        replay them), then, with `dry`, every rank's dry run of its own
+        model's load_weights over the checkpoint's tensors (metadata only),
+        exchanged once: each tensor is read by one of the ranks whose model
+        takes its bytes and sent only to those (no name decides: a Mixtral's
+        experts, another PP stage's layers, a draft's tensors). Returns
+        (checkpoint, _stream's options)."""
         from .._distributed import torch_world
+        from .dry_run import dry_run as run
         group = _vllm.world_group()
-        strategy = world.effective_placement(model, None)
-        place = world.placement(model_config, local, strategy=strategy)
-        stages = None
-        if place["pp"] > 1:  # which stages' models hold the layer-less tensors: their own parameters say
-            import torch.distributed as dist
-            flags = [None] * group.world_size
-            dist.all_gather_object(flags, (_vllm.pp_group_rank(), world.anchored(model)), group=group.cpu_group)
-            stages = {}
-            for k, (first, last) in flags:
-                had = stages.get(k, (False, False))
-                stages[k] = (had[0] or first, had[1] or last)
+        rank, size, vllm_ranks = world.sluice_place()
         # One key prefix per load, agreed over the world's CPU group (a per-process
-        # counter diverges when only some ranks load, e.g. a draft model); the
-        # sluice world is ordered as sluice's plan is (PP x DP x TP).
-        ranks, store = torch_world(group.cpu_group, prefix="sluice/vllm", rank=place["rank"])
-        log = _vllm.logger()
-        for note in place["notes"]:
-            log.info("sluice: %s", note)
+        # counter diverges when only some ranks load, e.g. a draft model).
+        ranks, store = torch_world(group.cpu_group, prefix="sluice/vllm", rank=rank)
         ck = self._open(model_config, world=ranks, store=store, model=model)
-        if place["pp"] > 1:
-            place = world.placement(model_config, local, ck=ck, stages=stages, strategy=strategy)
-        options = {k: place[k] for k in ("expert_placement", "pp_stage_layers", "pp_first_pattern", "pp_last_pattern")}
-        yield from self._stream(ck, {"topology": place["topology"], "offload": self.options["offload"],
-                                     "store": store, "world": ranks, "timeout": self.options["timeout"],
-                                     "plan": options})
+        names = [t.name for t in ck.tensors]
+        log = _vllm.logger()
+        if dry:
+            t0 = time.perf_counter()
+            plan = run(model, ck.tensors, default_weight_loader=_vllm.default_weight_loader())
+            own = world.exchange_ownership(plan, names, rank, vllm_ranks, group.cpu_group)
+            if own.unwritten:
+                r = min(own.unwritten)
+                self._missing(ck, own.unwritten[r], log, where=f" (rank {r}'s model; {len(own.unwritten)} rank(s) in all)")
+            model._sluice_ownership = own
+            log.info("sluice: the models' dry runs (%.2f s): %d of %d tensors to this rank, %d as stand-ins, "
+                     "%d tensors (%.3f GiB) no rank's model takes", time.perf_counter() - t0,
+                     sum(1 for n in names if rank in own.owners[n]), len(names), len(own.stand_ins),
+                     sum(1 for n in names if not own.owners[n]), own.bytes_unowned(ck) / 2**30)
+        else:
+            own = getattr(model, "_sluice_ownership", None)
+            owners = dict(own.owners) if own is not None else {}
+            for n in names:
+                owners.setdefault(n, list(range(size)))
+            own = world.Ownership(owners, own.stand_ins if own is not None else set(), {})
+        return ck, {"topology": f"tp1,dp{size},ep1", "offload": self.options["offload"], "store": store,
+                    "world": ranks, "timeout": self.options["timeout"],
+                    "plan": {"model_owners": own.owners, "stand_ins": own.stand_ins}}
 
     def _bar(self, total):
         return _vllm.progress_bar(self.load_config, total)
@@ -180,7 +192,12 @@ class SluiceModelLoader(_vllm.base_loader()):
             (read + received) / 2**30 / seconds, seconds)
 
     def load_weights(self, model, model_config) -> None:
-        if self.options["direct"] and self._world() == 1:
+        if self._world() > 1:
+            # The dry run and the ownership exchange come before load_weights
+            # runs for real (not inside its weight generator).
+            ck, options = self._distributed(model_config, model, dry=True)
+            loaded = model.load_weights(self._stream(ck, options))
+        elif self.options["direct"]:
             loaded = self._load_direct(model, model_config)
         else:
             loaded = model.load_weights(self.get_all_weights(model_config, model))
@@ -226,14 +243,14 @@ class SluiceModelLoader(_vllm.base_loader()):
                     p.data = t.view(p.shape)
         return dict(it.stats or {}, names=set(targets))
 
-    def _missing(self, ck, unwritten, log):
+    def _missing(self, ck, unwritten, log, where=""):
         """Parameters the checkpoint has nothing for (the dry run's coverage):
         an error naming them (the `strict` key), or a warning."""
         names = sorted(unwritten)
         shown = ", ".join(f"{n} ({unwritten[n][0]} of {unwritten[n][1]} bytes)" for n in names[:8])
         more = f" and {len(names) - 8} more" if len(names) > 8 else ""
         msg = (f"missing-tensor: the checkpoint at '{ck.location}' has nothing for {len(names)} parameter(s) of the "
-               f"model, which its load_weights would leave unwritten: {shown}{more}")
+               f"model{where}, which its load_weights would leave unwritten: {shown}{more}")
         if self.options["strict"]:
             raise sluice.FormatError(msg + ' (set {"strict": false} in --model-loader-extra-config to load anyway)')
         log.warning("sluice: %s", msg)
@@ -251,7 +268,7 @@ class SluiceModelLoader(_vllm.base_loader()):
         # (Not when parameters are to be mapped: most would be replaced.)
         early = sluice.prefault(model.parameters()) if self.options["prefault"] and not self.options["map"] else None
         try:
-            ck = self._open(model_config, select=world.ep_filter(world.local_experts(model_config, model)), model=model)
+            ck = self._open(model_config, model=model)
             t1 = time.perf_counter()
             plan = dry_run(model, ck.tensors)
             dry = time.perf_counter() - t1

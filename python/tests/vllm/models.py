@@ -58,6 +58,23 @@ def deepseek(path, seed=0):
     return path
 
 
+def mixtral(path, seed=0):
+    """Mixtral (8 layers' worth of naming in 2: `block_sparse_moe.experts.N.w1`,
+    which sluice's name preset does not know), 4 experts, written in the
+    original format (transformers fuses experts in memory and splits them
+    again on save)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(vocab_size=512, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+                        num_experts_per_tok=2, max_position_embeddings=256)
+    _save(MixtralForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+    with open(os.path.join(path, "model.safetensors.index.json")) as f:
+        names = json.load(f)["weight_map"]
+    assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in names, sorted(names)[:8]
+    return path
+
+
 def tensor_bytes(path, skip=lambda name: False):
     """The checkpoint's tensor bytes (of the tensors `skip` keeps), through HF safetensors."""
     from safetensors import safe_open

@@ -3,9 +3,11 @@ in one process: the model is built as stage k of PP (vLLM's own model class and
 `make_layers`, with a PP group that says "rank k of PP"; TP = 1, since TP does
 not change the names a rank needs), then every checkpoint tensor is offered to
 its `load_weights` alone: the stage needs the tensors whose offer loads a
-parameter. Writes {stage: {"needed": [...], "params": [...], "loaded": [...]}}
-and the parallel config's placement (sluice.vllm.placement) for every rank of
-TP x PP x DP, to OUT.
+parameter. Beside that oracle, the same stage's model goes through sluice's
+dry run of load_weights over the whole checkpoint (what the ranks of a
+multi-rank load exchange): {stage: {"needed", "params", "loaded", "takes",
+"calls"}}, and every rank of TP x PP x DP's place in sluice's order
+(sluice.vllm.sluice_place), to OUT.
 
     python pp_worker.py OUT PORT TP PP DP MODEL:EP [MODEL:EP ...]
 
@@ -26,11 +28,12 @@ def main():
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel, parallel_state
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
     import sluice
     import sluice.vllm
+    from sluice.vllm.dry_run import dry_run
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
     def config(model, ep, pp_size, tp_size, dp_size):
         return EngineArgs(model=model, load_format="dummy", tensor_parallel_size=tp_size, pipeline_parallel_size=pp_size,
@@ -64,6 +67,8 @@ def main():
                     with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
                         m = initialize_model(vllm_config=one, model_config=one.model_config)
                     params = sorted(n for n, _ in m.named_parameters())
+                    plan = dry_run(m, sluice.open(model).tensors, default_weight_loader=default_weight_loader)
+                    assert plan.failure is None, plan.failure
                     needed, loaded = [], set()
                     for name, t in tensors.items():
                         got = m.load_weights([(name, t.clone())])
@@ -71,24 +76,16 @@ def main():
                             needed.append(name)
                             loaded |= set(got)
                     result["stages"][k] = {"needed": needed, "params": params, "loaded": sorted(loaded),
-                                           "anchored": sluice.vllm.anchored(m)}
+                                           "takes": sorted(plan.takes), "calls": sorted(plan.calls)}
                     del m
             finally:
                 parallel_state._PP = real
-        # The placement of every rank of the TP x PP x DP engine (vLLM's world order: DP x PP x TP).
+        # Every rank of the TP x PP x DP engine (vLLM's world order: DP x PP x TP) in sluice's order.
         full = config(model, ep, pp, tp, dp)
-        ck = sluice.open(model)
         for r in range(dp * pp * tp):
             dp_rank, pp_rank, tp_rank = r // (pp * tp), (r // tp) % pp, r % tp
-            local = None
-            if ep:  # vLLM's EP rank within a stage: dp_rank * TP + tp_rank, of DP x TP
-                local = compute_local_expert_ids(full.model_config.get_num_experts(), dp * tp, dp_rank * tp + tp_rank)
-            place = sluice.vllm.placement(full.model_config, local, parallel=full.parallel_config,
-                                          ranks=(pp_rank, dp_rank, 0, tp_rank), ck=ck,
-                                          stages={int(k): tuple(st["anchored"])
-                                                  for k, st in result["stages"].items()})
-            result["ranks"].append({**place, "vllm_rank": r, "pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": tp_rank,
-                                    "local_experts": sorted(local) if local is not None else None})
+            rank, size, _ = sluice.vllm.sluice_place(full.parallel_config, (pp_rank, dp_rank, 0, tp_rank))
+            result["ranks"].append({"rank": rank, "size": size, "vllm_rank": r, "pp_rank": pp_rank})
         results[model] = result
     with open(out, "w") as f:
         json.dump(results, f)

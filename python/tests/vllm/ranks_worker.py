@@ -65,7 +65,11 @@ def main():
                 result[model][fmt] = digests(m)
                 if fmt == "sluice":
                     import sluice.vllm
-                    strategy = result[model]["placement"] = sluice.vllm.effective_placement(m, None)
+                    # The placement the model's MoE layers were built with (vLLM falls back
+                    # from round_robin to linear where it cannot route it).
+                    used = {getattr(getattr(mod, "expert_map_manager", None), "placement_strategy", None)
+                            for mod in m.modules()} - {None}
+                    strategy = result[model]["placement"] = used.pop() if len(used) == 1 else None
                     result[model]["stats"] = loader.last_stats
                     from vllm.distributed import get_pp_group
                     result[model]["stage"] = get_pp_group().rank_in_group
