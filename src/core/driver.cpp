@@ -252,7 +252,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.read_seconds += w.read_seconds, st.exchange_seconds += w.exchange_seconds, st.deliver_seconds += w.deliver_seconds;
   st.bytes_sent += w.sent, st.bytes_received += w.received, st.bytes_uploaded += w.uploaded, st.messages += w.messages;
   st.tensors += w.tensors, st.accepted += w.accepted, st.owned += w.owned, st.placeholders += w.placeholders;
-  st.shared_views += w.shared_views, st.device_views += w.device_views;
+  st.shared_views += w.shared_views, st.device_views += w.device_views, st.bytes_kept += w.kept;
   fetched += w.fetched;
   // A delivery of the last windows that failed: no window's status exchange reported it yet.
   check_peers(c, done.failure, "delivering tensors to the sink");

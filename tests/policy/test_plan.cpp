@@ -439,18 +439,18 @@ TEST_CASE("the engine's model owners override every name rule; a tensor no model
                                          {"model.layers.0.mlp.experts.0.w1.weight", 4096, {64, 32}},
                                          {"model.layers.0.self_attn.q_proj.weight", 8192, {64, 64}},
                                          {"mtp.0.head.weight", 2048, {32, 32}}};
-  auto owners = std::make_shared<std::map<std::string, std::vector<rank_t>>>();
-  (*owners)["model.layers.0.block_sparse_moe.experts.0.w1.weight"] = {0};
-  (*owners)["model.layers.0.block_sparse_moe.experts.1.w1.weight"] = {1};
-  (*owners)["model.layers.0.mlp.experts.0.w1.weight"] = {1};   // not the EP rule's rank 0
-  (*owners)["model.layers.0.self_attn.q_proj.weight"] = {0, 1};
-  (*owners)["mtp.0.head.weight"] = {};                          // the draft's: no main-model rank takes it
+  auto owners = std::make_shared<std::map<std::string, model_owner>>();
+  (*owners)["model.layers.0.block_sparse_moe.experts.0.w1.weight"].ranks = {0};
+  (*owners)["model.layers.0.block_sparse_moe.experts.1.w1.weight"].ranks = {1};
+  (*owners)["model.layers.0.mlp.experts.0.w1.weight"].ranks = {1};   // not the EP rule's rank 0
+  (*owners)["model.layers.0.self_attn.q_proj.weight"].ranks = {0, 1};
+  (*owners)["mtp.0.head.weight"].ranks = {};                          // the draft's: no main-model rank takes it
   plan_options o;
   o.model_owners = owners;
   const auto p = make_plan(tensors, classifier::deepseek(), 2, 1, 2, offload_kind::none, o);   // TP2 by the topology
   for (const auto& e : p.entries) {
     INFO(e.info.name);
-    const auto& want = owners->at(e.info.name);
+    const auto& want = owners->at(e.info.name).ranks;
     CHECK(e.owners.members() == want);
     CHECK(e.split == tp_split::none);   // whole: the model narrows what it takes
     if (want.empty()) {
@@ -469,13 +469,89 @@ TEST_CASE("the engine's model owners override every name rule; a tensor no model
   CHECK(std::accumulate(p.read_bytes.begin(), p.read_bytes.end(), std::uint64_t{0}) == 4096 * 3 + 8192);
   CHECK(std::accumulate(p.received_bytes.begin(), p.received_bytes.end(), std::uint64_t{0}) == 8192);   // q_proj to the other
   // The owners are in the digest: another map is another plan.
-  auto other = std::make_shared<std::map<std::string, std::vector<rank_t>>>(*owners);
-  (*other)["model.layers.0.mlp.experts.0.w1.weight"] = {0};
+  auto other = std::make_shared<std::map<std::string, model_owner>>(*owners);
+  (*other)["model.layers.0.mlp.experts.0.w1.weight"].ranks = {0};
   plan_options o2;
   o2.model_owners = other;
   CHECK(make_schedule(p).digest != make_schedule(make_plan(tensors, classifier::deepseek(), 2, 1, 2, offload_kind::none, o2)).digest);
   // A rank outside the world is a config error naming the tensor.
-  (*other)["mtp.0.head.weight"] = {2};
+  (*other)["mtp.0.head.weight"].ranks = {2};
   CHECK_THROWS_WITH(make_plan(tensors, classifier::deepseek(), 2, 1, 2, offload_kind::none, o2),
                     Catch::Contains("'mtp.0.head.weight'") && Catch::Contains("rank 2"));
+}
+
+TEST_CASE("the engine's model splits a tensor into parts: each owner reads or receives only its part",
+          "[policy][plan][model_owners]") {
+  // Four ranks: two replicas of a TP2 model (parts 0,1,0,1), as vLLM's
+  // TP x DP; a row-parallel weight whose column parts the model gives in
+  // the other order; a fused expert tensor whose dim-0 blocks two EP ranks keep.
+  const std::vector<tensor_info> tensors{{"qkv", 64 * 32 * 2, {64, 32}},
+                                         {"down", 16 * 64 * 2, {16, 64}},
+                                         {"experts.input_linear", 8 * 4 * 16 * 2, {8, 4, 16}},
+                                         {"norm", 64, {32}}};
+  auto owners = std::make_shared<std::map<std::string, model_owner>>();
+  (*owners)["qkv"] = {{0, 1, 2, 3}, tp_split::rows, 2, {0, 1, 0, 1}};
+  (*owners)["down"] = {{0, 1}, tp_split::columns, 2, {1, 0}};
+  (*owners)["experts.input_linear"] = {{2, 3}, tp_split::rows, 2, {0, 1}};
+  (*owners)["norm"] = {{0, 1, 2, 3}};
+  plan_options o;
+  o.model_owners = owners;
+  o.split_bytes = 1;   // read large tensors in slices, so that readers and parts differ
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 4, 1, offload_kind::none, o);
+  std::vector<std::uint64_t> got(4, 0);
+  for (const auto& e : p.entries) {
+    INFO(e.info.name);
+    const auto& m = owners->at(e.info.name);
+    CHECK(e.owners.members() == m.ranks);
+    CHECK(e.split == m.split);
+    std::uint64_t covered = 0;
+    for (const auto& r : e.reads) covered += r.size;
+    CHECK(covered == e.info.size);   // read once
+    for (std::size_t i = 0; i < m.ranks.size(); ++i) {
+      const auto q = m.ranks[i];
+      if (m.split != tp_split::none) {
+        CHECK(p.part_of(e, q) == m.part[i]);
+        CHECK(p.kept_bytes(e) == e.info.size / m.parts);
+      }
+      // What q keeps arrives whole: its reads kept as read, plus its messages.
+      std::uint64_t in = 0;
+      for (const auto& r : e.reads)
+        if (r.reader == q && p.keeps_as_read(e, r, q)) in += r.size;
+      for (const auto& msg : p.messages_of(e)) {
+        if (msg.to != q) continue;
+        in += msg.size;
+        got[q] += msg.size;
+        if (m.split != tp_split::none) CHECK(msg.part == m.part[i]);
+      }
+      if (m.split == tp_split::columns) {   // a reader of whole rows cuts its own part from them
+        for (const auto& r : e.reads)
+          if (r.reader == q) in += r.size / m.parts;
+      }
+      CHECK(in == p.kept_bytes(e));
+    }
+  }
+  CHECK(std::accumulate(p.received_bytes.begin(), p.received_bytes.end(), std::uint64_t{0}) ==
+        std::accumulate(got.begin(), got.end(), std::uint64_t{0}));
+  // qkv: each part read once and sent to its other keeper (size in all);
+  // down: whole rows read by one owner, the other's part sent (size / 2);
+  // input_linear: each block read by the one rank that keeps it (nothing
+  // sent); norm: 3 receivers.
+  CHECK(std::accumulate(got.begin(), got.end(), std::uint64_t{0}) == 64 * 32 * 2 + 16 * 64 + 0 + 3 * 64);
+  const auto schedule = make_schedule(p);   // the layouts hold together
+  CHECK(schedule.windows.size() == p.windows);
+
+  auto bad = [&](const std::string& name, model_owner m) {
+    auto o2 = o;
+    auto map = std::make_shared<std::map<std::string, model_owner>>(*owners);
+    (*map)[name] = std::move(m);
+    o2.model_owners = map;
+    return make_plan(tensors, classifier::deepseek(), 1, 4, 1, offload_kind::none, o2);
+  };
+  CHECK_THROWS_WITH(bad("down", {{0, 1}, tp_split::columns, 3, {0, 1}}),
+                    Catch::Contains("'down'") && Catch::Contains("does not divide"));
+  CHECK_THROWS_WITH(bad("down", {{0, 1}, tp_split::columns, 2, {0, 0}}),
+                    Catch::Contains("no rank keeps part 1 of 2") && Catch::Contains("'down'"));
+  CHECK_THROWS_WITH(bad("down", {{0, 1}, tp_split::columns, 2, {0, 2}}), Catch::Contains("part 2"));
+  CHECK_THROWS_WITH(bad("norm", {{0, 1}, tp_split::columns, 2, {0, 1}}), Catch::Contains("'norm'"));   // 1-D: no columns
+  CHECK_THROWS_WITH(bad("qkv", {{0, 1}, tp_split::rows, 2, {0}}), Catch::Contains("1 parts for 2 owners"));
 }

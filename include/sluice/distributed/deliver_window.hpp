@@ -81,9 +81,10 @@ class deliver_window : public pipeable {
           v.hold = dev ? L.dev_kept : L.kept;
           v.host_destined = e.owner_destination == policy::destination::host;
           if (e.split != policy::tp_split::none)
-            v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.tp_rank(me_)),
-                      static_cast<std::uint32_t>(plan.tp)};
+            v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.part_of(e, me_)),
+                      static_cast<std::uint32_t>(plan.parts(e))};
           st.owned += 1;
+          st.kept += plan.kept_bytes(e);
           st.device_views += dev ? 1 : 0;
         } else if (placeholders_) {
           v.kind = view_kind::placeholder;

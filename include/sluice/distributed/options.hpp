@@ -84,6 +84,7 @@ struct distributed_stats {
   std::uint64_t tensors = 0;              ///< sink calls (placeholders included)
   std::uint64_t accepted = 0;             ///< calls the sink accepted
   std::uint64_t owned = 0;                ///< tensors this rank owns
+  std::uint64_t bytes_kept = 0;           ///< bytes of the tensors it owns, as delivered (its parts of split ones; shared tables not counted)
   std::uint64_t placeholders = 0;         ///< placeholder views delivered
   std::uint64_t shared_views = 0;         ///< shared-segment views delivered
   std::uint64_t bytes_read = 0;           ///< tensor bytes this rank read from storage
@@ -113,7 +114,7 @@ struct distributed_stats {
 
   [[nodiscard]] nlohmann::json to_json() const {
     return {{"rank", rank}, {"world_size", world}, {"local_rank", local_rank}, {"topology", topology},
-            {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned},
+            {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},

@@ -151,7 +151,7 @@ class read_window : public pipeable {
     for (const auto& cut : L.layout->cuts) {
       const auto& e = plan.entries[mine[cut.from].entry];
       const auto& rd = e.reads[mine[cut.from].read];
-      const auto row = policy::load_plan::row_bytes(e), part = row / plan.tp, rows = rd.size / row;
+      const auto row = policy::load_plan::row_bytes(e), part = row / plan.parts(e), rows = rd.size / row;
       const std::byte* src = L.host_at(mine[cut.from].at, rd.size).data();
       auto dst = L.host_at(cut.at, rows * part);
       for (std::uint64_t j = 0; j < rows; ++j) std::memcpy(dst.data() + j * part, src + j * row + cut.part * part, part);

@@ -59,6 +59,17 @@ enum class expert_placement : std::uint8_t {
   throw config_error(fmt::format("expert placement '{}': expected linear or round_robin", s));
 }
 
+/// One tensor's owners as the engine's own model says (plan_options::model_owners).
+struct model_owner {
+  std::vector<rank_t> ranks;  ///< the ranks whose model takes bytes of it (none: no model needs it)
+  /// How they share it: each keeps it whole (none), or `parts` equal blocks
+  /// of dimension 0 (rows) or 1 (columns), ranks[i] keeping block part[i];
+  /// every block is kept by some rank.
+  tp_split split = tp_split::none;
+  std::uint32_t parts = 1;
+  std::vector<std::uint32_t> part;
+};
+
 /// Knobs of plan computation.
 struct plan_options {
   std::size_t local_size = 0;                          ///< ranks per node (0: the whole world is one node)
@@ -84,14 +95,15 @@ struct plan_options {
   /// tools print them in their summary).
   bool uneven_tp_keep_whole = false;
   /// Owners from the engine's own model: tensor name -> the ranks whose
-  /// model takes bytes of it (each rank's dry run of its load_weights,
-  /// exchanged; python/sluice/vllm). A listed tensor's owners are these
-  /// ranks, whatever its name says (no class, expert, layer or TP rule of
-  /// the classifier applies to it): it is read by one of them and sent,
-  /// whole, only to the others. Listed with no rank: no model needs it, so
-  /// it is neither read nor sent (load_plan::unowned_bytes). Unlisted
-  /// tensors follow the classifier. Every rank must pass the same map.
-  std::shared_ptr<const std::map<std::string, std::vector<rank_t>>> model_owners;
+  /// model takes bytes of it, and which (each rank's dry run of its
+  /// load_weights, exchanged; python/sluice/vllm). A listed tensor's owners
+  /// are these ranks, whatever its name says (no class, expert, layer or TP
+  /// rule of the classifier applies to it): it is read by one of them and
+  /// sent only to the others, whole or each owner's part. Listed with no
+  /// rank: no model needs it, so it is neither read nor sent
+  /// (load_plan::unowned_bytes). Unlisted tensors follow the classifier.
+  /// Every rank must pass the same map.
+  std::shared_ptr<const std::map<std::string, model_owner>> model_owners;
 };
 
 /// One read from storage: bytes [offset, offset + size) of a tensor, by `reader`.
@@ -121,6 +133,10 @@ struct plan_entry {
   destination owner_destination = destination::device;  ///< where owners keep it
   std::vector<planned_read> reads;  ///< disjoint, in offset order, tiling the tensor (per node for shared tables)
   tp_split split = tp_split::none;  ///< TP > 1: how the owners share it (each keeps its TP part)
+  /// A split the engine's model chose (plan_options::model_owners): the
+  /// number of parts and each rank's part (empty: TP's, load_plan::tp_rank).
+  std::uint32_t parts = 0;
+  std::vector<std::uint32_t> part_of;
   std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
   std::uint32_t window = 0;
   std::int32_t stage = -1;          ///< the pipeline stage that owns it; -1: every stage
@@ -166,13 +182,19 @@ class load_plan {
   [[nodiscard]] std::size_t pp_stage_of(rank_t r) const noexcept { return r / pp_stage_size(); }
   /// The TP rank of a rank (the part of a split tensor it keeps).
   [[nodiscard]] std::size_t tp_rank(rank_t r) const noexcept { return (r % pp_stage_size()) % tp; }
-  /// Bytes rank `r` keeps of a tensor it owns: its TP part, or the whole tensor.
+  /// The parts a split tensor is cut into: its model's, else TP.
+  [[nodiscard]] std::size_t parts(const plan_entry& e) const noexcept { return e.parts ? e.parts : tp; }
+  /// The part of a split tensor rank `r` keeps: its model's, else its TP rank.
+  [[nodiscard]] std::size_t part_of(const plan_entry& e, rank_t r) const noexcept {
+    return e.part_of.empty() ? tp_rank(r) : e.part_of[r];
+  }
+  /// Bytes rank `r` keeps of a tensor it owns: its part, or the whole tensor.
   [[nodiscard]] std::uint64_t kept_bytes(const plan_entry& e) const noexcept {
-    return e.split == tp_split::none ? e.info.size : e.info.size / tp;
+    return e.split == tp_split::none ? e.info.size : e.info.size / parts(e);
   }
   /// Where rank `r`'s part starts in the tensor (rows; 0 otherwise).
   [[nodiscard]] std::uint64_t kept_begin(const plan_entry& e, rank_t r) const noexcept {
-    return e.split == tp_split::rows ? tp_rank(r) * kept_bytes(e) : 0;
+    return e.split == tp_split::rows ? part_of(e, r) * kept_bytes(e) : 0;
   }
   /// Bytes per row (dim 0) of a column-split tensor.
   [[nodiscard]] static std::uint64_t row_bytes(const plan_entry& e) noexcept {
@@ -383,6 +405,40 @@ inline destination owner_destination(tensor_class c, offload_kind off) noexcept 
   return off == offload_kind::per_rank_host ? destination::host : destination::shared_host;
 }
 
+// A tensor's owners and split as the engine's model says (plan_options::
+// model_owners), checked: a rank outside the world, a part outside the
+// count, a block no rank keeps or a count that does not divide the split
+// dimension is a config_error naming the tensor.
+inline void place_by_model(const load_plan& p, plan_entry& e, const model_owner& m) {
+  const auto name = printable(e.info.name, 256);
+  e.owners = rank_set(p.world);
+  e.stage = -1;
+  for (const auto r : m.ranks) {
+    if (r >= p.world)
+      throw config_error(fmt::format("plan: the model's owners of tensor '{}' name rank {}, outside the world of {}", name, r, p.world));
+    e.owners.insert(r);
+  }
+  if (m.split == tp_split::none || m.parts <= 1) return;
+  const auto dim = m.split == tp_split::rows ? 0u : 1u;
+  if (e.info.shape.size() <= dim || e.info.shape[dim] % m.parts || e.info.size % m.parts)
+    throw config_error(fmt::format("plan: the model splits tensor '{}' into {} parts along dimension {}, which does not divide it",
+                                   name, m.parts, dim));
+  if (m.part.size() != m.ranks.size())
+    throw config_error(fmt::format("plan: the model's split of tensor '{}' gives {} parts for {} owners", name, m.part.size(), m.ranks.size()));
+  e.split = m.split;
+  e.parts = m.parts;
+  e.part_of.assign(p.world, 0);
+  std::vector<bool> kept(m.parts, false);
+  for (std::size_t i = 0; i < m.ranks.size(); ++i) {
+    if (m.part[i] >= m.parts)
+      throw config_error(fmt::format("plan: the model gives rank {} part {} of tensor '{}', which has {}", m.ranks[i], m.part[i], name, m.parts));
+    e.part_of[m.ranks[i]] = m.part[i];
+    kept[m.part[i]] = true;
+  }
+  if (const auto gap = std::find(kept.begin(), kept.end(), false); gap != kept.end())
+    throw config_error(fmt::format("plan: no rank keeps part {} of {} of tensor '{}'", gap - kept.begin(), m.parts, name));
+}
+
 // Pass 2, owners and split: one entry per tensor, in file order, with its
 // stage, owners, destination and TP split; a tensor the classifier would
 // split but TP does not divide goes to p.kept_whole.
@@ -395,14 +451,7 @@ inline void place_tensors(load_plan& p, std::vector<tensor_info>& tensors, const
     e.info = std::move(tensors[i]);
     if (opt.model_owners) {
       if (const auto it = opt.model_owners->find(e.info.name); it != opt.model_owners->end()) {
-        e.owners = rank_set(p.world);
-        for (const auto r : it->second) {
-          if (r >= p.world)
-            throw config_error(fmt::format("plan: the model's owners of tensor '{}' name rank {}, outside the world of {}",
-                                           printable(e.info.name, 256), r, p.world));
-          e.owners.insert(r);
-        }
-        e.stage = -1;
+        place_by_model(p, e, it->second);
         p.entries.push_back(std::move(e));
         continue;
       }
@@ -432,6 +481,7 @@ struct pending_read {
 struct pending_reads {
   std::vector<std::size_t> experts;  // entries, file order
   std::vector<pending_read> balanced;
+  std::vector<std::unique_ptr<rank_set>> keepers;  // the eligible sets of a model's parts (stable addresses)
 };
 
 // Pass 3, reads: the byte ranges of each tensor and the ranks each may be
@@ -471,12 +521,19 @@ inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_
         }
       }
     } else if (e.split == tp_split::rows) {
-      // One read per TP part, by a rank that keeps it (with DP > 1, the
+      // One read per part, by a rank that keeps it (with DP > 1, the
       // other replicas of that part receive it).
-      const auto part = size / p.tp;
-      for (std::size_t k = 0; k < p.tp; ++k) {
+      const auto n = p.parts(e), part = size / n;
+      for (std::size_t k = 0; k < n; ++k) {
         add_read(k * part, part);
-        balance(sets.keepers(e.stage, k));
+        if (e.part_of.empty()) {
+          balance(sets.keepers(e.stage, k));
+        } else {
+          auto& keep = *out.keepers.emplace_back(std::make_unique<rank_set>(p.world));
+          for (auto q : e.owners.members())
+            if (e.part_of[q] == k) keep.insert(q);
+          balance(keep);
+        }
       }
     } else if (e.split == tp_split::columns) {
       // Whole rows (every part's columns), in blocks of rows across the
@@ -552,14 +609,14 @@ inline void enumerate_messages(const load_plan& p, const plan_entry& e, std::vec
   for (std::size_t k = 0; k < e.reads.size(); ++k) {
     const auto& rd = e.reads[k];
     if (e.split == tp_split::columns) {
-      const auto row = load_plan::row_bytes(e), w = row / p.tp, a = rd.offset / row, b = (rd.offset + rd.size) / row;
-      for (std::uint32_t part = 0; part < p.tp; ++part)
+      const auto n = p.parts(e), row = load_plan::row_bytes(e), w = row / n, a = rd.offset / row, b = (rd.offset + rd.size) / row;
+      for (std::uint32_t part = 0; part < n; ++part)
         for (auto q : owners)
-          if (q != rd.reader && p.tp_rank(q) == part) out.push_back(planned_message{k, q, (b - a) * w, a * w, part});
+          if (q != rd.reader && p.part_of(e, q) == part) out.push_back(planned_message{k, q, (b - a) * w, a * w, part});
     } else {
       for (auto q : owners)
         if (q != rd.reader && p.keeps_as_read(e, rd, q))
-          out.push_back(planned_message{k, q, rd.size, rd.offset - p.kept_begin(e, q), static_cast<std::uint32_t>(p.tp_rank(q))});
+          out.push_back(planned_message{k, q, rd.size, rd.offset - p.kept_begin(e, q), static_cast<std::uint32_t>(p.part_of(e, q))});
     }
   }
 }

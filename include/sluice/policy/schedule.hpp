@@ -136,6 +136,8 @@ inline void hash_plan(schedule_hash& d, const load_plan& p) {
     d.mix(e.owners.size());
     for (auto r : e.owners.members()) d.mix(r);
     d.mix(static_cast<std::uint64_t>(e.split)), d.mix(static_cast<std::uint64_t>(e.owner_destination));
+    d.mix(e.parts);
+    for (auto k : e.part_of) d.mix(k);
     d.mix(static_cast<std::uint64_t>(e.stage)), d.mix(e.window), d.mix(e.shared_offset);
     for (const auto& r : e.reads) d.mix(r.offset), d.mix(r.size), d.mix(r.reader);
     for (const auto& m : p.messages_of(e)) d.mix(m.read), d.mix(m.to), d.mix(m.size), d.mix(m.at), d.mix(m.part);
@@ -216,8 +218,8 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
       }
       if (e.split == tp_split::columns && owned) {  // its own part of these rows
         const auto row = load_plan::row_bytes(e);
-        out.cuts.push_back({out.reads.size() - 1, static_cast<std::uint32_t>(plan.tp_rank(me)),
-                            {true, kept + rd.offset / row * (row / plan.tp)}});
+        out.cuts.push_back({out.reads.size() - 1, static_cast<std::uint32_t>(plan.part_of(e, me)),
+                            {true, kept + rd.offset / row * (row / plan.parts(e))}});
       }
     }
     for (; next < mine.size() && msgs[mine[next]].entry == i; ++next) {
@@ -229,7 +231,7 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
         while (out.reads[from].read != m.read) ++from;
         region src = out.reads[from].at;  // the bytes as read (no split, or a row split)
         if (e.split == tp_split::columns) {
-          if (owned && m.part == plan.tp_rank(me)) {
+          if (owned && m.part == plan.part_of(e, me)) {
             src = {true, kept + m.at};  // its own part, cut from the rows
           } else {  // one packed copy of part m.part of these rows, for all its receivers
             auto& c = out.cuts;
