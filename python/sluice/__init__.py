@@ -320,7 +320,11 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       engine's own model says (every rank passes the same map; see
       plan_options::model_owners): a listed tensor is read by one of them and
       sent, whole, only to the others; listed with no rank, it is not read.
-      Unlisted tensors follow sluice's name rules.
+      A value ([ranks], dim, parts, [part of each rank]) splits the tensor
+      into `parts` equal blocks of dimension `dim` (0 or 1), each rank
+      keeping its block: it arrives as that block (`sluice_part`) and no
+      rank reads or receives another's. Unlisted tensors follow sluice's
+      name rules.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
     topology/offload/store/world: a distributed load (see sluice._distributed):
@@ -364,7 +368,16 @@ def _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_
         o.pp_last_pattern = str(pp_last_pattern)
     o.expert_placement = str(expert_placement)
     if model_owners:
-        o.model_owners = {str(n): [int(r) for r in rs] for n, rs in model_owners.items()}
+        owners, parts = {}, {}
+        for n, v in model_owners.items():
+            if isinstance(v, tuple):
+                ranks, dim, count, part = v
+                parts[str(n)] = (int(dim), int(count), [int(k) for k in part])
+            else:
+                ranks = v
+            owners[str(n)] = [int(r) for r in ranks]
+        o.model_owners = owners
+        o.model_parts = parts
 
 
 def plan_owners(ck, topology, offload="none", local_size=None, pp_stage_layers=None, pp_first_pattern=None,

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <stop_token>
 #include <map>
 #include <string>
@@ -74,6 +75,8 @@ struct py_stream_options {
   std::unordered_set<std::string> stand_ins;  // with placeholders false: the names whose placeholders still come out
   // The engine's model's owners (plan_options::model_owners): name -> ranks; empty: the classifier's.
   std::map<std::string, std::vector<std::uint32_t>> model_owners;
+  // Of those, the tensors the model splits: name -> (dimension 0 or 1, parts, each owner's part).
+  std::map<std::string, std::tuple<std::uint32_t, std::uint32_t, std::vector<std::uint32_t>>> model_parts;
   bool prefault = true;    // load_into: fault direct destinations in ahead (load_options::prefault_above)
   std::size_t queue = 8;
   // distributed (world_size > 1 or a topology)

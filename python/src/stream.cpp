@@ -32,8 +32,20 @@ distributed_options distributed_options_of(const py_stream_options& o) {
   d.plan.experts = policy::parse_expert_placement(o.expert_placement);
   if (o.pp_first_pattern) d.classify.first_pp_stage_pattern = *o.pp_first_pattern;
   if (o.pp_last_pattern) d.classify.last_pp_stage_pattern = *o.pp_last_pattern;
-  if (!o.model_owners.empty())
-    d.plan.model_owners = std::make_shared<const std::map<std::string, std::vector<policy::rank_t>>>(o.model_owners);
+  if (!o.model_owners.empty()) {
+    auto owners = std::make_shared<std::map<std::string, policy::model_owner>>();
+    for (const auto& [name, ranks] : o.model_owners) (*owners)[name].ranks = ranks;
+    for (const auto& [name, split] : o.model_parts) {
+      const auto it = owners->find(name);
+      if (it == owners->end()) throw config_error(fmt::format("model_owners: a split of tensor '{}', which has no owners", name));
+      const auto& [dim, parts, part] = split;
+      if (dim > 1) throw config_error(fmt::format("model_owners: tensor '{}' split along dimension {} (0 or 1)", name, dim));
+      it->second.split = dim == 0 ? policy::tp_split::rows : policy::tp_split::columns;
+      it->second.parts = parts;
+      it->second.part = part;
+    }
+    d.plan.model_owners = std::move(owners);
+  }
   return d;
 }
 
@@ -227,6 +239,7 @@ void init_stream(py::module_& m) {
       .def_readwrite("placeholders", &py_stream_options::placeholders)
       .def_readwrite("stand_ins", &py_stream_options::stand_ins)
       .def_readwrite("model_owners", &py_stream_options::model_owners)
+      .def_readwrite("model_parts", &py_stream_options::model_parts)
       .def_readwrite("prefault", &py_stream_options::prefault)
       .def_readwrite("queue", &py_stream_options::queue)
       .def_readwrite("topology", &py_stream_options::topology)
