@@ -272,3 +272,70 @@ def test_the_dry_run_gives_back_a_loader_kept_behind_a_property():
     assert model.w.weight_loader is load
     model.load_weights([("w", torch.ones(4, dtype=torch.bfloat16))])
     assert model.w.eq(1).all()
+
+
+# ---- sluice.vllm.parts: which block of a tensor each rank's copies read, the
+# split the owners' needs allow, and each copy replayed on the block that
+# arrives (laid out as sluice's plan cuts it) gives the bytes the copy of the
+# whole tensor gives. (Here, not a file of its own: one import of vLLM.)
+from sluice.vllm.parts import choose, needs, view_in_part  # noqa: E402
+
+
+def _copy(view):
+    return view.storage_offset(), tuple(view.shape), tuple(view.stride())
+
+
+def _block(full, dim, index, parts):
+    """The block the plan delivers: rows (dim 0) or columns (dim 1), contiguous."""
+    return full.chunk(parts, dim)[index].contiguous()
+
+
+def _replayed(full, split, copy):
+    part = full if split is None else _block(full, split[0], split[1], split[2])
+    offset, shape, strides = view_in_part(tuple(full.shape), split, copy)
+    return part.as_strided(shape, strides, part.storage_offset() + offset)   # as the loader replays
+
+
+def test_tp_rows_and_columns_replay_on_their_block():
+    full = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
+    for k in range(2):
+        rows = full.narrow(0, 4 * k, 4)             # a column-parallel weight's part
+        cols = full.narrow(1, 3 * k, 3)             # a row-parallel weight's part
+        assert needs(full.shape, [_copy(rows)]) == (4 * k, 4 * k + 3, 0, 5)
+        assert needs(full.shape, [_copy(cols)]) == (0, 7, 3 * k, 3 * k + 2)
+        assert torch.equal(_replayed(full, (0, k, 2), _copy(rows)), rows)
+        assert torch.equal(_replayed(full, (1, k, 2), _copy(cols)), cols)
+        assert torch.equal(_replayed(full, None, _copy(cols)), cols)
+    # Sub-blocks of a rank's block (a fused QKV's q and k parts) replay too.
+    sub = full.narrow(0, 4, 4).narrow(0, 1, 2)
+    assert torch.equal(_replayed(full, (0, 1, 2), _copy(sub)), sub)
+
+
+def test_fused_expert_blocks_replay_on_their_block():
+    e, i, h = 8, 4, 3
+    full = torch.arange(e * 2 * i * h, dtype=torch.float32).view(e, 2 * i, h)
+    mine = [full[x, :i] for x in range(4, 8)] + [full[x, i:] for x in range(4, 8)]   # EP rank 1 of 2: w1 and w3 halves
+    got = needs(full.shape, [_copy(v) for v in mine])
+    assert got[:2] == (4, 7)
+    for v in mine:
+        assert torch.equal(_replayed(full, (0, 1, 2), _copy(v)), v)
+
+
+def test_choose_takes_the_most_parts_every_owner_fits_and_every_part_has_an_owner():
+    shape = (8, 6)
+    rows = {r: (4 * (r % 2), 4 * (r % 2) + 3, 0, 5) for r in range(4)}      # TP2 x DP2
+    assert choose(shape, rows) == (0, 2, {0: 0, 1: 1, 2: 0, 3: 1})
+    cols = {0: (0, 7, 3, 5), 1: (0, 7, 0, 2)}                                 # parts in the other order
+    assert choose(shape, cols) == (1, 2, {0: 1, 1: 0})
+    assert choose(shape, {0: (0, 7, 0, 5), 1: (0, 3, 0, 5)}) is None          # one owner needs it whole
+    assert choose(shape, {0: (0, 1, 0, 5), 1: (2, 3, 0, 5)}) is None          # rows 4-7: no owner
+    assert choose(shape, {0: (0, 3, 0, 5), 1: None}) is None                  # one owner's copies unknown
+    assert choose((8, 6), {0: (0, 0, 0, 5), 1: (2, 2, 0, 5), 2: (4, 4, 0, 5), 3: (6, 6, 0, 5)}) == (0, 4, {0: 0, 1: 1, 2: 2, 3: 3})
+    # Round-robin experts (0, 2, ... and 1, 3, ...): no block holds one rank's, so whole.
+    assert choose((8, 4), {0: (0, 6, 0, 3), 1: (1, 7, 0, 3)}) is None
+
+
+def test_a_view_that_crosses_rows_unevenly_is_not_a_block():
+    full = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
+    flat = full.view(-1).narrow(0, 3, 12)   # from the middle of one row into another
+    assert needs(full.shape, [_copy(flat)]) is None

@@ -67,6 +67,19 @@ class Plan:
     # or neither ("ignores": another PP stage's layer, a draft's tensors).
     takes: set = field(default_factory=set)
     calls: set = field(default_factory=set)
+    # name -> [(offset, shape, strides, dst)]: every copy the load made of the
+    # tensor, each of a view of it (offset, shape, strides in elements of its
+    # probe) into parameter memory `dst`, unconverted, and nothing else done
+    # with its bytes: replaying them puts the tensor (or the part of it these
+    # views read) where load_weights would (a TP part, an expert's slot).
+    copies: dict = field(default_factory=dict)
+    # name -> its shape, for the tensors that arrive in the checkpoint's own
+    # shape (not a sub-byte dtype's packed one): those a plan may cut.
+    shapes: dict = field(default_factory=dict)
+
+
+#: The reasons a tensor is not direct that its copies still replay (parts).
+_PARTIAL = frozenset({"only part of it is copied", "copied more than once", "copied with strides"})
 
 
 def _key(t: torch.Tensor) -> int:
@@ -91,6 +104,8 @@ class _Recorder(TorchDispatchMode):
         self.current = None        # the name being loaded
         self.dst = {}              # name -> the one destination recorded
         self.why = {}              # name -> why it is streamed
+        self.reasons = {}          # name -> every reason it is not direct
+        self.copies = {}           # name -> [(offset, shape, strides, dst)] of its unconverted copies
         self.spans = []            # (start, end, name) of the copies recorded
         self.writes = {}           # target storage -> [(start, end)] of everything written into it
         self.took = set()          # names whose bytes reached parameter memory (directly or through ops)
@@ -115,6 +130,7 @@ class _Recorder(TorchDispatchMode):
 
     def bad(self, name, why):
         self.why.setdefault(name, why)
+        self.reasons.setdefault(name, set()).add(why)
 
     def _names(self, tensors):
         out = set()
@@ -132,6 +148,10 @@ class _Recorder(TorchDispatchMode):
                 self.bad(n, "copied after an op on its bytes")
             return
         name = next(iter(names))
+        if (name == self.current and _key(dst) in self.targets and dst.dtype == src.dtype
+                and tuple(dst.shape) == tuple(src.shape)):
+            self.copies.setdefault(name, []).append((src.storage_offset(), tuple(src.shape), tuple(src.stride()), dst))
+            self.spans.append((*_span(dst), name))
         if name != self.current:
             self.bad(name, "copied while another tensor was loading (buffered by the loader)")
         elif name in self.dst:
@@ -146,7 +166,6 @@ class _Recorder(TorchDispatchMode):
             self.bad(name, "copied with strides")
         else:
             self.dst[name] = dst
-            self.spans.append((*_span(dst), name))
 
     def _written(self, func, v):
         """A parameter's memory written by an op of the loader's own (a zero
@@ -234,6 +253,9 @@ def dry_run(model, tensors, default_weight_loader=None) -> Plan:
     plan.unwritten = _unwritten(model, rec.writes)
     plan.takes = set(rec.took)
     plan.calls = set(rec.called) - plan.takes
+    plan.copies = {n: c for n, c in rec.copies.items() if rec.reasons.get(n, set()) <= _PARTIAL}
+    plan.shapes = {t.name: tuple(t.shape) for t in tensors
+                   if tuple(arrival_shape(t.dtype, t.shape)) == tuple(t.shape)}
     for info in tensors:
         if info.name in rec.why:
             plan.streamed[info.name] = rec.why[info.name]

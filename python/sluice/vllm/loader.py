@@ -128,13 +128,16 @@ class SluiceModelLoader(_vllm.base_loader()):
             t0 = time.perf_counter()
             plan = run(model, ck.tensors, default_weight_loader=_vllm.default_weight_loader())
             own = world.exchange_ownership(plan, names, rank, vllm_ranks, group.cpu_group)
+            own.plan, own.rank = plan, rank
             if own.unwritten:
                 r = min(own.unwritten)
                 self._missing(ck, own.unwritten[r], log, where=f" (rank {r}'s model; {len(own.unwritten)} rank(s) in all)")
             model._sluice_ownership = own
-            log.info("sluice: the models' dry runs (%.2f s): %d of %d tensors to this rank, %d as stand-ins, "
-                     "%d tensors (%.3f GiB) no rank's model takes", time.perf_counter() - t0,
-                     sum(1 for n in names if rank in own.owners[n]), len(names), len(own.stand_ins),
+            log.info("sluice: the models' dry runs (%.2f s): %d of %d tensors to this rank (%d cut into parts, "
+                     "%d copied straight into their parameters), %d as stand-ins, %d tensors (%.3f GiB) no rank's "
+                     "model takes", time.perf_counter() - t0,
+                     sum(1 for n in names if rank in own.owners[n]), len(names),
+                     sum(1 for n in own.splits if rank in own.owners[n]), len(own.direct), len(own.stand_ins),
                      sum(1 for n in names if not own.owners[n]), own.bytes_unowned(ck) / 2**30)
         else:
             own = getattr(model, "_sluice_ownership", None)
@@ -144,7 +147,7 @@ class SluiceModelLoader(_vllm.base_loader()):
             own = world.Ownership(owners, own.stand_ins if own is not None else set(), {})
         return ck, {"topology": f"tp1,dp{size},ep1", "offload": self.options["offload"], "store": store,
                     "world": ranks, "timeout": self.options["timeout"],
-                    "plan": {"model_owners": own.owners, "stand_ins": own.stand_ins}}
+                    "plan": {"model_owners": own.model_owners(split=dry), "stand_ins": own.stand_ins}}
 
     def _bar(self, total):
         return _vllm.progress_bar(self.load_config, total)
@@ -196,7 +199,11 @@ class SluiceModelLoader(_vllm.base_loader()):
             # The dry run and the ownership exchange come before load_weights
             # runs for real (not inside its weight generator).
             ck, options = self._distributed(model_config, model, dry=True)
-            loaded = model.load_weights(self._stream(ck, options))
+            own = model._sluice_ownership
+            counts = {"direct_tensors": 0, "direct_bytes": 0, "whole_fallback_bytes": 0}
+            got = model.load_weights(self._replay(self._stream(ck, options), own, counts))
+            self.last_stats = dict(self.last_stats or {}, **counts)
+            loaded = set(own.plan.loaded) | set(got or ()) if own.plan.loaded is not None else got
         elif self.options["direct"]:
             loaded = self._load_direct(model, model_config)
         else:
@@ -205,6 +212,34 @@ class SluiceModelLoader(_vllm.base_loader()):
         del LOADS[:-16]
         if model_config.quantization is None and loaded is not None:
             _vllm.track_weights_loading(self, model, loaded)
+
+    @staticmethod
+    def _replay(stream, own, counts):
+        """The stream of a multi-rank load, minus what this rank's model
+        only copies: those tensors (or this rank's part of them) go into
+        their parameters here, by the copies its dry run recorded; the rest
+        (what load_weights converts or computes from, and the stand-ins)
+        pass on to load_weights, whole (`counts`: what went which way)."""
+        from .parts import view_in_part
+        plan = own.plan
+        for name, t in stream:
+            if name not in own.direct:
+                if getattr(t, "sluice_kind", None) != "placeholder":
+                    counts["whole_fallback_bytes"] += t.numel() * t.element_size()
+                yield name, t
+                continue
+            cut = own.splits.get(name)
+            split = (cut[0], cut[2][own.rank], cut[1]) if cut else None
+            if getattr(t, "sluice_part", None) != split or not t.is_contiguous():
+                raise sluice.DistributedError(f"tensor '{name}' arrived as part {getattr(t, 'sluice_part', None)} "
+                                              f"of shape {tuple(t.shape)}; the plan cut it as {split}")
+            full = plan.shapes.get(name, tuple(t.shape))
+            with torch.no_grad():
+                for copy in plan.copies[name]:
+                    offset, shape, strides = view_in_part(full, split, copy)
+                    copy[3].copy_(t.as_strided(shape, strides, t.storage_offset() + offset))
+            counts["direct_tensors"] += 1
+            counts["direct_bytes"] += t.numel() * t.element_size()
 
     def _map_parameters(self, model, ck, plan, bar) -> dict:
         """The `map` extra-config key: each direct tensor that fills a whole

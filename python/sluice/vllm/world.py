@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sluice
 
-from . import _vllm
+from . import _vllm, parts
 
 __all__ = ["sluice_rank", "sluice_place", "exchange_ownership", "Ownership"]
 
@@ -36,17 +36,31 @@ def sluice_place(parallel=None, ranks=None):
 
 class Ownership:
     """What every rank's model does with each tensor of a checkpoint:
-    `owners` {name: [sluice ranks whose model takes its bytes]} (the plan's
-    model_owners), `stand_ins` (the names this rank's model calls a loader
-    with but writes nothing from: they come as byte-less stand-ins, so that
-    the call happens, at the same place in every rank's sequence), and
-    `unwritten` {sluice rank: {parameter: (bytes, of)}}."""
+    `owners` {name: [sluice ranks whose model takes its bytes]}, `splits`
+    {name: (dim, parts, {rank: part})} (the tensors the owners' copies let
+    be cut: each owner gets only its block), `stand_ins` (the names this
+    rank's model calls a loader with but writes nothing from: they come as
+    byte-less stand-ins, so that the call happens, at the same place in
+    every rank's sequence), `direct` (the names whose copies this rank
+    replays itself, outside load_weights) and `unwritten` {sluice rank:
+    {parameter: (bytes, of)}}."""
 
-    def __init__(self, owners, stand_ins, unwritten):
+    def __init__(self, owners, stand_ins, unwritten, splits=None, direct=None):
         self.owners, self.stand_ins, self.unwritten = owners, stand_ins, unwritten
+        self.splits, self.direct = splits or {}, direct or set()
 
     def bytes_unowned(self, ck) -> int:
         return sum(t.nbytes for t in ck.tensors if not self.owners.get(t.name))
+
+    def model_owners(self, split=True) -> dict:
+        """The plan's model_owners: {name: [ranks]}, or ([ranks], dim,
+        parts, [part of each]) for a split tensor (`split`: False keeps every
+        tensor whole, for a stream that goes through load_weights)."""
+        out = {}
+        for name, ranks in self.owners.items():
+            cut = self.splits.get(name) if split else None
+            out[name] = (ranks, cut[0], cut[1], [cut[2][r] for r in ranks]) if cut else ranks
+        return out
 
 
 def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
@@ -55,16 +69,33 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
     rank fails every rank, naming the ranks (sluice's and vLLM's) and why."""
     import torch.distributed as dist
     codes = bytes(2 if n in plan.takes else 1 if n in plan.calls else 0 for n in names)
-    mine = (rank, vllm_ranks, plan.failure, codes, sorted(plan.unwritten.items()))
+    # What this rank's copies of each taken tensor read (rows, columns):
+    # the owners' together decide whether the tensor is cut (parts.choose).
+    shapes = {}
+    needs = {}
+    for i, n in enumerate(names):
+        if n in plan.takes and n in plan.copies:
+            copies = plan.copies[n]
+            shape = plan.shapes.get(n)
+            needs[i] = parts.needs(shape, copies) if shape is not None else None
+    mine = (rank, vllm_ranks, plan.failure, codes, sorted(plan.unwritten.items()), needs)
     everyone = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
-    failed = [(r, v, f) for r, v, f, _, _ in everyone if f]
+    failed = [(r, v, f) for r, v, f, *_ in everyone if f]
     if failed:
         said = "; ".join(f"rank {r} (vLLM dp {v['dp']}, pp {v['pp']}, tp {v['tp']}): {f}" for r, v, f in sorted(failed))
         raise sluice.DistributedError(f"the dry run of load_weights failed on {len(failed)} rank(s), so no rank "
                                       f"knows what its model takes: {said}")
-    by_rank = {r: c for r, _, _, c, _ in everyone}
+    by_rank = {r: c for r, _, _, c, _, _ in everyone}
+    needs_of = {r: nd for r, _, _, _, _, nd in everyone}
     owners = {n: [r for r in sorted(by_rank) if by_rank[r][i] == 2] for i, n in enumerate(names)}
+    splits = {}
+    for i, n in enumerate(names):
+        if len(owners[n]) > 1 and plan.shapes.get(n) is not None:
+            cut = parts.choose(plan.shapes[n], {r: needs_of[r].get(i) for r in owners[n]})
+            if cut is not None:
+                splits[n] = cut
     stand_ins = {n for i, n in enumerate(names) if codes[i] == 1}
-    unwritten = {r: dict(u) for r, _, _, _, u in everyone if u}
-    return Ownership(owners, stand_ins, unwritten)
+    unwritten = {r: dict(u) for r, _, _, _, u, _ in everyone if u}
+    direct = {n for n in plan.copies if n in plan.takes}
+    return Ownership(owners, stand_ins, unwritten, splits, direct)

@@ -92,3 +92,44 @@ def tensor_bytes(path, skip=lambda name: False):
                         n *= d
                     total += n * sizes[s.get_dtype()]
     return total
+
+
+# vLLM's parallel layers, by the checkpoint names of the models above: a
+# column-parallel layer (QKV, gate/up, MLA's q and kv_b, the vocabulary)
+# keeps its TP rank's block of rows, a row-parallel one (o_proj, down_proj)
+# its block of columns; everything else (norms, routers, MLA's
+# kv_a_proj_with_mqa, a ReplicatedLinear) is whole on every TP rank. Under
+# expert parallelism a routed expert is whole on the rank that holds it.
+import re as _re  # noqa: E402
+
+_ROWS = _re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|kv_b_proj|embed_tokens|lm_head)\.weight$|^lm_head\.weight$")
+_COLS = _re.compile(r"\.(o_proj|down_proj)\.weight$")
+
+
+def tp_share(path, tp, mine=None):
+    """The bytes one TP rank of `tp` keeps of the checkpoint at `path`, as
+    vLLM's layers narrow its tensors (the oracle the dry run's parts are
+    checked against: it knows nothing of them). `mine`: under expert
+    parallelism, the routed experts this rank holds (vLLM's
+    compute_local_expert_ids); their tensors come whole, the others' not."""
+    from vllm.model_executor.model_loader.ep_weight_filter import parse_expert_id
+    from safetensors import safe_open
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "F8_E4M3": 1}
+    total = 0
+    for f in sorted(os.listdir(path)):
+        if not f.endswith(".safetensors"):
+            continue
+        with safe_open(os.path.join(path, f), framework="pt") as st:
+            for k in st.keys():
+                s = st.get_slice(k)
+                n = sizes[s.get_dtype()]
+                for d in s.get_shape():
+                    n *= d
+                expert = parse_expert_id(k) if mine is not None else None
+                if expert is not None:
+                    total += n if expert in mine else 0
+                elif _ROWS.search(k) or _COLS.search(k):
+                    total += n // tp
+                else:
+                    total += n
+    return total

@@ -2,10 +2,12 @@
 initialize_model and parallel state, in two processes: ranks_worker.py).
 
 - TP2 on the dense model: every parameter of every rank equals vLLM's default
-  load bitwise, and each byte is read from storage once across the ranks.
+  load bitwise, each byte is read from storage once across the ranks, and
+  each rank keeps (and receives no more than) its TP parts: the blocks of
+  rows or columns vLLM's parallel layers narrow, as an oracle of vLLM's
+  layer kinds says (models.tp_share), found by each rank's dry run.
 - TP2 with expert parallelism (EP = 2) on the MoE model: the same equality, and
-  each rank reads and receives only its own experts' weights, beside every
-  replicated tensor.
+  each rank keeps only its own experts' weights and its TP parts of the rest.
 - Round-robin expert placement requested (EP = 2): on a DeepSeek-V3 with
   expert groups vLLM keeps it, and each rank gets the experts r, r + 2, ...;
   on the Qwen3-MoE vLLM's layers fall back to linear, and sluice follows the
@@ -94,50 +96,44 @@ def two_stages(paths):
     return {m: [r[m] for r in results] for m in (moe, dense)}, logs
 
 
-def test_tp2_dense_every_parameter_equals_vllms_load_and_each_byte_is_read_once(two_ranks):
-    by_model, logs, _, path = two_ranks
-    ranks = by_model[path]
+def _check_shares(ranks, path, share_of):
+    """Each rank keeps exactly its share (the oracle's), receives only bytes
+    of it, its parameters equal vLLM's own load; each byte is read once."""
+    total = models.tensor_bytes(path)
     for rank, r in enumerate(ranks):
         assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
-    total = models.tensor_bytes(path)
+        st, share = r["stats"], share_of(rank)
+        assert 0 < share < total
+        assert st["bytes_kept"] == share, (rank, st["bytes_kept"], share)
+        assert st["bytes_received"] <= share, rank
+        # What went around load_weights: every byte it keeps, but whole tensors vLLM converts
+        assert st["direct_bytes"] + st["whole_fallback_bytes"] == share, rank
     assert sum(r["stats"]["bytes_read"] for r in ranks) == total
-    for r in ranks:  # every TP rank gets the full tensors (vLLM narrows them), read once across the ranks
-        assert 0 < r["stats"]["bytes_read"] < total
-        assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == total
+
+
+def test_tp2_dense_every_parameter_equals_vllms_load_and_each_rank_gets_only_its_parts(two_ranks):
+    by_model, logs, _, path = two_ranks
+    _check_shares(by_model[path], path, lambda rank: models.tp_share(path, 2))
+    assert sum(r["stats"]["bytes_received"] for r in by_model[path]) < models.tensor_bytes(path) / 2
     assert any("sluice:" in log and "rank 1 of 2" in log for log in logs)
 
 
 def test_ep2_moe_each_rank_reads_and_receives_only_its_own_experts(two_ranks):
     by_model, _, path, _ = two_ranks
-    ranks = by_model[path]
-    for rank, r in enumerate(ranks):
-        assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
-    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids, parse_expert_id
-    total = models.tensor_bytes(path)
-    for rank, r in enumerate(ranks):
-        mine = compute_local_expert_ids(4, 2, rank)
-        others = models.tensor_bytes(path, skip=lambda n: parse_expert_id(n) is None or parse_expert_id(n) in mine)
-        assert others > 0
-        assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == total - others, rank
-    assert sum(r["stats"]["bytes_read"] for r in ranks) == total
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    _check_shares(by_model[path], path, lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank)))
 
 
 def test_ep2_mixtral_each_rank_gets_only_its_own_experts_whatever_their_names(two_ranks, mixtral_path):
     """Ownership from each rank's own model (its dry run, exchanged), not from names: a Mixtral's
-    block_sparse_moe.experts.N go only to the EP rank whose layers hold N; bytes read plus received
-    per rank equal an oracle made with vLLM's own parse_expert_id and compute_local_expert_ids
-    (before: 1.54x each rank's share), each byte read once, every parameter bitwise vLLM's."""
+    block_sparse_moe.experts.N go only to the EP rank whose layers hold N, and the attention's TP
+    parts only to their TP rank; the bytes each rank keeps equal an oracle made with vLLM's own
+    parse_expert_id and compute_local_expert_ids and its layer kinds (before: every expert and
+    whole tensors to every rank), each byte read once, every parameter bitwise vLLM's."""
     by_model = two_ranks[0]
-    ranks = by_model[mixtral_path]
-    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids, parse_expert_id
-    total = models.tensor_bytes(mixtral_path)
-    for rank, r in enumerate(ranks):
-        assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
-        mine = compute_local_expert_ids(4, 2, rank)
-        others = models.tensor_bytes(mixtral_path, skip=lambda n: parse_expert_id(n) is None or parse_expert_id(n) in mine)
-        assert others > 0
-        assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == total - others, rank
-    assert sum(r["stats"]["bytes_read"] for r in ranks) == total
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    _check_shares(by_model[mixtral_path], mixtral_path,
+                  lambda rank: models.tp_share(mixtral_path, 2, compute_local_expert_ids(4, 2, rank)))
 
 
 @pytest.mark.parametrize("model, placement", [("deepseek", "round_robin"), ("moe-rr", "linear")])
@@ -149,16 +145,10 @@ def test_round_robin_ep2_each_rank_reads_and_receives_only_the_experts_its_layer
     by_model = two_ranks[0]
     path = dict(zip(("deepseek", "moe-rr"), round_robin_paths))[model]
     ranks = by_model[path]
-    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids, parse_expert_id
-    total = models.tensor_bytes(path)
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     for rank, r in enumerate(ranks):
         assert r["placement"] == placement, rank
-        assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
-        mine = compute_local_expert_ids(4, 2, rank, placement=placement)
-        others = models.tensor_bytes(path, skip=lambda n: parse_expert_id(n) is None or parse_expert_id(n) in mine)
-        assert others > 0
-        assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == total - others, rank
-    assert sum(r["stats"]["bytes_read"] for r in ranks) == total
+    _check_shares(ranks, path, lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank, placement=placement)))
 
 
 def test_pp2_each_stage_reads_and_receives_only_its_layers_and_vllm_loads_them_bitwise(paths, two_stages):
@@ -184,5 +174,6 @@ def test_pp2_each_stage_reads_and_receives_only_its_layers_and_vllm_loads_them_b
             mine = total - models.tensor_bytes(path, skip=lambda n: not other(n))
             assert 0 < mine < total
             assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == mine, (path, stage)
+            assert r["stats"]["bytes_kept"] == mine, (path, stage)
     # the stages came from each stage's own model, not from a PP name rule
     assert all("the models' dry runs" in log for log in logs)
