@@ -106,6 +106,20 @@ class SluiceModelLoader(_vllm.base_loader()):
         yield from self._stream(self._open(model_config, model=model), {})
 
     def _distributed(self, model_config, model, dry):
+        """See _distributed_load; a peer that leaves on the way is named by
+        vLLM's ranks as well as sluice's (world.Peers)."""
+        group = _vllm.world_group()
+        rank, size, vllm_ranks = world.sluice_place()
+        try:
+            self._peers = world.Peers.gather(rank, vllm_ranks, group.cpu_group)
+        except RuntimeError as e:
+            raise sluice.DistributedError(f"a rank of vLLM's world group left before the sluice load began: {e}") from e
+        try:
+            return self._distributed_load(model_config, model, dry, group, rank, size, vllm_ranks)
+        except (RuntimeError, sluice.DistributedError, sluice.CommError) as e:
+            raise self._peers.failure(e, "the sluice load's rendezvous and dry-run exchange") from e
+
+    def _distributed_load(self, model_config, model, dry, group, rank, size, vllm_ranks):
         """A load across vLLM's world group: the checkpoint opened
         collectively (rank 0 reads the index and the headers, the others
         replay them), then, with `dry`, every rank's dry run of its own
@@ -116,8 +130,6 @@ class SluiceModelLoader(_vllm.base_loader()):
         (checkpoint, _stream's options)."""
         from .._distributed import torch_world
         from .dry_run import dry_run as run
-        group = _vllm.world_group()
-        rank, size, vllm_ranks = world.sluice_place()
         # One key prefix per load, agreed over the world's CPU group (a per-process
         # counter diverges when only some ranks load, e.g. a draft model).
         ranks, store = torch_world(group.cpu_group, prefix="sluice/vllm", rank=rank)
@@ -201,7 +213,10 @@ class SluiceModelLoader(_vllm.base_loader()):
             ck, options = self._distributed(model_config, model, dry=True)
             own = model._sluice_ownership
             counts = {"direct_tensors": 0, "direct_bytes": 0, "whole_fallback_bytes": 0}
-            got = model.load_weights(self._replay(self._stream(ck, options), own, counts))
+            try:
+                got = model.load_weights(self._replay(self._stream(ck, options), own, counts))
+            except (sluice.DistributedError, sluice.CommError) as e:
+                raise self._peers.failure(e, "the sluice load") from e
             self.last_stats = dict(self.last_stats or {}, **counts)
             loaded = set(own.plan.loaded) | set(got or ()) if own.plan.loaded is not None else got
         elif self.options["direct"]:

@@ -10,7 +10,7 @@ import sluice
 
 from . import _vllm, parts
 
-__all__ = ["sluice_rank", "sluice_place", "exchange_ownership", "Ownership"]
+__all__ = ["sluice_rank", "sluice_place", "exchange_ownership", "Ownership", "Peers"]
 
 
 def sluice_rank(pp_rank, dp_rank, pcp_rank, tp_rank, dp, pcp, tp):
@@ -32,6 +32,66 @@ def sluice_place(parallel=None, ranks=None):
     if ranks is None:
         ranks = _vllm.parallel_ranks(parallel)
     return sluice_rank(*ranks, dp, pcp, tp), pp * dp * pcp * tp, {"pp": ranks[0], "dp": ranks[1], "tp": ranks[3]}
+
+
+class Peers:
+    """Every rank of one load: sluice rank -> (vLLM ranks, host, pid),
+    gathered once before anything else can fail, so that a failure names
+    the rank that left by vLLM's (dp, pp, tp) as well as sluice's."""
+
+    def __init__(self, table, host, me):
+        self.table, self.host, self.me = table, host, me
+
+    @classmethod
+    def gather(cls, rank, vllm_ranks, group):
+        import os
+        import socket
+        import torch.distributed as dist
+        everyone = [None] * dist.get_world_size(group)
+        host = socket.gethostname()
+        dist.all_gather_object(everyone, (rank, vllm_ranks, host, os.getpid()), group=group)
+        return cls({r: (v, h, p) for r, v, h, p in everyone}, host, rank)
+
+    def describe(self, rank) -> str:
+        v, host, pid = self.table[rank]
+        return f"rank {rank} (vLLM dp {v['dp']}, pp {v['pp']}, tp {v['tp']}; pid {pid} on {host})"
+
+    def gone(self) -> list:
+        """The ranks on this host whose process has ended (a zombie counts)."""
+        out = []
+        for rank, (_, host, pid) in sorted(self.table.items()):
+            if host != self.host or rank == self.me:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        out.append(rank)
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                out.append(rank)
+        return out
+
+    def failure(self, e, doing):
+        """`e` (raised while `doing`) as the error to raise: sluice's own
+        error types keep theirs, with the vLLM ranks of the ranks it names
+        (or of those found gone) added; anything else (a torch collective's
+        RuntimeError) becomes a DistributedError."""
+        import re
+        named = sorted({int(m) for m in re.findall(r"\brank (\d+)", str(e)) if int(m) in self.table and int(m) != self.me})
+        gone = self.gone()
+        said = []
+        if gone:
+            said.append("gone: " + ", ".join(self.describe(r) for r in gone))
+        rest = [r for r in named if r not in gone]
+        if rest:
+            said.append(", ".join(self.describe(r) for r in rest))
+        extra = f" [{'; '.join(said)}]" if said else ""
+        if isinstance(e, sluice.Error):
+            out = type(e)(f"{e}{extra}")
+            for attr in ("detail", "file", "tensor", "range", "failed_rank", "lost_rank", "phase"):
+                if hasattr(e, attr):
+                    setattr(out, attr, getattr(e, attr))
+            return out
+        return sluice.DistributedError(f"{doing} failed: {type(e).__name__}: {e}{extra}")
 
 
 class Ownership:

@@ -15,11 +15,16 @@ config, which its own EP weight filter reads, still says round_robin).
 (TP, or TPxPP for pipeline stages: "1x2" is PP = 2.) Each rank also writes
 its PP stage and the checkpoint names its stage's model loaded ("loaded").
 
+SLUICE_TEST_KILL on rank 1: "exchange" SIGKILLs it as its sluice load
+exchanges the dry runs' records, "tensor:K" as its K-th tensor arrives.
+
 The parallel state is made once, from the first job's config (put a MoE job
 first: vLLM makes its EP group only for MoE models).
 """
 import hashlib
 import json
+import os
+import signal
 import sys
 
 import torch
@@ -28,6 +33,29 @@ import torch
 def digests(model):
     return {n: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
             for n, p in model.named_parameters()}
+
+
+def _die():
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arm_kill(when):
+    """SIGKILLs this process at the point `when` names (see the module)."""
+    import sluice.vllm.world as world
+    from sluice.vllm.loader import SluiceModelLoader
+    if when == "exchange":
+        world.exchange_ownership = lambda *a, **k: _die()
+        return
+    k = int(when.split(":", 1)[1])
+    stream = SluiceModelLoader._stream
+
+    def counted(self, *a, **kw):
+        for i, item in enumerate(stream(self, *a, **kw)):
+            if i == k:
+                _die()
+            yield item
+    SluiceModelLoader._stream = counted
 
 
 def main():
@@ -41,6 +69,8 @@ def main():
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # the entry point registers --load-format sluice
+    if rank == 1 and os.environ.get("SLUICE_TEST_KILL"):
+        _arm_kill(os.environ["SLUICE_TEST_KILL"])
     result, initialised = {}, False
     for job in sys.argv[6:]:
         model, ep = job.rsplit(":", 1)

@@ -13,6 +13,8 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
   on the Qwen3-MoE vLLM's layers fall back to linear, and sluice follows the
   layers, not the config. Parameters equal vLLM's default load under the
   placement its layers use.
+- A rank SIGKILLed as the dry runs' records are exchanged, or at its third
+  tensor: the other fails within 10 s, naming it by sluice's and vLLM's ranks.
 - PP2 on both models: the same equality, and each rank reads and receives only
   its stage's layers and the layer-less tensors its stage's model has (vLLM's
   Llama: the embeddings on the first stage, the final norm and lm_head on the
@@ -177,3 +179,28 @@ def test_pp2_each_stage_reads_and_receives_only_its_layers_and_vllm_loads_them_b
             assert r["stats"]["bytes_kept"] == mine, (path, stage)
     # the stages came from each stage's own model, not from a PP name rule
     assert all("the models' dry runs" in log for log in logs)
+
+
+@pytest.mark.parametrize("when", ["exchange", "tensor:3"])
+def test_a_rank_killed_during_the_load_fails_the_other_within_10_s_naming_it(paths, when):
+    moe, _, d = paths
+    port = _port()
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(d / f"killed{rank}.json"),
+                               str(rank), "2", str(port), "2", f"{moe}:1"],
+                              env=dict(env, SLUICE_TEST_KILL=when) if rank == 1 else env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    try:
+        procs[1].communicate(timeout=600)
+        assert procs[1].returncode == -9, "rank 1 was to SIGKILL itself"
+        try:
+            log = procs[0].communicate(timeout=10)[0]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rank 0 still runs 10 s after rank 1 died ({when})")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert procs[0].returncode not in (0, None)
+    assert "gone: rank 1 (vLLM dp 0, pp 0, tp 1; pid" in log, log[-3000:]
