@@ -132,10 +132,12 @@ class SluiceModelLoader(_vllm.base_loader()):
         from .dry_run import dry_run as run
         # One key prefix per load, agreed over the world's CPU group (a per-process
         # counter diverges when only some ranks load, e.g. a draft model).
+        t_open = time.perf_counter()
         ranks, store = torch_world(group.cpu_group, prefix="sluice/vllm", rank=rank)
         ck = self._open(model_config, world=ranks, store=store, model=model)
         names = [t.name for t in ck.tensors]
         log = _vllm.logger()
+        log.info("sluice: rendezvous and collective open %.2f s", time.perf_counter() - t_open)
         if dry:
             t0 = time.perf_counter()
             plan = run(model, ck.tensors, default_weight_loader=_vllm.default_weight_loader())

@@ -17,13 +17,14 @@ def _save(model, path, shard):
     return path
 
 
-def dense(path, seed=0, tie=False):
+def dense(path, seed=0, tie=False, shard="400KB", **sizes):
+    """`sizes`: config keys over the tiny defaults (bench/vllm_ranks.py's larger models)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=tie)
-    return _save(LlamaForCausalLM(cfg).to(torch.bfloat16), path, "400KB")
+    cfg = LlamaConfig(**{**dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                tie_word_embeddings=tie), **sizes})
+    return _save(LlamaForCausalLM(cfg).to(torch.bfloat16), path, shard)
 
 
 def moe(path, seed=0):
@@ -58,17 +59,17 @@ def deepseek(path, seed=0):
     return path
 
 
-def mixtral(path, seed=0):
+def mixtral(path, seed=0, shard="300KB", **sizes):
     """Mixtral (8 layers' worth of naming in 2: `block_sparse_moe.experts.N.w1`,
     which sluice's name preset does not know), 4 experts, written in the
     original format (transformers fuses experts in memory and splits them
     again on save)."""
     from transformers import MixtralConfig, MixtralForCausalLM
     torch.manual_seed(seed)
-    cfg = MixtralConfig(vocab_size=512, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
-                        num_experts_per_tok=2, max_position_embeddings=256)
-    _save(MixtralForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+    cfg = MixtralConfig(**{**dict(vocab_size=512, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+                                  num_experts_per_tok=2, max_position_embeddings=256), **sizes})
+    _save(MixtralForCausalLM(cfg).to(torch.bfloat16), path, shard)
     with open(os.path.join(path, "model.safetensors.index.json")) as f:
         names = json.load(f)["weight_map"]
     assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in names, sorted(names)[:8]
@@ -99,19 +100,26 @@ def tensor_bytes(path, skip=lambda name: False):
 # keeps its TP rank's block of rows, a row-parallel one (o_proj, down_proj)
 # its block of columns; everything else (norms, routers, MLA's
 # kv_a_proj_with_mqa, a ReplicatedLinear) is whole on every TP rank. Under
-# expert parallelism a routed expert is whole on the rank that holds it.
+# expert parallelism a routed expert is whole on the rank that holds it, and
+# a fused expert tensor (GraniteMoE's [E, ...]) is its experts' dim-0 rows.
+# LFM2's short convolution: conv.conv (column-parallel), in_proj (merged
+# column-parallel), out_proj (row-parallel, as its attention's out_proj).
 import re as _re  # noqa: E402
 
-_ROWS = _re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|kv_b_proj|embed_tokens|lm_head)\.weight$|^lm_head\.weight$")
-_COLS = _re.compile(r"\.(o_proj|down_proj)\.weight$")
+_ROWS = _re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|kv_b_proj|embed_tokens|lm_head|conv\.conv|conv\.in_proj)"
+                    r"\.weight$|^lm_head\.weight$")
+_COLS = _re.compile(r"\.(o_proj|down_proj|out_proj)\.weight$")
+_FUSED_EXPERTS = _re.compile(r"\.block_sparse_moe\.(input_linear|output_linear)\.weight$")
 
 
-def tp_share(path, tp, mine=None):
+def tp_share(path, tp, mine=None, whole=None):
     """The bytes one TP rank of `tp` keeps of the checkpoint at `path`, as
     vLLM's layers narrow its tensors (the oracle the dry run's parts are
     checked against: it knows nothing of them). `mine`: under expert
     parallelism, the routed experts this rank holds (vLLM's
-    compute_local_expert_ids); their tensors come whole, the others' not."""
+    compute_local_expert_ids); their tensors come whole, the others' not.
+    `whole`: a pattern of tensors counted whole although vLLM narrows them
+    (a gap of sluice's, named by the test that passes it)."""
     from vllm.model_executor.model_loader.ep_weight_filter import parse_expert_id
     from safetensors import safe_open
     sizes = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "F8_E4M3": 1}
@@ -128,8 +136,48 @@ def tp_share(path, tp, mine=None):
                 expert = parse_expert_id(k) if mine is not None else None
                 if expert is not None:
                     total += n if expert in mine else 0
+                elif mine is not None and _FUSED_EXPERTS.search(k):
+                    total += n // s.get_shape()[0] * len(mine)
+                elif whole is not None and _re.search(whole, k):
+                    total += n
                 elif _ROWS.search(k) or _COLS.search(k):
                     total += n // tp
                 else:
                     total += n
     return total
+
+
+def granitemoe(path, seed=0):
+    """GraniteMoE: its experts fused in two 3-D tensors per layer
+    (`block_sparse_moe.input_linear.weight` [E, 2I, H], `output_linear`
+    [E, H, I]), so no per-expert name exists; an EP rank's experts are dim-0
+    blocks of each."""
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
+    torch.manual_seed(seed)
+    cfg = GraniteMoeConfig(vocab_size=512, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=256, tie_word_embeddings=False)
+    _save(GraniteMoeForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+    _expect(path, "model.layers.0.block_sparse_moe.input_linear.weight")
+    return path
+
+
+def lfm2_moe(path, seed=0):
+    """LFM2-MoE (a short-convolution layer and an attention layer, both MoE):
+    experts named `feed_forward.experts.N.w1`."""
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+    torch.manual_seed(seed)
+    cfg = Lfm2MoeConfig(vocab_size=512, hidden_size=256, intermediate_size=128, moe_intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                        num_experts_per_tok=2, num_dense_layers=0, layer_types=["conv", "full_attention"],
+                        max_position_embeddings=256, tie_word_embeddings=True)
+    _save(Lfm2MoeForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+    _expect(path, "model.layers.0.feed_forward.experts.3.w1.weight")
+    return path
+
+
+def _expect(path, name):
+    """The naming scheme a test is about is the one transformers wrote."""
+    with open(os.path.join(path, "model.safetensors.index.json")) as f:
+        names = json.load(f)["weight_map"]
+    assert name in names, sorted(names)[:8]

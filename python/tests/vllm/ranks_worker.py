@@ -3,7 +3,9 @@
 for each MODEL:EP job, loads MODEL with vLLM's default loader and with sluice's
 (EP: 1 turns expert parallelism on, with linear placement; rr with round-robin
 placement requested), and writes each parameter's SHA-256 for both, and
-sluice's stats, to OUT as {MODEL: {"safetensors", "sluice", "stats", "placement"}}.
+sluice's stats, to OUT as {MODEL: {"safetensors", "sluice", "stats", "placement",
+"seconds": {format: seconds in the loader's load_weights}}} (bench/vllm_ranks.py
+reads the same file).
 
     python ranks_worker.py OUT RANK WORLD PORT TP[xPP] MODEL:EP [MODEL:EP ...]
 
@@ -26,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -77,7 +80,10 @@ def main():
         result[model] = {}
         strategy = "round_robin" if ep == "rr" else "linear"
         for fmt in ("sluice", "safetensors") if ep == "rr" else ("safetensors", "sluice"):
-            extra = {"staging": "8MiB", "max_read": "256KiB"} if fmt == "sluice" else {}
+            # Small staging, so that the tests' tiny models still take several windows
+            # (SLUICE_TEST_EXTRA: bench/vllm_ranks.py's own, JSON).
+            extra = json.loads(os.environ.get("SLUICE_TEST_EXTRA", '{"staging": "8MiB", "max_read": "256KiB"}')) \
+                if fmt == "sluice" else {}
             cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, pipeline_parallel_size=pp,
                              data_parallel_size=world // (tp * pp),
                              enable_expert_parallel=ep != "0", expert_placement_strategy=strategy,
@@ -91,6 +97,14 @@ def main():
                     initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
                     initialised = True
                 loader = get_model_loader(cfg.load_config)
+                inner = loader.load_weights
+
+                def timed(*a, _inner=inner, _fmt=fmt, _model=model, **k):
+                    t0 = time.perf_counter()
+                    r = _inner(*a, **k)
+                    result[_model].setdefault("seconds", {})[_fmt] = time.perf_counter() - t0
+                    return r
+                loader.load_weights = timed
                 m = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
                 result[model][fmt] = digests(m)
                 if fmt == "sluice":

@@ -8,6 +8,8 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
   layer kinds says (models.tp_share), found by each rank's dry run.
 - TP2 with expert parallelism (EP = 2) on the MoE model: the same equality, and
   each rank keeps only its own experts' weights and its TP parts of the rest.
+- Two more naming schemes at TP2 x EP2: GraniteMoE's fused 3-D experts (each
+  rank keeps its experts' dim-0 rows) and LFM2-MoE's feed_forward.experts.N.
 - Round-robin expert placement requested (EP = 2): on a DeepSeek-V3 with
   expert groups vLLM keeps it, and each rank gets the experts r, r + 2, ...;
   on the Qwen3-MoE vLLM's layers fall back to linear, and sluice follows the
@@ -82,12 +84,22 @@ def mixtral_path(paths):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(paths, round_robin_paths, mixtral_path):
+def schemes(paths):
+    """Two more naming schemes, written by transformers: GraniteMoE's fused 3-D experts and LFM2-MoE's
+    feed_forward.experts.N (with its short-convolution layer)."""
+    d = paths[2]
+    return {"granitemoe": models.granitemoe(str(d / "granitemoe")), "lfm2_moe": models.lfm2_moe(str(d / "lfm2_moe"))}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(paths, round_robin_paths, mixtral_path, schemes):
     """The models loaded by two ranks (TP2; the MoEs with expert parallelism, linear; the round-robin
     jobs with round-robin placement requested): ({model: per-rank results}, the ranks' logs, moe, dense)."""
     moe, dense, d = paths
-    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0", f"{mixtral_path}:1", *(f"{m}:rr" for m in round_robin_paths)])
-    return {m: [r[m] for r in results] for m in (moe, dense, mixtral_path, *round_robin_paths)}, logs, moe, dense
+    jobs = [moe, dense, mixtral_path, *schemes.values()]
+    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0", f"{mixtral_path}:1", *(f"{m}:1" for m in schemes.values()),
+                                  *(f"{m}:rr" for m in round_robin_paths)])
+    return {m: [r[m] for r in results] for m in (*jobs, *round_robin_paths)}, logs, moe, dense
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +148,26 @@ def test_ep2_mixtral_each_rank_gets_only_its_own_experts_whatever_their_names(tw
     from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     _check_shares(by_model[mixtral_path], mixtral_path,
                   lambda rank: models.tp_share(mixtral_path, 2, compute_local_expert_ids(4, 2, rank)))
+
+
+def test_ep2_fused_experts_each_rank_gets_its_dim0_blocks(two_ranks, schemes):
+    """GraniteMoE keeps each layer's experts in two 3-D tensors: no name says which expert is
+    whose. Each EP rank's model copies its experts' dim-0 rows; the plan cuts the tensors there, so
+    a rank keeps its experts' rows, its attention's TP parts and the rest whole (the oracle)."""
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    path = schemes["granitemoe"]
+    _check_shares(two_ranks[0][path], path, lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank)))
+
+
+def test_ep2_lfm2_moe_feed_forward_experts_go_to_their_owners(two_ranks, schemes):
+    """LFM2-MoE names its experts feed_forward.experts.N. A known gap: its short convolution's
+    in_proj is one checkpoint tensor that vLLM's merged column-parallel layer narrows into three
+    row blocks per TP rank; sluice cuts one block per rank, so it arrives whole (replayed outside
+    load_weights all the same)."""
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    path = schemes["lfm2_moe"]
+    _check_shares(two_ranks[0][path], path,
+                  lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank), whole=r"\.conv\.in_proj\.weight$"))
 
 
 @pytest.mark.parametrize("model, placement", [("deepseek", "round_robin"), ("moe-rr", "linear")])

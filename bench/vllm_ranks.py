@@ -1,0 +1,126 @@
+"""bench/vllm_ranks.py: what each of two vLLM ranks reads and receives through
+--load-format sluice, against its share, and the time of the two-rank load
+against vLLM's own safetensors loader, at vLLM's loader layer (vLLM's own
+initialize_model and parallel state over Gloo, one process per rank:
+python/tests/vllm/ranks_worker.py, the workers the tests use).
+
+    PYTHONPATH=build/py/lib/python3.11/site-packages .venv/bin/python bench/vllm_ranks.py \\
+        [--dir .samples/vllm-ranks] [--models mixtral,dense] [--package DIR] [--repeat 3]
+
+Models (random, written by transformers' save_pretrained, kept in --dir):
+"mixtral" (block_sparse_moe.experts.N, 8 experts, about 0.6 GiB) at TP2 with
+expert parallelism (EP2), and "dense" (a Llama, about 0.5 GiB) at TP2.
+
+A rank's share is what vLLM's layers keep of the checkpoint on it, from an
+oracle of vLLM's layer kinds and its compute_local_expert_ids
+(python/tests/vllm/models.py, tp_share): a column-parallel weight's rows, a
+row-parallel one's columns, the rank's own experts, everything else whole.
+`kept` is sluice's bytes_kept (what it delivered to the rank; absent before
+it existed), `read + received` the bytes that reached the rank from storage
+and Gloo (a reader of a row-parallel weight reads whole rows and sends the
+other part: its read includes bytes it does not keep).
+
+--package DIR runs another sluice Python package (a tree with sluice/ and its
+extension) in place of the one on PYTHONPATH: the "before" rows of
+bench/README.md ran main at d0796fb's python/sluice with this tree's extension.
+The load times are each format's load_weights inside vLLM's load_model, the
+first load of each process (safetensors first), page cache hot, best of
+--repeat pairs of processes (the bytes are the same in every run: checked).
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TESTS = os.path.join(ROOT, "python", "tests", "vllm")
+sys.path.insert(0, TESTS)
+
+import models  # noqa: E402  (python/tests/vllm/models.py)
+
+SHAPES = {  # model -> (maker's sizes, TP, EP on, experts)
+    "mixtral": (dict(hidden_size=1024, intermediate_size=1536, num_hidden_layers=4, num_local_experts=8,
+                     num_attention_heads=16, num_key_value_heads=8, vocab_size=8192, shard="200MB"), 2, True, 8),
+    "dense": (dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=16,
+                   num_key_value_heads=8, vocab_size=8192, shard="200MB"), 2, False, 0),
+}
+
+
+def _port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def make(d, name):
+    path = os.path.join(d, name)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        sizes = dict(SHAPES[name][0])
+        getattr(models, name)(path, **sizes)
+    return path
+
+
+def run(path, tp, ep, package, out_dir):
+    port = _port()
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"bench-{port}",
+               SLUICE_TEST_EXTRA="{}")   # sluice's defaults (the tests' workers shrink staging)
+    if package:
+        env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
+    procs, outs = [], []
+    for rank in range(2):
+        out = os.path.join(out_dir, f"rank{rank}.json")
+        outs.append(out)
+        procs.append(subprocess.Popen([sys.executable, os.path.join(TESTS, "ranks_worker.py"), out, str(rank), "2",
+                                       str(port), str(tp), f"{path}:{1 if ep else 0}"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate()[0] for p in procs]
+    for rank, p in enumerate(procs):
+        if p.returncode != 0:
+            sys.exit(f"rank {rank} exited with {p.returncode}:\n{logs[rank][-3000:]}")
+    return [json.load(open(o))[path] for o in outs]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=os.path.join(ROOT, ".samples", "vllm-ranks"))
+    ap.add_argument("--models", default="mixtral,dense")
+    ap.add_argument("--package", default=None)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    print(f"# {' '.join(sys.argv)}")
+    print("model     shape      rank  share MiB  kept MiB  read MiB  received MiB  (read+received)/share  "
+          "sluice s  safetensors s  params equal")
+    for name in a.models.split(","):
+        path = make(a.dir, name)
+        _, tp, ep, experts = SHAPES[name]
+        runs = [run(path, tp, ep, a.package, a.dir) for _ in range(a.repeat)]
+        ranks = runs[0]
+        for again in runs[1:]:
+            for r, r2 in zip(ranks, again):
+                assert {k: r["stats"][k] for k in ("bytes_read", "bytes_received")} == \
+                    {k: r2["stats"][k] for k in ("bytes_read", "bytes_received")}, "the bytes differ between runs"
+                for fmt in ("sluice", "safetensors"):
+                    r["seconds"][fmt] = min(r["seconds"][fmt], r2["seconds"][fmt])
+        total = models.tensor_bytes(path)
+        for rank, r in enumerate(ranks):
+            share = models.tp_share(path, tp, compute_local_expert_ids(experts, 2, rank) if ep else None)
+            st = r["stats"]
+            got = st["bytes_read"] + st["bytes_received"]
+            kept = st.get("bytes_kept")
+            print(f"{name:9} {'TP2xEP2' if ep else 'TP2':10} {rank:4}  {share / 2**20:9.1f}  "
+                  f"{kept / 2**20 if kept is not None else float('nan'):8.1f}  {st['bytes_read'] / 2**20:8.1f}  "
+                  f"{st['bytes_received'] / 2**20:12.1f}  {got / share:21.2f}  {r['seconds']['sluice']:8.2f}  "
+                  f"{r['seconds']['safetensors']:13.2f}  {r['sluice'] == r['safetensors']}")
+        print(f"{name:9} checkpoint {total / 2**20:.1f} MiB; read across the ranks "
+              f"{sum(r['stats']['bytes_read'] for r in ranks) / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
