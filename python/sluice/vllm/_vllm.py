@@ -4,8 +4,8 @@ imported when first asked for (vLLM is heavy to import and its modules need
 a configured engine for some of them)."""
 from __future__ import annotations
 
-__all__ = ["base_loader", "register_model_loader", "current_parallel_config", "compute_local_expert_ids",
-           "should_skip_weight", "get_pp_indices", "parallel_ranks", "world_group", "pp_group_rank", "logger",
+__all__ = ["base_loader", "register_model_loader", "current_parallel_config",
+           "parallel_ranks", "engine_group", "world_group", "logger",
            "progress_bar", "track_weights_loading", "default_weight_loader"]
 
 
@@ -25,19 +25,10 @@ def current_parallel_config():
     return get_current_vllm_config().parallel_config
 
 
-def compute_local_expert_ids(experts, ep_size, ep_rank, placement):
-    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids as local
-    return local(experts, ep_size, ep_rank, placement=placement)
 
 
-def should_skip_weight(name, local):
-    from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight as skip
-    return skip(name, local)
 
 
-def get_pp_indices(total, stage, pp):
-    from vllm.distributed.utils import get_pp_indices as indices
-    return indices(total, stage, pp)
 
 
 def parallel_ranks(parallel):
@@ -50,14 +41,28 @@ def parallel_ranks(parallel):
             get_tp_group().rank_in_group if parallel.tensor_parallel_size > 1 else 0)
 
 
+def engine_group(parallel):
+    """vLLM's group of this DP engine's own ranks: its TP group (PP 1) or PP
+    group (TP 1). An engine split both ways has no such group in vLLM (and a
+    new one would be a collective over every engine)."""
+    from vllm.distributed import get_pp_group, get_tp_group
+    import sluice
+    pcp = getattr(parallel, "prefill_context_parallel_size", 1)
+    if parallel.pipeline_parallel_size == 1 and pcp == 1:
+        return get_tp_group()
+    if parallel.tensor_parallel_size == 1 and pcp == 1:
+        return get_pp_group()
+    raise sluice.ConfigError(
+        f"--load-format sluice: a reload on one of {parallel.data_parallel_size} data-parallel engines of TP "
+        f"{parallel.tensor_parallel_size} x PP {parallel.pipeline_parallel_size} (x PCP {pcp}) ranks: vLLM has no "
+        "group of one engine's ranks to load within; reload every engine together, or use TP or PP alone")
+
+
 def world_group():
     from vllm.distributed import get_world_group
     return get_world_group()
 
 
-def pp_group_rank():
-    from vllm.distributed import get_pp_group
-    return get_pp_group().rank_in_group
 
 
 def logger():

@@ -99,27 +99,44 @@ class SluiceModelLoader(_vllm.base_loader()):
         through `load_weights` plans first, see there). Across ranks, the
         ownership is the one the model's first load found; a tensor it did
         not know goes to every rank."""
-        if self._world() > 1:
-            ck, options = self._distributed(model_config, model, dry=False)
+        scope = self._scope(model)
+        if scope is not None:
+            ck, options = self._distributed(model_config, model, dry=False, scope=scope)
             yield from self._stream(ck, options)
             return
         yield from self._stream(self._open(model_config, model=model), {})
 
-    def _distributed(self, model_config, model, dry):
+    def _scope(self, model):
+        """The ranks a load of `model` spans: None (this process alone), or
+        world.Scope. The first load spans vLLM's world group, every DP
+        engine (each byte read once across them all). A later one
+        (reload_weights, which vLLM runs on one engine while the others
+        serve) spans only this engine's ranks, or this process alone where
+        the engine is one rank: it never waits for engines that do not
+        join."""
+        if self._world() <= 1:
+            return None
+        parallel = _vllm.current_parallel_config()
+        first = getattr(model, "_sluice_ownership", None) is None
+        if first or parallel.data_parallel_size <= 1:
+            rank, size, vllm_ranks = world.sluice_place(parallel)
+            return world.Scope(_vllm.world_group(), rank, size, vllm_ranks, engine=False)
+        return world.engine_scope(parallel)
+
+    def _distributed(self, model_config, model, dry, scope):
         """See _distributed_load; a peer that leaves on the way is named by
         vLLM's ranks as well as sluice's (world.Peers)."""
-        group = _vllm.world_group()
-        rank, size, vllm_ranks = world.sluice_place()
+        group, rank, size, vllm_ranks = scope.group, scope.rank, scope.size, scope.vllm_ranks
         try:
             self._peers = world.Peers.gather(rank, vllm_ranks, group.cpu_group)
         except RuntimeError as e:
             raise sluice.DistributedError(f"a rank of vLLM's world group left before the sluice load began: {e}") from e
         try:
-            return self._distributed_load(model_config, model, dry, group, rank, size, vllm_ranks)
+            return self._distributed_load(model_config, model, dry, group, rank, size, vllm_ranks, scope.engine)
         except (RuntimeError, sluice.DistributedError, sluice.CommError) as e:
             raise self._peers.failure(e, "the sluice load's rendezvous and dry-run exchange") from e
 
-    def _distributed_load(self, model_config, model, dry, group, rank, size, vllm_ranks):
+    def _distributed_load(self, model_config, model, dry, group, rank, size, vllm_ranks, engine):
         """A load across vLLM's world group: the checkpoint opened
         collectively (rank 0 reads the index and the headers, the others
         replay them), then, with `dry`, every rank's dry run of its own
@@ -133,7 +150,7 @@ class SluiceModelLoader(_vllm.base_loader()):
         # One key prefix per load, agreed over the world's CPU group (a per-process
         # counter diverges when only some ranks load, e.g. a draft model).
         t_open = time.perf_counter()
-        ranks, store = torch_world(group.cpu_group, prefix="sluice/vllm", rank=rank)
+        ranks, store = torch_world(group.cpu_group, prefix="sluice/vllm/engine" if engine else "sluice/vllm", rank=rank)
         ck = self._open(model_config, world=ranks, store=store, model=model)
         names = [t.name for t in ck.tensors]
         log = _vllm.logger()
@@ -154,7 +171,9 @@ class SluiceModelLoader(_vllm.base_loader()):
                      sum(1 for n in own.splits if rank in own.owners[n]), len(own.direct), len(own.stand_ins),
                      sum(1 for n in names if not own.owners[n]), own.bytes_unowned(ck) / 2**30)
         else:
-            own = getattr(model, "_sluice_ownership", None)
+            # An engine's own load knows no ownership of its ranks (the first
+            # one's spanned every engine): every tensor to each of them.
+            own = getattr(model, "_sluice_ownership", None) if not engine else None
             owners = dict(own.owners) if own is not None else {}
             for n in names:
                 owners.setdefault(n, list(range(size)))
@@ -209,10 +228,11 @@ class SluiceModelLoader(_vllm.base_loader()):
             (read + received) / 2**30 / seconds, seconds)
 
     def load_weights(self, model, model_config) -> None:
-        if self._world() > 1:
+        scope = self._scope(model)
+        if scope is not None:
             # The dry run and the ownership exchange come before load_weights
             # runs for real (not inside its weight generator).
-            ck, options = self._distributed(model_config, model, dry=True)
+            ck, options = self._distributed(model_config, model, dry=True, scope=scope)
             own = model._sluice_ownership
             counts = {"direct_tensors": 0, "direct_bytes": 0, "whole_fallback_bytes": 0}
             try:

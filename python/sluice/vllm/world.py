@@ -6,11 +6,13 @@ a Mixtral's `block_sparse_moe.experts.N`, a DeepSeek V4's `ffn.experts.E`
 and another PP stage's layers are placed by what each model does with them."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import sluice
 
 from . import _vllm, parts
 
-__all__ = ["sluice_rank", "sluice_place", "exchange_ownership", "Ownership", "Peers"]
+__all__ = ["sluice_rank", "sluice_place", "exchange_ownership", "Ownership", "Peers", "Scope", "engine_scope"]
 
 
 def sluice_rank(pp_rank, dp_rank, pcp_rank, tp_rank, dp, pcp, tp):
@@ -32,6 +34,30 @@ def sluice_place(parallel=None, ranks=None):
     if ranks is None:
         ranks = _vllm.parallel_ranks(parallel)
     return sluice_rank(*ranks, dp, pcp, tp), pp * dp * pcp * tp, {"pp": ranks[0], "dp": ranks[1], "tp": ranks[3]}
+
+
+class Scope(NamedTuple):
+    """The ranks one load spans: vLLM's `group` (its cpu_group carries the
+    rendezvous), this rank's place in sluice's order and the count, its
+    vLLM ranks, and whether it is one DP engine's own (`engine`)."""
+    group: object
+    rank: int
+    size: int
+    vllm_ranks: dict
+    engine: bool
+
+
+def engine_scope(parallel):
+    """The Scope of this DP engine's own ranks (TP x PP of one DP rank), or
+    None where the engine is this process alone."""
+    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    pcp = getattr(parallel, "prefill_context_parallel_size", 1)
+    if tp * pp * pcp == 1:
+        return None
+    ranks = _vllm.parallel_ranks(parallel)
+    group = _vllm.engine_group(parallel)
+    rank = sluice_rank(ranks[0], 0, ranks[2], ranks[3], 1, pcp, tp)
+    return Scope(group, rank, tp * pp * pcp, {"pp": ranks[0], "dp": ranks[1], "tp": ranks[3]}, engine=True)
 
 
 class Peers:

@@ -17,6 +17,10 @@ config, which its own EP weight filter reads, still says round_robin).
 (TP, or TPxPP for pipeline stages: "1x2" is PP = 2.) Each rank also writes
 its PP stage and the checkpoint names its stage's model loaded ("loaded").
 
+A job MODEL:EP+reload: after the loads, rank 0 alone (one DP engine while
+the other serves) reloads through vLLM's reload_weights (the same
+after each format's load: "reload": {format: {"digests", "seconds"}}).
+
 SLUICE_TEST_KILL on rank 1: "exchange" SIGKILLs it as its sluice load
 exchanges the dry runs' records, "tensor:K" as its K-th tensor arrives.
 
@@ -65,6 +69,13 @@ def main():
     out, rank, world, port, tp = sys.argv[1:6]
     tp, _, pp = tp.partition("x")
     rank, world, tp, pp = int(rank), int(world), int(tp), int(pp or 1)
+    dp = world // (tp * pp)
+    if dp > 1:
+        # vLLM's offline data parallelism: each DP rank an engine of its own
+        # (tp * pp ranks), its world group spanning them, met through VLLM_DP_*
+        # (LLM reads them when given no data_parallel_size).
+        os.environ.update(VLLM_DP_RANK=str(rank // (tp * pp)), VLLM_DP_RANK_LOCAL=str(rank // (tp * pp)),
+                          VLLM_DP_SIZE=str(dp), VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT=str(int(port) + 1))
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
@@ -77,6 +88,7 @@ def main():
     result, initialised = {}, False
     for job in sys.argv[6:]:
         model, ep = job.rsplit(":", 1)
+        ep, _, then = ep.partition("+")
         result[model] = {}
         strategy = "round_robin" if ep == "rr" else "linear"
         for fmt in ("sluice", "safetensors") if ep == "rr" else ("safetensors", "sluice"):
@@ -85,14 +97,13 @@ def main():
             extra = json.loads(os.environ.get("SLUICE_TEST_EXTRA", '{"staging": "8MiB", "max_read": "256KiB"}')) \
                 if fmt == "sluice" else {}
             cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                             data_parallel_size=world // (tp * pp),
                              enable_expert_parallel=ep != "0", expert_placement_strategy=strategy,
                              dtype="bfloat16", enforce_eager=True,
                              max_model_len=128, skip_tokenizer_init=True,
                              model_loader_extra_config=extra).create_engine_config()
             with set_current_vllm_config(cfg):
                 if not initialised:
-                    init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+                    init_distributed_environment(world_size=tp * pp, rank=rank % (tp * pp), local_rank=rank, backend="gloo",
                                                  distributed_init_method=f"tcp://127.0.0.1:{port}")
                     initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
                     initialised = True
@@ -117,6 +128,11 @@ def main():
                     result[model]["stats"] = loader.last_stats
                     from vllm.distributed import get_pp_group
                     result[model]["stage"] = get_pp_group().rank_in_group
+                if then == "reload" and rank == 0:
+                    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+                    t0 = time.perf_counter()
+                    reload_weights(cfg, m, weights_iterator=None, weights_path=None, is_checkpoint_format=True)
+                    result[model].setdefault("reload", {})[fmt] = {"digests": digests(m), "seconds": time.perf_counter() - t0}
                 del m
     with open(out, "w") as f:
         json.dump(result, f)

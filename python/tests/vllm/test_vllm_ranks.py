@@ -15,6 +15,11 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
   on the Qwen3-MoE vLLM's layers fall back to linear, and sluice follows the
   layers, not the config. Parameters equal vLLM's default load under the
   placement its layers use.
+- TP1 x DP2 (vLLM's offline data parallelism: two engines, one world group)
+  with EP2 on the Qwen3-MoE, GraniteMoE and LFM2-MoE: each rank keeps its
+  experts (GraniteMoE's fused rows) and everything else whole; then engine 0
+  alone reloads through vLLM's reload_weights, within itself (the other never
+  joins), to the parameters vLLM's own reload gives.
 - A rank SIGKILLed as the dry runs' records are exchanged, or at its third
   tensor: the other fails within 10 s, naming it by sluice's and vLLM's ranks.
 - PP2 on both models: the same equality, and each rank reads and receives only
@@ -103,6 +108,16 @@ def two_ranks(paths, round_robin_paths, mixtral_path, schemes):
 
 
 @pytest.fixture(scope="module")
+def two_engines(paths, schemes):
+    """TP1 x DP2 x EP2 (two DP engines of one rank each): the MoE, GraniteMoE (engine 0 reloads it
+    alone afterwards) and LFM2-MoE: ({model: per-rank results}, logs)."""
+    moe, _, d = paths
+    jobs = [moe, schemes["granitemoe"], schemes["lfm2_moe"]]
+    results, logs = _run(d, "1", [f"{moe}:1", f"{schemes['granitemoe']}:1+reload", f"{schemes['lfm2_moe']}:1"])
+    return {m: [r[m] for r in results] for m in jobs}, logs
+
+
+@pytest.fixture(scope="module")
 def two_stages(paths):
     """Both models loaded by two PP stages (TP1 x PP2): ({model: per-rank results}, logs)."""
     moe, dense, d = paths
@@ -168,6 +183,29 @@ def test_ep2_lfm2_moe_feed_forward_experts_go_to_their_owners(two_ranks, schemes
     path = schemes["lfm2_moe"]
     _check_shares(two_ranks[0][path], path,
                   lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank), whole=r"\.conv\.in_proj\.weight$"))
+
+
+@pytest.mark.parametrize("model", ["moe", "granitemoe", "lfm2_moe"])
+def test_dp2_ep2_each_engine_keeps_its_experts_and_the_rest_whole(paths, schemes, two_engines, model):
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    path = paths[0] if model == "moe" else schemes[model]
+    _check_shares(two_engines[0][path], path, lambda rank: models.tp_share(path, 1, compute_local_expert_ids(4, 2, rank)))
+
+
+def test_reloading_one_dp_engine_alone_loads_within_it_and_never_waits_for_the_other(schemes, two_engines):
+    """vLLM's reload_weights on engine 0 while engine 1 serves (here: has finished): the reload spans
+    engine 0's own ranks (one, so this process alone), not the world group of the first load, and
+    ends with the parameters vLLM's own reload gives (vLLM's CPU MoE does not give back the first
+    load's expert layout on a reload, with its own loader or sluice's)."""
+    by_model, logs = two_engines
+    path = schemes["granitemoe"]
+    reload = by_model[path][0]["reload"]
+    assert reload["sluice"]["digests"] == reload["safetensors"]["digests"]
+    loads = [x for x in logs[0].splitlines() if f"sluice: {path}" in x and " tensors," in x]
+    assert len(loads) == 2, loads   # the first load, then the reload
+    assert "rank 0 of 2 in sluice's order" in loads[0]
+    assert "in sluice's order" not in loads[1], loads[1]   # a one-process load: no world, no rendezvous
+    assert "reload" not in by_model[path][1]
 
 
 @pytest.mark.parametrize("model, placement", [("deepseek", "round_robin"), ("moe-rr", "linear")])
