@@ -89,19 +89,19 @@ std::string expected_digest(const policy::load_plan& plan, const policy::plan_en
     return m;
   }();
   const auto& all = bytes.at(e.info.name);
-  const auto n = plan.kept_bytes(e), k = plan.tp_rank(r);
+  const auto n = plan.kept_bytes(e), k = plan.part_of(e, r);
   std::vector<std::byte> part(n);
   if (e.split == policy::tp_split::rows) {
     std::memcpy(part.data(), all.data() + plan.kept_begin(e, r), n);
   } else {
-    const auto row = policy::load_plan::row_bytes(e), w = row / plan.tp;
+    const auto row = policy::load_plan::row_bytes(e), w = row / plan.parts(e);
     for (std::uint64_t j = 0; j < e.info.shape[0]; ++j) std::memcpy(part.data() + j * w, all.data() + j * row + k * w, w);
   }
   digest_sink d;
   tensor_view v;
   v.tensor = &ck.tensors()[e.index];
   v.bytes = part;
-  v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(plan.tp)};
+  v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(plan.parts(e))};
   d.accept(std::move(v));
   return d.digests().at(e.info.name).sha256;
 }
@@ -182,6 +182,7 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   opt.plan.local_size = n;
   opt.plan.split_bytes = dopt.plan.split_bytes;
   opt.plan.experts = dopt.plan.experts;
+  opt.plan.model_owners = dopt.plan.model_owners;
   const auto plan = plan_for(ck, topology, offload, opt);
   const auto results = run_load(n, topology, offload, dopt, {}, {}, mode);
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0;
@@ -198,6 +199,7 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
     for (const auto& e : plan.entries)
       if (e.owners.contains(static_cast<policy::rank_t>(r))) owned.insert(e.info.name);
     for (auto& [name, sha] : j["digests"].items()) {
+      INFO(name);
       got.insert(name);
       REQUIRE(sha.get<std::string>() == expected_digest(plan, plan.entry(name), static_cast<policy::rank_t>(r), ck, ref));
     }
@@ -409,6 +411,36 @@ TEST_CASE("TP2 x DP2: each rank holds its TP part of split tensors and receives 
   auto o = small_options();
   o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by several ranks
   check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);
+}
+
+TEST_CASE("4 ranks, parts the engine's model chose: each rank holds its blocks, in the model's order, and receives only those",
+          "[comm][distributed][model_owners]") {
+  // As the vLLM layer's dry runs would say: 2-D tensors cut in rows among
+  // all four ranks (two replicas, parts in reverse rank order), or in
+  // columns between ranks 2 and 3; 1-D ones whole on rank 3 alone.
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto owners = std::make_shared<std::map<std::string, policy::model_owner>>();
+  std::size_t rows = 0, cols = 0;
+  for (const auto& t : ck.tensors()) {
+    auto& m = (*owners)[t.name];
+    if (t.size == 0) {
+      m.ranks = {0, 1, 2, 3};
+    } else if (t.shape.size() == 2 && t.shape[0] % 2 == 0 && (rows <= cols || t.shape[1] % 2)) {
+      m = {{0, 1, 2, 3}, policy::tp_split::rows, 2, {1, 0, 1, 0}};
+      ++rows;
+    } else if (t.shape.size() == 2 && t.shape[1] % 2 == 0) {
+      m = {{2, 3}, policy::tp_split::columns, 2, {1, 0}};
+      ++cols;
+    } else {
+      m.ranks = {3};
+    }
+  }
+  REQUIRE(rows > 0);
+  REQUIRE(cols > 0);
+  auto o = small_options();
+  o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by both owners
+  o.plan.model_owners = owners;
+  check_load(4, "tp1,dp4,ep1", "none", o);
 }
 
 TEST_CASE("TP4: row and column parts, one rank per part", "[comm][distributed][tp]") {
