@@ -30,7 +30,6 @@ first load of each process (safetensors first), page cache hot, best of
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -40,6 +39,7 @@ TESTS = os.path.join(ROOT, "python", "tests", "vllm")
 sys.path.insert(0, TESTS)
 
 import models  # noqa: E402  (python/tests/vllm/models.py)
+from ranks_worker import free_port as _port  # noqa: E402
 
 SHAPES = {  # model -> (maker's sizes, TP, EP on, experts)
     "mixtral": (dict(hidden_size=1024, intermediate_size=1536, num_hidden_layers=4, num_local_experts=8,
@@ -47,14 +47,6 @@ SHAPES = {  # model -> (maker's sizes, TP, EP on, experts)
     "dense": (dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=16,
                    num_key_value_heads=8, vocab_size=8192, shard="200MB"), 2, False, 0),
 }
-
-
-def _port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def make(d, name):

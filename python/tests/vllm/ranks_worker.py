@@ -42,6 +42,16 @@ def digests(model):
             for n, p in model.named_parameters()}
 
 
+def free_port():
+    """A TCP port free on 127.0.0.1 now (for the ranks' rendezvous)."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def _die():
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)

@@ -29,7 +29,6 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -40,14 +39,7 @@ sys.path.insert(0, HERE)
 pytest.importorskip("vllm")
 
 import models  # noqa: E402
-
-
-def _port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from ranks_worker import free_port as _port  # noqa: E402
 
 
 def _run(d, parallel, jobs):
