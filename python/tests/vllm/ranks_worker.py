@@ -22,7 +22,9 @@ the other serves) reloads through vLLM's reload_weights (the same
 after each format's load: "reload": {format: {"digests", "seconds"}}).
 
 SLUICE_TEST_KILL on rank 1: "exchange" SIGKILLs it as its sluice load
-exchanges the dry runs' records, "tensor:K" as its K-th tensor arrives.
+exchanges the dry runs' records, "tensor:K" as its K-th tensor arrives;
+"dry-raise" makes its model's load_weights raise in the dry run (as a loader
+that reads a value would).
 
 The parallel state is made once, from the first job's config (put a MoE job
 first: vLLM makes its EP group only for MoE models).
@@ -63,6 +65,21 @@ def _arm_kill(when):
     from sluice.vllm.loader import SluiceModelLoader
     if when == "exchange":
         world.exchange_ownership = lambda *a, **k: _die()
+        return
+    if when == "dry-raise":
+        import sluice.vllm.dry_run as dry
+        run = dry.dry_run
+
+        def raising(model, tensors, **kw):
+            def load_weights(weights):
+                for _ in weights:
+                    raise ValueError("this loader reads a value of the tensor")
+            model.load_weights, real = load_weights, model.load_weights
+            try:
+                return run(model, tensors, **kw)
+            finally:
+                model.load_weights = real
+        dry.dry_run = raising
         return
     k = int(when.split(":", 1)[1])
     stream = SluiceModelLoader._stream

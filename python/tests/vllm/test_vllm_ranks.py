@@ -243,6 +243,24 @@ def test_pp2_each_stage_reads_and_receives_only_its_layers_and_vllm_loads_them_b
     assert all("the models' dry runs" in log for log in logs)
 
 
+def test_a_dry_run_that_raises_on_one_rank_fails_every_rank_naming_it(paths):
+    """Rank 1's model cannot be dry-run (its load_weights reads a value): no rank knows what its
+    model takes, so every rank fails before reading a byte, naming rank 1 by both numberings."""
+    moe, _, d = paths
+    port = _port()
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(d / f"dry{rank}.json"),
+                               str(rank), "2", str(port), "2", f"{moe}:1"],
+                              env=dict(env, SLUICE_TEST_KILL="dry-raise") if rank == 1 else env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for rank, p in enumerate(procs):
+        assert p.returncode not in (0, None), rank
+        assert "the dry run of load_weights failed on 1 rank(s)" in logs[rank], logs[rank][-3000:]
+        assert "rank 1 (vLLM dp 0, pp 0, tp 1): ValueError: this loader reads a value of the tensor" in logs[rank]
+        assert f"sluice: {moe} (rank" not in logs[rank]   # no load began
+
+
 @pytest.mark.parametrize("when", ["exchange", "tensor:3"])
 def test_a_rank_killed_during_the_load_fails_the_other_within_10_s_naming_it(paths, when):
     moe, _, d = paths
