@@ -16,6 +16,8 @@ The package, one concern per module (only `_vllm` imports vLLM's internals):
     world     vLLM's parallel groups as sluice's world, and the ownership the
               ranks' models give (their dry runs, exchanged)
     dry_run   where a model's load_weights puts each tensor (no vLLM import)
+    parts     which block of a tensor each rank's copies read, and the split
+              the owners' needs allow (arithmetic only)
     loader    SluiceModelLoader
     _vllm     every vLLM internal used, imported on first use
 """
