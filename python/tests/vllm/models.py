@@ -181,3 +181,48 @@ def _expect(path, name):
     with open(os.path.join(path, "model.safetensors.index.json")) as f:
         names = json.load(f)["weight_map"]
     assert name in names, sorted(names)[:8]
+
+
+def deepseek_v4(path, seed=0):
+    """DeepSeek V4 as transformers writes it (`model.layers.N.ffn.experts.E.w1.weight`,
+    hash-routed first layer), made loadable by vLLM 0.32's own DeepseekV4ForCausalLM: vLLM's
+    config reads compress_ratios and num_hash_layers where transformers writes layer_types
+    and mlp_layer_types, wants the noaux_tc gate, a head_dim its compressor takes (512, not 64),
+    and names two tensors otherwise (hc_head_*, attn.kv_norm). The expert names stay
+    transformers'."""
+    import re
+    from safetensors.torch import load_file, save_file
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+    torch.manual_seed(seed)
+    cfg = DeepseekV4Config(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=1, max_position_embeddings=256, num_experts_per_tok=2,
+                           tie_word_embeddings=False, moe_intermediate_size=128, head_dim=512, q_lora_rank=128,
+                           o_groups=2, o_lora_rank=64, index_n_heads=4, index_head_dim=128, index_topk=16,
+                           sliding_window=16, n_routed_experts=4, n_shared_experts=1, hc_mult=2,
+                           num_nextn_predict_layers=0,
+                           layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+                           mlp_layer_types=["hash_moe", "moe"])
+    _save(DeepseekV4ForCausalLM(cfg).to(torch.bfloat16), path, "1MB")
+    with open(os.path.join(path, "config.json")) as f:
+        c = json.load(f)
+    ratios = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    c["compress_ratios"] = [ratios[t] for t in c.pop("layer_types")]
+    c["num_hash_layers"] = sum(t == "hash_moe" for t in c.pop("mlp_layer_types"))
+    c["topk_method"] = "noaux_tc"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(c, f, indent=1)
+
+    def rename(k):
+        k = re.sub(r"^model\.hc_head\.hc_(fn|base|scale)$", r"model.hc_head_\1", k)
+        return re.sub(r"\.attn\.norm\.weight$", ".attn.kv_norm.weight", k)
+    index = os.path.join(path, "model.safetensors.index.json")
+    with open(index) as f:
+        idx = json.load(f)
+    for shard in sorted(set(idx["weight_map"].values())):
+        file = os.path.join(path, shard)
+        save_file({rename(k): v for k, v in load_file(file).items()}, file, metadata={"format": "pt"})
+    idx["weight_map"] = {rename(k): v for k, v in idx["weight_map"].items()}
+    with open(index, "w") as f:
+        json.dump(idx, f, indent=1)
+    _expect(path, "model.layers.0.ffn.experts.3.w1.weight")
+    return path

@@ -16,7 +16,8 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
   layers, not the config. Parameters equal vLLM's default load under the
   placement its layers use.
 - TP1 x DP2 (vLLM's offline data parallelism: two engines, one world group)
-  with EP2 on the Qwen3-MoE, GraniteMoE and LFM2-MoE: each rank keeps its
+  with EP2 on the Qwen3-MoE, GraniteMoE, LFM2-MoE and DeepSeek V4
+  (`ffn.experts.E.w1`, vLLM's native class): each rank keeps its
   experts (GraniteMoE's fused rows) and everything else whole; then engine 0
   alone reloads through vLLM's reload_weights, within itself (the other never
   joins), to the parameters vLLM's own reload gives.
@@ -85,7 +86,8 @@ def schemes(paths):
     """Two more naming schemes, written by transformers: GraniteMoE's fused 3-D experts and LFM2-MoE's
     feed_forward.experts.N (with its short-convolution layer)."""
     d = paths[2]
-    return {"granitemoe": models.granitemoe(str(d / "granitemoe")), "lfm2_moe": models.lfm2_moe(str(d / "lfm2_moe"))}
+    return {"granitemoe": models.granitemoe(str(d / "granitemoe")), "lfm2_moe": models.lfm2_moe(str(d / "lfm2_moe")),
+            "deepseek_v4": models.deepseek_v4(str(d / "deepseek_v4"))}
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +95,9 @@ def two_ranks(paths, round_robin_paths, mixtral_path, schemes):
     """The models loaded by two ranks (TP2; the MoEs with expert parallelism, linear; the round-robin
     jobs with round-robin placement requested): ({model: per-rank results}, the ranks' logs, moe, dense)."""
     moe, dense, d = paths
-    jobs = [moe, dense, mixtral_path, *schemes.values()]
-    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0", f"{mixtral_path}:1", *(f"{m}:1" for m in schemes.values()),
+    tp2 = [schemes["granitemoe"], schemes["lfm2_moe"]]
+    jobs = [moe, dense, mixtral_path, *tp2]
+    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0", f"{mixtral_path}:1", *(f"{m}:1" for m in tp2),
                                   *(f"{m}:rr" for m in round_robin_paths)])
     return {m: [r[m] for r in results] for m in (*jobs, *round_robin_paths)}, logs, moe, dense
 
@@ -104,8 +107,9 @@ def two_engines(paths, schemes):
     """TP1 x DP2 x EP2 (two DP engines of one rank each): the MoE, GraniteMoE (engine 0 reloads it
     alone afterwards) and LFM2-MoE: ({model: per-rank results}, logs)."""
     moe, _, d = paths
-    jobs = [moe, schemes["granitemoe"], schemes["lfm2_moe"]]
-    results, logs = _run(d, "1", [f"{moe}:1", f"{schemes['granitemoe']}:1+reload", f"{schemes['lfm2_moe']}:1"])
+    jobs = [moe, schemes["granitemoe"], schemes["lfm2_moe"], schemes["deepseek_v4"]]
+    results, logs = _run(d, "1", [f"{moe}:1", f"{schemes['granitemoe']}:1+reload", f"{schemes['lfm2_moe']}:1",
+                                  f"{schemes['deepseek_v4']}:1"])
     return {m: [r[m] for r in results] for m in jobs}, logs
 
 
@@ -177,7 +181,7 @@ def test_ep2_lfm2_moe_feed_forward_experts_go_to_their_owners(two_ranks, schemes
                   lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank), whole=r"\.conv\.in_proj\.weight$"))
 
 
-@pytest.mark.parametrize("model", ["moe", "granitemoe", "lfm2_moe"])
+@pytest.mark.parametrize("model", ["moe", "granitemoe", "lfm2_moe", "deepseek_v4"])
 def test_dp2_ep2_each_engine_keeps_its_experts_and_the_rest_whole(paths, schemes, two_engines, model):
     from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     path = paths[0] if model == "moe" else schemes[model]
