@@ -11,13 +11,16 @@ One process: a dry run of `model.load_weights` (dry_run.py) finds the tensors
 whose bytes land whole in one parameter; sluice reads those straight into
 their parameters and streams the rest through `load_weights`.
 
-Multi-rank worlds (TP/DP/PP > 1): one sluice load across vLLM's world group,
-the checkpoint opened once (rank 0 reads the headers, the others replay them);
-every rank's dry run of its own model says which tensors it takes, which it
-only calls a loader with (a stand-in comes), and which it ignores; each byte
-is read from storage by one rank and sent over Gloo only to the ranks whose
-model takes it: a PP stage gets its layers, an EP rank its experts, whatever
-their names.
+Multi-rank worlds (TP/DP/PP > 1): one sluice load across vLLM's world group
+(a reload: across its DP engine's ranks only), the checkpoint opened once
+(rank 0 reads the headers, the others replay them); every rank's dry run of
+its own model says which tensors it takes, which it only calls a loader with
+(a stand-in comes), and which it ignores, and which rows or columns its
+copies read; each byte is read from storage by one rank and sent over Gloo
+only to the ranks whose model takes it, cut to each rank's block where the
+copies allow (parts.py): a PP stage gets its layers, an EP rank its experts,
+a TP rank its rows or columns, whatever their names. Those copies are
+replayed outside load_weights; the rest goes through it whole.
 """
 from __future__ import annotations
 
@@ -126,18 +129,17 @@ class SluiceModelLoader(_vllm.base_loader()):
     def _distributed(self, model_config, model, dry, scope):
         """See _distributed_load; a peer that leaves on the way is named by
         vLLM's ranks as well as sluice's (world.Peers)."""
-        group, rank, size, vllm_ranks = scope.group, scope.rank, scope.size, scope.vllm_ranks
         try:
-            self._peers = world.Peers.gather(rank, vllm_ranks, group.cpu_group)
+            self._peers = world.Peers.gather(scope.rank, scope.vllm_ranks, scope.group.cpu_group)
         except RuntimeError as e:
             raise sluice.DistributedError(f"a rank of vLLM's world group left before the sluice load began: {e}") from e
         try:
-            return self._distributed_load(model_config, model, dry, group, rank, size, vllm_ranks, scope.engine)
+            return self._distributed_load(model_config, model, dry, scope)
         except (RuntimeError, sluice.DistributedError, sluice.CommError) as e:
             raise self._peers.failure(e, "the sluice load's rendezvous and dry-run exchange") from e
 
-    def _distributed_load(self, model_config, model, dry, group, rank, size, vllm_ranks, engine):
-        """A load across vLLM's world group: the checkpoint opened
+    def _distributed_load(self, model_config, model, dry, scope):
+        """A load across `scope`'s ranks: the checkpoint opened
         collectively (rank 0 reads the index and the headers, the others
         replay them), then, with `dry`, every rank's dry run of its own
         model's load_weights over the checkpoint's tensors (metadata only),
@@ -146,7 +148,8 @@ class SluiceModelLoader(_vllm.base_loader()):
         experts, another PP stage's layers, a draft's tensors). Returns
         (checkpoint, _stream's options)."""
         from .._distributed import torch_world
-        from .dry_run import dry_run as run
+        from .dry_run import dry_run as run   # looked up per load (the tests' fault hook replaces it)
+        group, rank, size, vllm_ranks, engine = scope
         # One key prefix per load, agreed over the world's CPU group (a per-process
         # counter diverges when only some ranks load, e.g. a draft model).
         t_open = time.perf_counter()
@@ -159,7 +162,6 @@ class SluiceModelLoader(_vllm.base_loader()):
             t0 = time.perf_counter()
             plan = run(model, ck.tensors, default_weight_loader=_vllm.default_weight_loader())
             own = world.exchange_ownership(plan, names, rank, vllm_ranks, group.cpu_group)
-            own.plan, own.rank = plan, rank
             if own.unwritten:
                 r = min(own.unwritten)
                 self._missing(ck, own.unwritten[r], log, where=f" (rank {r}'s model; {len(own.unwritten)} rank(s) in all)")

@@ -36,6 +36,11 @@ def sluice_place(parallel=None, ranks=None):
     return sluice_rank(*ranks, dp, pcp, tp), pp * dp * pcp * tp, {"pp": ranks[0], "dp": ranks[1], "tp": ranks[3]}
 
 
+def _named(rank, v, more="") -> str:
+    """A sluice rank with its vLLM ranks `v` ({"dp", "pp", "tp"}) and `more`."""
+    return f"rank {rank} (vLLM dp {v['dp']}, pp {v['pp']}, tp {v['tp']}{more})"
+
+
 class Scope(NamedTuple):
     """The ranks one load spans: vLLM's `group` (its cpu_group carries the
     rendezvous), this rank's place in sluice's order and the count, its
@@ -80,7 +85,7 @@ class Peers:
 
     def describe(self, rank) -> str:
         v, host, pid = self.table[rank]
-        return f"rank {rank} (vLLM dp {v['dp']}, pp {v['pp']}, tp {v['tp']}; pid {pid} on {host})"
+        return _named(rank, v, f"; pid {pid} on {host}")
 
     def gone(self) -> list:
         """The ranks on this host whose process has ended (a zombie counts)."""
@@ -128,12 +133,14 @@ class Ownership:
     rank's model calls a loader with but writes nothing from: they come as
     byte-less stand-ins, so that the call happens, at the same place in
     every rank's sequence), `direct` (the names whose copies this rank
-    replays itself, outside load_weights) and `unwritten` {sluice rank:
-    {parameter: (bytes, of)}}."""
+    replays itself, outside load_weights), `unwritten` {sluice rank:
+    {parameter: (bytes, of)}}, and this rank's dry run (`plan`) and place
+    (`rank`)."""
 
-    def __init__(self, owners, stand_ins, unwritten, splits=None, direct=None):
+    def __init__(self, owners, stand_ins, unwritten, splits=None, direct=None, plan=None, rank=None):
         self.owners, self.stand_ins, self.unwritten = owners, stand_ins, unwritten
         self.splits, self.direct = splits or {}, direct or set()
+        self.plan, self.rank = plan, rank
 
     def bytes_unowned(self, ck) -> int:
         return sum(t.nbytes for t in ck.tensors if not self.owners.get(t.name))
@@ -157,7 +164,6 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
     codes = bytes(2 if n in plan.takes else 1 if n in plan.calls else 0 for n in names)
     # What this rank's copies of each taken tensor read (rows, columns):
     # the owners' together decide whether the tensor is cut (parts.choose).
-    shapes = {}
     needs = {}
     for i, n in enumerate(names):
         if n in plan.takes and n in plan.copies:
@@ -169,7 +175,7 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
     dist.all_gather_object(everyone, mine, group=group)
     failed = [(r, v, f) for r, v, f, *_ in everyone if f]
     if failed:
-        said = "; ".join(f"rank {r} (vLLM dp {v['dp']}, pp {v['pp']}, tp {v['tp']}): {f}" for r, v, f in sorted(failed))
+        said = "; ".join(f"{_named(r, v)}: {f}" for r, v, f in sorted(failed))
         raise sluice.DistributedError(f"the dry run of load_weights failed on {len(failed)} rank(s), so no rank "
                                       f"knows what its model takes: {said}")
     by_rank = {r: c for r, _, _, c, _, _ in everyone}
@@ -184,4 +190,4 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
     stand_ins = {n for i, n in enumerate(names) if codes[i] == 1}
     unwritten = {r: dict(u) for r, _, _, _, u, _ in everyone if u}
     direct = {n for n in plan.copies if n in plan.takes}
-    return Ownership(owners, stand_ins, unwritten, splits, direct)
+    return Ownership(owners, stand_ins, unwritten, splits, direct, plan=plan, rank=rank)

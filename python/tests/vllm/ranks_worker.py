@@ -21,7 +21,7 @@ A job MODEL:EP+reload: after the loads, rank 0 alone (one DP engine while
 the other serves) reloads through vLLM's reload_weights (the same
 after each format's load: "reload": {format: {"digests", "seconds"}}).
 
-SLUICE_TEST_KILL on rank 1: "exchange" SIGKILLs it as its sluice load
+SLUICE_TEST_VLLM_FAULT on rank 1: "exchange" SIGKILLs it as its sluice load
 exchanges the dry runs' records, "tensor:K" as its K-th tensor arrives;
 "dry-raise" makes its model's load_weights raise in the dry run (as a loader
 that reads a value would).
@@ -59,7 +59,7 @@ def _die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _arm_kill(when):
+def _arm_fault(when):
     """SIGKILLs this process at the point `when` names (see the module)."""
     import sluice.vllm.world as world
     from sluice.vllm.loader import SluiceModelLoader
@@ -110,8 +110,8 @@ def main():
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # the entry point registers --load-format sluice
-    if rank == 1 and os.environ.get("SLUICE_TEST_KILL"):
-        _arm_kill(os.environ["SLUICE_TEST_KILL"])
+    if rank == 1 and os.environ.get("SLUICE_TEST_VLLM_FAULT"):
+        _arm_fault(os.environ["SLUICE_TEST_VLLM_FAULT"])
     result, initialised = {}, False
     for job in sys.argv[6:]:
         model, ep = job.rsplit(":", 1)

@@ -255,7 +255,7 @@ def test_a_dry_run_that_raises_on_one_rank_fails_every_rank_naming_it(paths):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(d / f"dry{rank}.json"),
                                str(rank), "2", str(port), "2", f"{moe}:1"],
-                              env=dict(env, SLUICE_TEST_KILL="dry-raise") if rank == 1 else env,
+                              env=dict(env, SLUICE_TEST_VLLM_FAULT="dry-raise") if rank == 1 else env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, p in enumerate(procs):
@@ -272,7 +272,7 @@ def test_a_rank_killed_during_the_load_fails_the_other_within_10_s_naming_it(pat
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(d / f"killed{rank}.json"),
                                str(rank), "2", str(port), "2", f"{moe}:1"],
-                              env=dict(env, SLUICE_TEST_KILL=when) if rank == 1 else env,
+                              env=dict(env, SLUICE_TEST_VLLM_FAULT=when) if rank == 1 else env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
     try:
         procs[1].communicate(timeout=600)
