@@ -30,6 +30,7 @@ class Model(torch.nn.Module):
         self.scaled = z(4, 8)
         self.padded = z(6, 8)
         self.buffered = z(4, 8)
+        self.prefilled = z(4, 8)
         self.register_buffer("table", torch.zeros(3, 8, dtype=torch.bfloat16))
         self.pending = None
         self.fail_on = None
@@ -68,6 +69,9 @@ class Model(torch.nn.Module):
             elif name == "buffered":
                 self.pending = w
                 continue
+            elif name == "prefilled":  # a fill, then the copy over it
+                self.prefilled.data.fill_(1)
+                self.prefilled.data.copy_(w)
             elif name == "table":
                 self.table.copy_(w)
             elif name == "skipped":
@@ -85,7 +89,7 @@ def _checkpoint():
     r = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16)
     return {"whole": r(4, 8), "q": r(4, 8), "k": r(2, 8), "expert.0": r(4, 8), "expert.1": r(4, 8), "tp": r(4, 8),
             "cast": r(4, 8), "transposed": r(4, 8), "scaled": r(4, 8), "padded": r(4, 8), "buffered": r(4, 8), "table": r(3, 8),
-            "skipped": r(2, 2)}
+            "skipped": r(2, 2), "prefilled": r(4, 8)}
 
 
 def _infos(ck):
@@ -96,16 +100,19 @@ def test_only_whole_unconverted_contiguous_copies_into_parameters_are_direct():
     model = Model()
     plan = dry_run(model, _infos(_checkpoint()))
     assert plan.failure is None
-    assert set(plan.direct) == {"whole", "q", "k", "expert.0", "expert.1", "table", "padded"}
-    assert set(plan.streamed) == {"tp", "cast", "transposed", "scaled", "buffered", "skipped"}
+    # A copy the loader makes later (it buffered the tensor) is direct too:
+    # the bytes are in place before the real pass.
+    assert set(plan.direct) == {"whole", "q", "k", "expert.0", "expert.1", "table", "padded", "buffered"}
+    assert set(plan.streamed) == {"tp", "cast", "transposed", "scaled", "skipped", "prefilled"}
     assert "only part" in plan.streamed["tp"] or "go through" in plan.streamed["tp"]
     assert "float32" in plan.streamed["cast"]
     assert "writes over it" in plan.streamed["scaled"]
-    assert "another tensor" in plan.streamed["buffered"]
+    assert "before the copy" in plan.streamed["prefilled"]
     assert plan.streamed["skipped"] == "not copied anywhere"
-    assert plan.loaded == {"whole", "fused", "experts", "tp_half", "cast", "transposed", "scaled", "padded", "table", "buffered"}
-    # The dry run copied nothing: only the loader's own fill ran.
-    assert all(int(torch.count_nonzero(p)) == 0 for n, p in model.named_parameters() if n != "padded")
+    assert plan.loaded == {"whole", "fused", "experts", "tp_half", "cast", "transposed", "scaled", "padded", "table",
+                           "buffered", "prefilled"}
+    # The dry run copied nothing: only the loader's own fills ran.
+    assert all(int(torch.count_nonzero(p)) == 0 for n, p in model.named_parameters() if n not in ("padded", "prefilled"))
     assert torch.equal(model.padded[4:], torch.full((2, 8), 0.5, dtype=torch.bfloat16))
     # The destinations are the parameters' own memory.
     assert plan.direct["q"].data_ptr() == model.fused.data_ptr()
@@ -339,3 +346,54 @@ def test_a_view_that_crosses_rows_unevenly_is_not_a_block():
     full = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
     flat = full.view(-1).narrow(0, 3, 12)   # from the middle of one row into another
     assert needs(full.shape, [_copy(flat)]) is None
+
+
+class Finalizing(torch.nn.Module):
+    """A loader that sorts its stream and finalizes at its end (V4.1's VL
+    wrapper and language model): `mixed` is computed from a loaded
+    parameter, and a flag says it was."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.bfloat16), requires_grad=False)
+        self.v = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.bfloat16), requires_grad=False)
+        self.mixed = None
+        self.calls = []
+
+    def load_weights(self, weights):
+        loaded = set()
+        for name, t in sorted(weights, key=lambda x: x[0]):
+            self.calls.append(name)
+            getattr(self, name).data.copy_(t if name == "w" else t * 2)
+            loaded.add(name)
+        self.mixed = self.w.float().sum(0) + self.v.float().sum(0)
+        return loaded
+
+
+def test_a_real_pass_over_stand_ins_redoes_what_follows_the_copies_after_the_bytes_arrived(tmp_path):
+    """The dry run finalized first, on empty parameters; the real pass
+    (stand-ins of the direct tensors under dry_run.placed, then the
+    streamed ones) calls every loader again, copies nothing twice, and
+    finalizes on the loaded bytes."""
+    from safetensors.torch import save_file
+    from sluice.vllm.dry_run import placed, stand_in
+    g = torch.Generator().manual_seed(1)
+    ck = {n: torch.randn(4, 8, generator=g).to(torch.bfloat16) for n in ("w", "v")}
+    path = str(tmp_path / "f.safetensors")
+    save_file(ck, path)
+    reference = Finalizing()
+    reference.load_weights(iter(ck.items()))
+
+    model = Finalizing()
+    opened = sluice.open(path)
+    plan = dry_run(model, opened.tensors)
+    assert set(plan.direct) == {"w"} and set(plan.streamed) == {"v"}   # v goes through arithmetic
+    assert model.mixed is not None and float(model.mixed.abs().sum()) == 0   # finalized first, on zeros
+    sluice.load_into(opened, plan.direct, staging="1MiB", max_read="256KiB")
+    model.calls.clear()
+    with placed():
+        model.load_weights(iter([*((t.name, stand_in(t)) for t in opened.tensors if t.name in plan.direct),
+                                 ("v", ck["v"])]))
+    assert model.calls == ["v", "w"]
+    assert torch.equal(model.w, reference.w) and torch.equal(model.v, reference.v)
+    assert torch.equal(model.mixed, reference.mixed)

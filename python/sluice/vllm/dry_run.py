@@ -16,10 +16,13 @@ from the page cache, none for O_DIRECT), which is what `dry_run` proves:
   run;
 - a tensor is *direct* when its load did exactly one such copy, of the whole
   probe, unconverted (same dtype and shape, both contiguous), into memory of
-  one of the model's parameters or buffers, while that tensor was the one
-  being loaded, nothing else touched its probe, and nothing wrote over that
-  range afterwards (a loader's own writes elsewhere, such as the zero fill of
-  a padded vocabulary, run in the dry run as they would in the real one).
+  one of the model's parameters or buffers, nothing else touched its probe,
+  and the loader wrote nothing of its own over that range, before or after
+  (a loader's own writes elsewhere, such as the zero fill of a padded
+  vocabulary, run in the dry run as they would in the real one). When the
+  copy happens does not matter: a loader that buffers or sorts the stream
+  (V4.1's VL wrapper sorts it whole) copies later, and the bytes are in
+  place before the real pass anyway.
 
 The dry run also knows which parameter bytes nothing writes (`Plan.unwritten`):
 every copy into a parameter and every write of the loader's own is marked, so
@@ -27,8 +30,7 @@ a parameter the checkpoint has nothing for (a missing tensor, or one part of
 a fused parameter) is named before any byte is read.
 
 Everything else is *streamed*: any other op on a probe (a dtype conversion, a
-transpose copied out, arithmetic, a slice of it for TP), a copy made later
-(a loader that buffers tensors), no copy at all (a tensor the loader skips),
+transpose copied out, arithmetic, a slice of it for TP), no copy at all (a tensor the loader skips),
 or a loader that writes over the copied range later (scaling it, say). Streamed tensors go through `model.load_weights` again, as real
 tensors: their dry-run calls did nothing to parameter memory except what the
 real call redoes. A dry run that raises (a loader reading a value, say) makes
@@ -49,7 +51,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .._torch import arrival_shape, as_torch_dtype
 
-__all__ = ["Plan", "dry_run"]
+__all__ = ["Plan", "dry_run", "placed"]
 
 
 @dataclass
@@ -67,12 +69,18 @@ class Plan:
     # or neither ("ignores": another PP stage's layer, a draft's tensors).
     takes: set = field(default_factory=set)
     calls: set = field(default_factory=set)
-    # name -> [(offset, shape, strides, dst)]: every copy the load made of the
-    # tensor, each of a view of it (offset, shape, strides in elements of its
-    # probe) into parameter memory `dst`, unconverted, and nothing else done
-    # with its bytes: replaying them puts the tensor (or the part of it these
-    # views read) where load_weights would (a TP part, an expert's slot).
+    # name -> [(offset, shape, strides, dst, dtype)]: every copy the load made
+    # of the tensor, each of a view of it (offset, shape, strides in elements
+    # of its probe; `dtype` the view's, which may reinterpret an element of
+    # the same size, as E8M0 scales as uint8) into parameter memory `dst`,
+    # unconverted, and nothing else done with its bytes: replaying them puts
+    # the tensor (or the part of it these views read) where load_weights
+    # would (a TP part, an expert's slot).
     copies: dict = field(default_factory=dict)
+    # parameter name -> the tensors its weight_loader was called with (a
+    # parameter another rank writes, as a DP-shared table, is unwritten here
+    # but called for a tensor that rank takes)
+    called_for: dict = field(default_factory=dict)
     # name -> its shape, for the tensors that arrive in the checkpoint's own
     # shape (not a sub-byte dtype's packed one): those a plan may cut.
     shapes: dict = field(default_factory=dict)
@@ -99,17 +107,23 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.targets = targets     # storages of the model's parameters and buffers
         self.owner = {}            # probe storage -> tensor name (views share it)
+        # Every probe and tainted result stays alive for the dry run: a freed
+        # storage's key could be reused by an unrelated tensor's.
+        self.alive = []
         self.tainted = {}          # storage of a tensor computed from probes -> their names
         self.size = {}             # name -> its probe's element count
+        self.dtype = {}            # name -> its probe's dtype
         self.current = None        # the name being loaded
+        self.own_writes = {}       # target storage -> [(start, end)] the loader wrote itself (not a probe's copy)
         self.dst = {}              # name -> the one destination recorded
         self.why = {}              # name -> why it is streamed
         self.reasons = {}          # name -> every reason it is not direct
-        self.copies = {}           # name -> [(offset, shape, strides, dst)] of its unconverted copies
+        self.copies = {}           # name -> [(offset, shape, strides, dst, dtype)] of its unconverted copies
         self.spans = []            # (start, end, name) of the copies recorded
         self.writes = {}           # target storage -> [(start, end)] of everything written into it
         self.took = set()          # names whose bytes reached parameter memory (directly or through ops)
         self.called = set()        # names a parameter's weight_loader was called with
+        self.called_for = {}       # parameter name -> those names
 
     def mark(self, v):
         """Parameter memory `v` is written by the load (a copy of a tensor, or
@@ -148,13 +162,22 @@ class _Recorder(TorchDispatchMode):
                 self.bad(n, "copied after an op on its bytes")
             return
         name = next(iter(names))
-        if (name == self.current and _key(dst) in self.targets and dst.dtype == src.dtype
-                and tuple(dst.shape) == tuple(src.shape)):
-            self.copies.setdefault(name, []).append((src.storage_offset(), tuple(src.shape), tuple(src.stride()), dst))
-            self.spans.append((*_span(dst), name))
-        if name != self.current:
-            self.bad(name, "copied while another tensor was loading (buffered by the loader)")
-        elif name in self.dst:
+        if src.element_size() != self.dtype[name].itemsize:
+            # A view as a dtype of another size counts its offsets in other
+            # elements than the tensor's own (no parts, no replay).
+            self.bad(name, f"copied as {src.dtype}, viewed from {self.dtype[name]}")
+            return
+        start, end = _span(dst)
+        if any(s < end and start < e for s, e in self.own_writes.get(_key(dst), ())):
+            # In the real pass the bytes are in place before the loader runs:
+            # its own write there (a zero fill) would land after them.
+            self.bad(name, "its loader writes where it goes before the copy")
+            return
+        if _key(dst) in self.targets and dst.dtype == src.dtype and tuple(dst.shape) == tuple(src.shape):
+            self.copies.setdefault(name, []).append((src.storage_offset(), tuple(src.shape), tuple(src.stride()), dst,
+                                                     src.dtype))
+            self.spans.append((start, end, name))
+        if name in self.dst:
             self.bad(name, "copied more than once")
         elif _key(dst) not in self.targets:
             self.bad(name, "copied into memory that is not a parameter's")
@@ -195,6 +218,7 @@ class _Recorder(TorchDispatchMode):
             for v in self._write_args(func, args, kwargs):
                 if _key(v) in self.targets:
                     self.mark(v)
+                    self.own_writes.setdefault(_key(v), []).append(_span(v))
                     if self.spans:
                         self._written(func, v)
             return func(*args, **kwargs)
@@ -214,6 +238,7 @@ class _Recorder(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.tainted.setdefault(_key(t), set()).update(names)
+                self.alive.append(t)
         return out
 
 
@@ -231,9 +256,11 @@ def dry_run(model, tensors, default_weight_loader=None) -> Plan:
 
     def probes():
         for info in tensors:
-            probe = torch.empty(arrival_shape(info.dtype, info.shape), dtype=as_torch_dtype(info.dtype, info.shape), device="meta")
+            probe = stand_in(info)
             rec.owner[_key(probe)] = info.name
+            rec.alive.append(probe)
             rec.size[info.name] = probe.numel()
+            rec.dtype[info.name] = probe.dtype
             rec.current = info.name
             yield info.name, probe
             rec.current = None
@@ -253,6 +280,7 @@ def dry_run(model, tensors, default_weight_loader=None) -> Plan:
     plan.unwritten = _unwritten(model, rec.writes)
     plan.takes = set(rec.took)
     plan.calls = set(rec.called) - plan.takes
+    plan.called_for = rec.called_for
     plan.copies = {n: c for n, c in rec.copies.items() if rec.reasons.get(n, set()) <= _PARTIAL}
     plan.shapes = {t.name: tuple(t.shape) for t in tensors
                    if tuple(arrival_shape(t.dtype, t.shape)) == tuple(t.shape)}
@@ -266,21 +294,50 @@ def dry_run(model, tensors, default_weight_loader=None) -> Plan:
     return plan
 
 
+class placed(TorchDispatchMode):
+    """The real pass over tensors whose bytes are already in place: within
+    it, a copy *from* a meta tensor (a stand-in of a tensor the dry run found
+    direct, or of one another rank's model writes) into real memory does
+    nothing, and every other op runs. So `load_weights` can be called with
+    a stand-in of every tensor its dry run saw, in the same order: its
+    loaders' bookkeeping, collectives (a leader's write plus a barrier per
+    call: V4.1's DPSharedEngramStorage) and the finalization at its end run
+    as in the engine's own load, after the bytes arrived, without copying
+    any twice. (A direct tensor's load did nothing else with its bytes than
+    views and these copies, or it would not be direct.)"""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten.copy_.default and isinstance(args[1], torch.Tensor)
+                and args[1].device.type == "meta" and args[0].device.type != "meta"):
+            return args[0]
+        return func(*args, **kwargs)
+
+
+def stand_in(info) -> torch.Tensor:
+    """A byte-less tensor (meta) of a checkpoint tensor's dtype and shape, as
+    it would arrive."""
+    return torch.empty(arrival_shape(info.dtype, info.shape), dtype=as_torch_dtype(info.dtype, info.shape),
+                       device="meta")
+
+
 def _watch_loaders(model, rec, default_weight_loader):
     """Wraps every parameter's weight_loader (and gives the default one to
     those without) so that a call with a probe, or a view of one, is
     recorded; returns what restores them. vLLM's newer parameter classes
     keep theirs behind a property whose deleter leaves None."""
     saved = []
-    for _, p in model.named_parameters():
+    for pname, p in model.named_parameters():
         own = getattr(p, "weight_loader", None)
         inner = own if own is not None else default_weight_loader
         if inner is None:
             continue
 
-        def watched(*args, _inner=inner, **kwargs):
+        def watched(*args, _inner=inner, _pname=pname, **kwargs):
             tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-            rec.called |= rec._names(tensors)
+            names = rec._names(tensors)
+            rec.called |= names
+            rec.called_for.setdefault(_pname, set()).update(names)
             return _inner(*args, **kwargs)
         # Restored from a snapshot of the instance's own attributes: a
         # property's deleter (vLLM's parameters) would not give the old

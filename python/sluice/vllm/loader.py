@@ -32,7 +32,8 @@ import torch
 import sluice
 
 from . import _vllm, config, world
-from .dry_run import dry_run
+from .._torch import as_torch_dtype
+from .dry_run import dry_run, placed, stand_in
 
 __all__ = ["SluiceModelLoader", "LOADS", "last_load"]
 
@@ -161,7 +162,8 @@ class SluiceModelLoader(_vllm.base_loader()):
         if dry:
             t0 = time.perf_counter()
             plan = run(model, ck.tensors, default_weight_loader=_vllm.default_weight_loader())
-            own = world.exchange_ownership(plan, names, rank, vllm_ranks, group.cpu_group)
+            own = world.exchange_ownership(plan, names, rank, vllm_ranks, group.cpu_group, store=store,
+                                           grace=self.options["timeout"], peers=self._peers)
             if own.unwritten:
                 r = min(own.unwritten)
                 self._missing(ck, own.unwritten[r], log, where=f" (rank {r}'s model; {len(own.unwritten)} rank(s) in all)")
@@ -238,7 +240,8 @@ class SluiceModelLoader(_vllm.base_loader()):
             own = model._sluice_ownership
             counts = {"direct_tensors": 0, "direct_bytes": 0, "whole_fallback_bytes": 0}
             try:
-                got = model.load_weights(self._replay(self._stream(ck, options), own, counts))
+                with placed():
+                    got = model.load_weights(self._replay(self._stream(ck, options), own, counts, ck))
             except (sluice.DistributedError, sluice.CommError) as e:
                 raise self._peers.failure(e, "the sluice load") from e
             self.last_stats = dict(self.last_stats or {}, **counts)
@@ -253,14 +256,18 @@ class SluiceModelLoader(_vllm.base_loader()):
             _vllm.track_weights_loading(self, model, loaded)
 
     @staticmethod
-    def _replay(stream, own, counts):
-        """The stream of a multi-rank load, minus what this rank's model
-        only copies: those tensors (or this rank's part of them) go into
-        their parameters here, by the copies its dry run recorded; the rest
-        (what load_weights converts or computes from, and the stand-ins)
-        pass on to load_weights, whole (`counts`: what went which way)."""
+    def _replay(stream, own, counts, ck):
+        """The stream of a multi-rank load, for load_weights under
+        dry_run.placed: what this rank's model only copies (or this rank's
+        part of it) goes into its parameters here, by the copies its dry run
+        recorded, and passes on as a stand-in (the loader's calls and what
+        follows them, a barrier, the finalization at the end, happen as in
+        the engine's own load, without a second copy); the rest (what
+        load_weights converts or computes from, and the stand-ins of what
+        other ranks write) passes on whole (`counts`: what went which way)."""
         from .parts import view_in_part
         plan = own.plan
+        infos = {t.name: t for t in ck.tensors}
         for name, t in stream:
             if name not in own.direct:
                 if getattr(t, "sluice_kind", None) != "placeholder":
@@ -276,9 +283,12 @@ class SluiceModelLoader(_vllm.base_loader()):
             with torch.no_grad():
                 for copy in plan.copies[name]:
                     offset, shape, strides = view_in_part(full, split, copy)
-                    copy[3].copy_(t.as_strided(shape, strides, t.storage_offset() + offset))
+                    src = t if t.dtype == copy[4] else t.view(copy[4])   # E8M0 scales copied as uint8
+                    copy[3].copy_(src.as_strided(shape, strides, src.storage_offset() + offset))
             counts["direct_tensors"] += 1
             counts["direct_bytes"] += t.numel() * t.element_size()
+            del t
+            yield name, stand_in(infos[name])
 
     def _map_parameters(self, model, ck, plan, bar) -> dict:
         """The `map` extra-config key: each direct tensor that fills a whole
@@ -360,7 +370,11 @@ class SluiceModelLoader(_vllm.base_loader()):
         stats, mapped = {}, {}
         if self.options["map"] and plan.direct:
             mapped = self._map_parameters(model, ck, plan, bar)
-        into = {name: dst for name, dst in plan.direct.items() if name not in mapped.get("names", ())}
+        # A destination the loader copied into as another dtype of the same
+        # size (E8M0 scales as uint8) takes the tensor's bytes as they are.
+        infos = {t.name: t for t in ck.tensors}
+        into = {name: dst if dst.dtype == (want := as_torch_dtype(infos[name].dtype, infos[name].shape)) else dst.view(want)
+                for name, dst in plan.direct.items() if name not in mapped.get("names", ())}
         if into:
             base = bar.n if bar else 0
             stats = sluice.load_into(ck, into, staging=self.options["staging"], max_read=self.options["max_read"],
@@ -368,26 +382,44 @@ class SluiceModelLoader(_vllm.base_loader()):
                                      progress=self._advance(bar, base, None))
         loaded = set(plan.loaded or ())
         streamed_stats = {}
-        if plan.streamed:
-            keep = set(plan.streamed)
-            rest = ck.select(keep)  # the same opened checkpoint: no header read again
-            base = bar.n if bar else 0
-            got = model.load_weights(self._stream(rest, {}, bar=bar, base=base, log=False))
-            loaded |= set(got or ())
+        # load_weights runs for real once more, after the direct bytes are in
+        # place: over the streamed tensors, and stand-ins of the direct ones
+        # (dry_run.placed), so that what it does after its copies (V4.1
+        # finalizes its weights at the end of load_weights, which the dry
+        # run did on empty parameters) sees the loaded bytes.
+        # A tensor the model neither copies anywhere nor calls a loader with
+        # (a draft's mtp.* for the main model, the main model's for the
+        # draft) is not read, as across ranks.
+        ignored = set() if plan.failure else {n for n in plan.streamed if n not in plan.takes and n not in plan.calls}
+        streamed = set(plan.streamed) - ignored
+        rest = ck.select(streamed) if streamed else None  # the same opened checkpoint
+        base = bar.n if bar else 0
+        placed_ones = ((t.name, stand_in(t)) for t in ck.tensors if t.name in plan.direct)
+
+        def stream():
+            yield from placed_ones
+            if rest is not None:
+                yield from self._stream(rest, {}, bar=bar, base=base, log=False)
+        with placed():
+            got = model.load_weights(stream())
+        loaded |= set(got or ())
+        if rest is not None:
             streamed_stats = self.last_stats or {}
         if bar is not None:
             bar.close()
         self.last_stats = {k: stats.get(k, 0) + streamed_stats.get(k, 0) + mapped.get(k, 0)
                            for k in ("bytes_read", "tensors")}
-        self.last_stats.update(direct_tensors=len(plan.direct), streamed_tensors=len(plan.streamed),
+        self.last_stats.update(direct_tensors=len(plan.direct), streamed_tensors=len(streamed),
+                               ignored_tensors=len(ignored), ignored_bytes=sum(infos[n].nbytes for n in ignored),
                                mapped_parameters=mapped.get("mapped", {}).get("tensors", 0),
                                mapped_bytes=mapped.get("mapped", {}).get("bytes", 0),
                                dry_run_seconds=dry, prefaulted_bytes=early_bytes + stats.get("prefaulted_bytes", 0))
         seconds = max(time.perf_counter() - t0, 1e-9)
         read = self.last_stats["bytes_read"]
-        log.info("sluice: %s: %d tensors (%d straight into their parameters%s, %d through load_weights), "
-                 "%.3f GiB read, %.2f GiB/s (%.2f s, dry run %.2f s, %.3f GiB faulted in ahead)", ck.location,
-                 len(plan.direct) + len(plan.streamed), len(plan.direct),
-                 f", {self.last_stats['mapped_parameters']} of them page-cache mappings" if mapped else "", len(plan.streamed),
+        log.info("sluice: %s: %d tensors (%d straight into their parameters%s, %d through load_weights, %d the model "
+                 "does not take, not read), %.3f GiB read, %.2f GiB/s (%.2f s, dry run %.2f s, %.3f GiB faulted in ahead)",
+                 ck.location, len(plan.direct) + len(plan.streamed), len(plan.direct),
+                 f", {self.last_stats['mapped_parameters']} of them page-cache mappings" if mapped else "", len(streamed),
+                 len(ignored),
                  read / 2**30, read / 2**30 / seconds, seconds, dry, self.last_stats["prefaulted_bytes"] / 2**30)
         return loaded if plan.loaded is not None else None  # None: the model does not say (no strict check)

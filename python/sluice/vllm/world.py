@@ -156,11 +156,67 @@ class Ownership:
         return out
 
 
-def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
+def _wait(store, keys, seconds, peers):
+    """Waits up to `seconds` for `keys` in `store`, half a second at a time,
+    failing at once when `peers` (a Peers) finds one of this host's ranks
+    gone; False on the timeout."""
+    import datetime
+    import time
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            store.wait(keys, datetime.timedelta(seconds=min(0.5, max(deadline - time.monotonic(), 0.01))))
+            return True
+        except Exception:   # the store's timeout: its type differs across torch versions
+            pass
+        gone = peers.gone() if peers is not None else []
+        if gone:
+            raise sluice.DistributedError(f"rank(s) {', '.join(map(str, gone))} left during the dry runs")
+        if time.monotonic() >= deadline:
+            return False
+
+
+def _dry_run_outcomes(plan, rank, vllm_ranks, size, store, grace, peers):
+    """Every rank's dry-run outcome through the load's `store`, before any
+    collective: a model's load_weights may itself run collectives (V4.1's
+    DP-shared Engram table barriers once per call), so a rank whose dry run
+    raised leaves its peers blocked in one it never reaches, and a
+    collective exchange would never begin. Each rank posts its outcome; a
+    rank whose dry run failed waits `grace` seconds for the others' and
+    then fails, naming the ranks still in their dry runs (they fail when
+    this process leaves: Gloo then closes their collective, and the store
+    tells them why). A dry run that failed anywhere fails every rank that
+    hears of it, naming the ranks (sluice's and vLLM's) and why."""
+    import pickle
+    store.set(f"dry-run/{rank}", pickle.dumps((vllm_ranks, plan.failure)))
+    keys = [f"dry-run/{r}" for r in range(size)]
+    if not _wait(store, keys, grace, peers):
+        missing = ", ".join(str(r) for r, k in enumerate(keys) if not store.check([k]))
+        if plan.failure is not None:
+            raise sluice.DistributedError(
+                f"the dry run of load_weights failed on {_named(rank, vllm_ranks)}: {plan.failure}; rank(s) {missing} "
+                f"have not finished theirs after {grace:g} s (the 'timeout' key): their models wait in a collective "
+                "of load_weights that this rank's dry run never reached, and fail when this process leaves")
+        raise sluice.DistributedError(f"rank(s) {missing} did not finish the dry run of load_weights within "
+                                      f"{grace:g} s (the 'timeout' key)")
+    outcomes = {r: pickle.loads(store.get(k)) for r, k in enumerate(keys)}
+    failed = [(r, v, f) for r, (v, f) in sorted(outcomes.items()) if f]
+    if failed:
+        said = "; ".join(f"{_named(r, v)}: {f}" for r, v, f in failed)
+        raise sluice.DistributedError(f"the dry run of load_weights failed on {len(failed)} rank(s), so no rank "
+                                      f"knows what its model takes: {said}")
+
+
+def exchange_ownership(plan, names, rank, vllm_ranks, group, store=None, grace=60.0, peers=None) -> Ownership:
     """This rank's dry run (`plan`, over the checkpoint's `names`) against
     every other's, over vLLM's CPU `group`. A dry run that raised on any
-    rank fails every rank, naming the ranks (sluice's and vLLM's) and why."""
+    rank fails every rank, naming the ranks (sluice's and vLLM's) and why
+    (through `store` first, see _dry_run_outcomes; `grace`: the load's
+    timeout; `peers`: the load's Peers, whose local ranks that leave fail
+    the wait at once)."""
     import torch.distributed as dist
+    if store is not None:
+        _dry_run_outcomes(plan, rank, vllm_ranks, dist.get_world_size(group), store, grace, peers)
     codes = bytes(2 if n in plan.takes else 1 if n in plan.calls else 0 for n in names)
     # What this rank's copies of each taken tensor read (rows, columns):
     # the owners' together decide whether the tensor is cut (parts.choose).
@@ -170,7 +226,11 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
             copies = plan.copies[n]
             shape = plan.shapes.get(n)
             needs[i] = parts.needs(shape, copies) if shape is not None else None
-    mine = (rank, vllm_ranks, plan.failure, codes, sorted(plan.unwritten.items()), needs)
+    # A parameter left unwritten here and called for tensors another rank
+    # takes is that rank's to write: memory they share (V4.1's DP-shared
+    # Engram table: the leader copies, the others barrier).
+    unwritten = sorted((p, (*u, sorted(plan.called_for.get(p, ())))) for p, u in plan.unwritten.items())
+    mine = (rank, vllm_ranks, plan.failure, codes, unwritten, needs)
     everyone = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     failed = [(r, v, f) for r, v, f, *_ in everyone if f]
@@ -188,6 +248,11 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group) -> Ownership:
             if cut is not None:
                 splits[n] = cut
     stand_ins = {n for i, n in enumerate(names) if codes[i] == 1}
-    unwritten = {r: dict(u) for r, _, _, _, u, _ in everyone if u}
+    unwritten = {}
+    for r, _, _, _, u, _ in everyone:
+        mine = {p: (gap, size) for p, (gap, size, called) in u
+                if not any(owners.get(n) and r not in owners[n] for n in called)}
+        if mine:
+            unwritten[r] = mine
     direct = {n for n in plan.copies if n in plan.takes}
     return Ownership(owners, stand_ins, unwritten, splits, direct, plan=plan, rank=rank)
