@@ -7,9 +7,14 @@ python/tests/vllm/ranks_worker.py, the workers the tests use).
     PYTHONPATH=build/py/lib/python3.11/site-packages .venv/bin/python bench/vllm_ranks.py \\
         [--dir .samples/vllm-ranks] [--models mixtral,dense] [--package DIR] [--repeat 3]
 
-Models (random, written by transformers' save_pretrained, kept in --dir):
+Models (random, kept in --dir): written by transformers' save_pretrained,
 "mixtral" (block_sparse_moe.experts.N, 8 experts, about 0.6 GiB) at TP2 with
-expert parallelism (EP2), and "dense" (a Llama, about 0.5 GiB) at TP2.
+expert parallelism (EP2), "granitemoe" (8 experts fused in two 3-D tensors
+per layer, about 0.4 GiB) at TP2 x EP2, and "dense" (a Llama, about 0.5 GiB)
+at TP2; and "seed" (python/tests/vllm/seed_v41.py: DeepSeek V4.1's names and
+its own loading code, a DP-shared Engram table of 264 MiB, about 0.6 GiB) at
+TP1 x DP2 x EP2, with the host memory each rank's load added (peak anonymous
+memory above its start, and the shared memory it touched) against the table.
 
 A rank's share is what vLLM's layers keep of the checkpoint on it, from an
 oracle of vLLM's layer kinds and its compute_local_expert_ids
@@ -41,11 +46,15 @@ sys.path.insert(0, TESTS)
 import models  # noqa: E402  (python/tests/vllm/models.py)
 from ranks_worker import free_port as _port  # noqa: E402
 
-SHAPES = {  # model -> (maker's sizes, TP, EP on, experts)
+SHAPES = {  # model -> (maker's sizes, TP ("1" with 2 ranks: DP2), EP on, experts)
     "mixtral": (dict(hidden_size=1024, intermediate_size=1536, num_hidden_layers=4, num_local_experts=8,
                      num_attention_heads=16, num_key_value_heads=8, vocab_size=8192, shard="200MB"), 2, True, 8),
+    "granitemoe": (dict(hidden_size=1024, intermediate_size=1536, num_hidden_layers=4, num_local_experts=8,
+                        num_attention_heads=16, num_key_value_heads=8, vocab_size=8192, shard="200MB"), 2, True, 8),
     "dense": (dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=16,
                    num_key_value_heads=8, vocab_size=8192, shard="200MB"), 2, False, 0),
+    "seed": (dict(hidden_size=1024, moe_intermediate_size=1536, n_routed_experts=8, num_hidden_layers=4,
+                  vocab_size=8192, engram_rows=262144, engram_dim=1024), 1, True, 8),
 }
 
 
@@ -53,8 +62,21 @@ def make(d, name):
     path = os.path.join(d, name)
     if not os.path.exists(os.path.join(path, "config.json")):
         sizes = dict(SHAPES[name][0])
-        getattr(models, name)(path, **sizes)
+        if name == "seed":
+            import seed_v41
+            seed_v41.write(path, **sizes)
+        else:
+            getattr(models, name)(path, **sizes)
     return path
+
+
+def share(name, path, rank):
+    _, tp, ep, experts = SHAPES[name]
+    if name == "seed":
+        import seed_v41
+        return seed_v41.share(path, rank, draft=False)
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    return models.tp_share(path, tp, compute_local_expert_ids(experts, 2, rank) if ep else None)
 
 
 def run(path, tp, ep, package, out_dir):
@@ -85,7 +107,6 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     print(f"# {' '.join(sys.argv)}")
     print("model     shape      rank  share MiB  kept MiB  read MiB  received MiB  (read+received)/share  "
           "sluice s  safetensors s  params equal")
@@ -101,17 +122,26 @@ def main():
                 for fmt in ("sluice", "safetensors"):
                     r["seconds"][fmt] = min(r["seconds"][fmt], r2["seconds"][fmt])
         total = models.tensor_bytes(path)
+        shape = ("TP2" if tp == 2 else "TP1xDP2") + ("xEP2" if ep else "")
         for rank, r in enumerate(ranks):
-            share = models.tp_share(path, tp, compute_local_expert_ids(experts, 2, rank) if ep else None)
+            mine = share(name, path, rank)
             st = r["stats"]
             got = st["bytes_read"] + st["bytes_received"]
             kept = st.get("bytes_kept")
-            print(f"{name:9} {'TP2xEP2' if ep else 'TP2':10} {rank:4}  {share / 2**20:9.1f}  "
+            print(f"{name:9} {shape:10} {rank:4}  {mine / 2**20:9.1f}  "
                   f"{kept / 2**20 if kept is not None else float('nan'):8.1f}  {st['bytes_read'] / 2**20:8.1f}  "
-                  f"{st['bytes_received'] / 2**20:12.1f}  {got / share:21.2f}  {r['seconds']['sluice']:8.2f}  "
+                  f"{st['bytes_received'] / 2**20:12.1f}  {got / mine:21.2f}  {r['seconds']['sluice']:8.2f}  "
                   f"{r['seconds']['safetensors']:13.2f}  {r['sluice'] == r['safetensors']}")
         print(f"{name:9} checkpoint {total / 2**20:.1f} MiB; read across the ranks "
               f"{sum(r['stats']['bytes_read'] for r in ranks) / 2**20:.1f} MiB")
+        if name == "seed" and "memory" in ranks[0]:
+            table = models.tensor_bytes(path, skip=lambda n: ".engram.embed." not in n)
+            for fmt in ("sluice", "safetensors"):
+                m = [r["memory"][fmt] for r in ranks]
+                anon = " + ".join(f"{x['peak_anon_bytes'] / 2**20:.1f}" for x in m)
+                shared = " + ".join(f"{x['shmem_bytes'] / 2**20:.1f}" for x in m)
+                print(f"{name:9} {fmt:11} host memory the load added: peak anonymous {anon} MiB, shared {shared} MiB; "
+                      f"the Engram table {table / 2**20:.1f} MiB (first run)")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def mixtral(path, seed=0, shard="300KB", **sizes):
 def tensor_bytes(path, skip=lambda name: False):
     """The checkpoint's tensor bytes (of the tensors `skip` keeps), through HF safetensors."""
     from safetensors import safe_open
-    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "F8_E4M3": 1}
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "F8_E4M3": 1, "F8_E8M0": 1}
     total = 0
     for f in sorted(os.listdir(path)):
         if f.endswith(".safetensors"):
@@ -122,7 +122,7 @@ def tp_share(path, tp, mine=None, whole=None):
     (a gap of sluice's, named by the test that passes it)."""
     from vllm.model_executor.model_loader.ep_weight_filter import parse_expert_id
     from safetensors import safe_open
-    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "F8_E4M3": 1}
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "F8_E4M3": 1, "F8_E8M0": 1}
     total = 0
     for f in sorted(os.listdir(path)):
         if not f.endswith(".safetensors"):
@@ -147,17 +147,18 @@ def tp_share(path, tp, mine=None, whole=None):
     return total
 
 
-def granitemoe(path, seed=0):
+def granitemoe(path, seed=0, shard="300KB", **sizes):
     """GraniteMoE: its experts fused in two 3-D tensors per layer
     (`block_sparse_moe.input_linear.weight` [E, 2I, H], `output_linear`
     [E, H, I]), so no per-expert name exists; an EP rank's experts are dim-0
     blocks of each."""
     from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
     torch.manual_seed(seed)
-    cfg = GraniteMoeConfig(vocab_size=512, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                           max_position_embeddings=256, tie_word_embeddings=False)
-    _save(GraniteMoeForCausalLM(cfg).to(torch.bfloat16), path, "300KB")
+    cfg = GraniteMoeConfig(**{**dict(vocab_size=512, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=256, tie_word_embeddings=False),
+                              **sizes})
+    _save(GraniteMoeForCausalLM(cfg).to(torch.bfloat16), path, shard)
     _expect(path, "model.layers.0.block_sparse_moe.input_linear.weight")
     return path
 

@@ -17,6 +17,10 @@ config, which its own EP weight filter reads, still says round_robin).
 (TP, or TPxPP for pipeline stages: "1x2" is PP = 2.) Each rank also writes
 its PP stage and the checkpoint names its stage's model loaded ("loaded").
 
+A job MODEL:EP+draft on the seed-shaped checkpoint (seed_v41.py) loads its
+DSpark draft instead (results under MODEL#draft). Each format's load also
+records the process's peak anonymous memory above its start ("memory").
+
 A job MODEL:EP+reload: after the loads, rank 0 alone (one DP engine while
 the other serves) reloads through vLLM's reload_weights (the same
 after each format's load: "reload": {format: {"digests", "seconds"}}).
@@ -39,9 +43,44 @@ import time
 import torch
 
 
+def _sha(t):
+    return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
 def digests(model):
-    return {n: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-            for n, p in model.named_parameters()}
+    """Every parameter's SHA-256, and what a model's finalization computed
+    from them (the seed model's `broadcasts`)."""
+    out = {n: _sha(p) for n, p in model.named_parameters()}
+    out.update({n: _sha(t) for n, t in getattr(model, "broadcasts", dict)().items()})
+    return out
+
+
+def _memory():
+    """This process's resident memory by kind (kB, /proc/self/status)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[k] = int(v.split()[0])
+    return out
+
+
+def _measured(load, record):
+    """`load` run with this process's peak resident memory reset first
+    (clear_refs 5): `record` gets the peak of anonymous memory above the
+    start, in bytes, bounded from above as peak RSS less the file and
+    shared-memory pages the load added (both only grow during it)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _memory()
+    try:
+        return load()
+    finally:
+        after = _memory()
+        record["peak_anon_bytes"] = 1024 * (after["VmHWM"] - before["VmRSS"] - (after["RssFile"] - before["RssFile"])
+                                            - (after["RssShmem"] - before["RssShmem"]))
+        record["shmem_bytes"] = 1024 * (after["RssShmem"] - before["RssShmem"])
 
 
 def free_port():
@@ -114,8 +153,17 @@ def main():
         _arm_fault(os.environ["SLUICE_TEST_VLLM_FAULT"])
     result, initialised = {}, False
     for job in sys.argv[6:]:
-        model, ep = job.rsplit(":", 1)
+        path, ep = job.rsplit(":", 1)
         ep, _, then = ep.partition("+")
+        overrides = None
+        with open(os.path.join(path, "config.json")) as f:
+            arch = json.load(f).get("architectures", [""])[0]
+        if arch.startswith("SluiceSeed"):
+            import seed_v41
+            seed_v41.register()
+            if then == "draft":   # the DSpark draft, a second load of the same checkpoint
+                overrides = {"architectures": [seed_v41.DRAFT_ARCH]}
+        model = path + ("#draft" if then == "draft" else "")
         result[model] = {}
         strategy = "round_robin" if ep == "rr" else "linear"
         for fmt in ("sluice", "safetensors") if ep == "rr" else ("safetensors", "sluice"):
@@ -123,7 +171,7 @@ def main():
             # (SLUICE_TEST_EXTRA: bench/vllm_ranks.py's own, JSON).
             extra = json.loads(os.environ.get("SLUICE_TEST_EXTRA", '{"staging": "8MiB", "max_read": "256KiB"}')) \
                 if fmt == "sluice" else {}
-            cfg = EngineArgs(model=model, load_format=fmt, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+            cfg = EngineArgs(model=path, load_format=fmt, **({"hf_overrides": overrides} if overrides else {}), tensor_parallel_size=tp, pipeline_parallel_size=pp,
                              enable_expert_parallel=ep != "0", expert_placement_strategy=strategy,
                              dtype="bfloat16", enforce_eager=True,
                              max_model_len=128, skip_tokenizer_init=True,
@@ -139,7 +187,7 @@ def main():
 
                 def timed(*a, _inner=inner, _fmt=fmt, _model=model, **k):
                     t0 = time.perf_counter()
-                    r = _inner(*a, **k)
+                    r = _measured(lambda: _inner(*a, **k), result[_model].setdefault("memory", {}).setdefault(_fmt, {}))
                     result[_model].setdefault("seconds", {})[_fmt] = time.perf_counter() - t0
                     return r
                 loader.load_weights = timed

@@ -21,6 +21,9 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
   experts (GraniteMoE's fused rows) and everything else whole; then engine 0
   alone reloads through vLLM's reload_weights, within itself (the other never
   joins), to the parameters vLLM's own reload gives.
+- The seed-shaped DeepSeek V4.1 (seed_v41.py: V4.1's names and its own loading code, the
+  sort, the DP-shared Engram table, the finalization, the DSpark draft) at TP1 x DP2 x EP2 and
+  in one process.
 - A rank SIGKILLed as the dry runs' records are exchanged, or at its third
   tensor: the other fails within 10 s, naming it by sluice's and vLLM's ranks.
 - PP2 on both models: the same equality, and each rank reads and receives only
@@ -103,13 +106,21 @@ def two_ranks(paths, round_robin_paths, mixtral_path, schemes):
 
 
 @pytest.fixture(scope="module")
-def two_engines(paths, schemes):
+def seed_path(paths):
+    """The seed-shaped V4.1 checkpoint (seed_v41.py: V4.1's names, its loading code)."""
+    import seed_v41
+    return seed_v41.write(str(paths[2] / "seed_v41"))
+
+
+@pytest.fixture(scope="module")
+def two_engines(paths, schemes, seed_path):
     """TP1 x DP2 x EP2 (two DP engines of one rank each): the MoE, GraniteMoE (engine 0 reloads it
-    alone afterwards) and LFM2-MoE: ({model: per-rank results}, logs)."""
+    alone afterwards), LFM2-MoE, DeepSeek V4, and the seed-shaped V4.1 with its DSpark draft (a
+    second load of the same checkpoint): ({model: per-rank results}, logs)."""
     moe, _, d = paths
-    jobs = [moe, schemes["granitemoe"], schemes["lfm2_moe"], schemes["deepseek_v4"]]
+    jobs = [moe, schemes["granitemoe"], schemes["lfm2_moe"], schemes["deepseek_v4"], seed_path, seed_path + "#draft"]
     results, logs = _run(d, "1", [f"{moe}:1", f"{schemes['granitemoe']}:1+reload", f"{schemes['lfm2_moe']}:1",
-                                  f"{schemes['deepseek_v4']}:1"])
+                                  f"{schemes['deepseek_v4']}:1", f"{seed_path}:1", f"{seed_path}:1+draft"])
     return {m: [r[m] for r in results] for m in jobs}, logs
 
 
@@ -121,9 +132,21 @@ def two_stages(paths):
     return {m: [r[m] for r in results] for m in (moe, dense)}, logs
 
 
-def _check_shares(ranks, path, share_of):
+def _run_one(d, jobs):
+    """One rank alone (world 1: sluice's one-process load) on each job."""
+    port = _port()
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
+    out = d / "one.json"
+    p = subprocess.run([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(out), "0", "1", str(port), "1", *jobs],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-4000:]
+    return json.loads(out.read_text()), p.stdout
+
+
+def _check_shares(ranks, path, share_of, read=None):
     """Each rank keeps exactly its share (the oracle's), receives only bytes
-    of it, its parameters equal vLLM's own load; each byte is read once."""
+    of it, its parameters equal vLLM's own load; each byte is read once
+    (`read`: the bytes read across the ranks, default the checkpoint's)."""
     total = models.tensor_bytes(path)
     for rank, r in enumerate(ranks):
         assert r["sluice"] == r["safetensors"], f"rank {rank}: parameters differ from vLLM's own load"
@@ -133,7 +156,7 @@ def _check_shares(ranks, path, share_of):
         assert st["bytes_received"] <= share, rank
         # What went around load_weights: every byte it keeps, but whole tensors vLLM converts
         assert st["direct_bytes"] + st["whole_fallback_bytes"] == share, rank
-    assert sum(r["stats"]["bytes_read"] for r in ranks) == total
+    assert sum(r["stats"]["bytes_read"] for r in ranks) == (total if read is None else read)
 
 
 def test_tp2_dense_every_parameter_equals_vllms_load_and_each_rank_gets_only_its_parts(two_ranks):
@@ -186,6 +209,62 @@ def test_dp2_ep2_each_engine_keeps_its_experts_and_the_rest_whole(paths, schemes
     from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     path = paths[0] if model == "moe" else schemes[model]
     _check_shares(two_engines[0][path], path, lambda rank: models.tp_share(path, 1, compute_local_expert_ids(4, 2, rank)))
+
+
+def test_seed_shaped_v41_dp2_ep2_experts_to_owners_the_table_once_parameters_bitwise(seed_path, two_engines):
+    """The seed's deployment at TP1 x DP2 x EP2 on this CPU, through V4.1's own loading code: the
+    VL wrapper sorts the whole stream, the DP-shared Engram table is written by the group's leader
+    with a barrier per call on every rank, load_weights finalizes at its end (after a dry run that
+    finalized first, on empty parameters). Each rank keeps exactly the oracle's share: its experts,
+    the table on the leader only (the other rank's engine reads it through the one /dev/shm copy,
+    bitwise vLLM's); the draft's tensors are not read for the main model; every parameter and the
+    finalization's output equal vLLM's own load; each byte is read once. Memory stays within
+    staging + 2 windows + what went through load_weights (printed)."""
+    import seed_v41
+    ranks = two_engines[0][seed_path]
+    _check_shares(ranks, seed_path, lambda rank: seed_v41.share(seed_path, rank, draft=False),
+                  read=models.tensor_bytes(seed_path, skip=lambda n: n.startswith("mtp.")))
+    for rank, r in enumerate(ranks):
+        assert "layers.0.hc_attn_fn_broadcast" in r["sluice"], rank   # the finalization's output is compared too
+    table = models.tensor_bytes(seed_path, skip=lambda n: ".engram.embed." not in n)
+    # The node's host memory for the table: the leader's one shared copy, nothing on the other rank.
+    assert ranks[0]["memory"]["sluice"]["shmem_bytes"] >= table
+    assert ranks[1]["memory"]["sluice"]["shmem_bytes"] < table
+    staging = 8 << 20
+    for rank, r in enumerate(ranks):
+        st, peak = r["stats"], r["memory"]["sluice"]["peak_anon_bytes"]
+        windows = 2 * min(256 << 20, st["bytes_received"] + st["bytes_read"])
+        bound = staging + windows + st["whole_fallback_bytes"]
+        print(f"rank {rank}: peak anonymous memory above the load's start {peak} bytes <= staging {staging} + "
+              f"2 windows {windows} + through load_weights {st['whole_fallback_bytes']} = {bound}")
+        assert peak <= bound, rank
+
+
+def test_seed_shaped_v41_draft_reads_only_the_drafts_bytes(seed_path, two_engines):
+    """The DSpark draft, a second load of the same checkpoint through V4.1's draft loader: only the
+    mtp.* tensors are read (spread over three shards among the main model's), each rank keeps its
+    draft experts and the rest of the draft whole, parameters bitwise vLLM's."""
+    import seed_v41
+    assert seed_v41.draft_names(seed_path)
+    ranks = two_engines[0][seed_path + "#draft"]
+    _check_shares(ranks, seed_path, lambda rank: seed_v41.share(seed_path, rank, draft=True),
+                  read=models.tensor_bytes(seed_path, skip=lambda n: not n.startswith("mtp.")))
+
+
+def test_seed_shaped_v41_one_process_finalizes_after_the_bytes_and_skips_the_draft(paths, seed_path):
+    """One process: every tensor of the main model goes straight into its parameter, and
+    load_weights still runs for real afterwards (over stand-ins), so the finalization the dry run
+    did first, on empty parameters, is redone on the loaded bytes; the draft's mtp.* tensors, which
+    the model takes nowhere, are not read."""
+    import seed_v41
+    out, log = _run_one(paths[2], [f"{seed_path}:0"])
+    r = out[seed_path]
+    assert r["sluice"] == r["safetensors"]
+    assert "layers.0.hc_attn_fn_broadcast" in r["sluice"]
+    draft = seed_v41.draft_names(seed_path)
+    assert r["stats"]["ignored_tensors"] == len(draft)
+    assert r["stats"]["bytes_read"] == models.tensor_bytes(seed_path, skip=lambda n: n in draft)
+    assert r["stats"]["streamed_tensors"] == 0
 
 
 def test_reloading_one_dp_engine_alone_loads_within_it_and_never_waits_for_the_other(schemes, two_engines):
@@ -247,22 +326,31 @@ def test_pp2_each_stage_reads_and_receives_only_its_layers_and_vllm_loads_them_b
     assert all("the models' dry runs" in log for log in logs)
 
 
-def test_a_dry_run_that_raises_on_one_rank_fails_every_rank_naming_it(paths):
+@pytest.mark.parametrize("model", ["moe", "seed"])
+def test_a_dry_run_that_raises_on_one_rank_fails_every_rank_naming_it(paths, seed_path, model):
     """Rank 1's model cannot be dry-run (its load_weights reads a value): no rank knows what its
-    model takes, so every rank fails before reading a byte, naming rank 1 by both numberings."""
+    model takes, so every rank fails before reading a byte, naming rank 1 by both numberings. On
+    the seed-shaped model (TP1 x DP2) rank 0's dry run is then blocked in the Engram table's
+    barrier, which rank 1's never reaches: rank 1 fails after the 'timeout' key (5 s here), naming
+    rank 0 as still in its dry run, and rank 0's barrier fails as rank 1 leaves; the store tells it
+    why."""
     moe, _, d = paths
+    path, parallel, vllm_rank = (moe, "2", "dp 0, pp 0, tp 1") if model == "moe" else (seed_path, "1", "dp 1, pp 0, tp 0")
     port = _port()
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}")
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"sluice-{port}",
+               SLUICE_TEST_EXTRA='{"staging": "8MiB", "max_read": "256KiB", "timeout": 5}')
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ranks_worker.py"), str(d / f"dry{rank}.json"),
-                               str(rank), "2", str(port), "2", f"{moe}:1"],
+                               str(rank), "2", str(port), parallel, f"{path}:1"],
                               env=dict(env, SLUICE_TEST_VLLM_FAULT="dry-raise") if rank == 1 else env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, p in enumerate(procs):
         assert p.returncode not in (0, None), rank
-        assert "the dry run of load_weights failed on 1 rank(s)" in logs[rank], logs[rank][-3000:]
-        assert "rank 1 (vLLM dp 0, pp 0, tp 1): ValueError: this loader reads a value of the tensor" in logs[rank]
-        assert f"sluice: {moe} (rank" not in logs[rank]   # no load began
+        assert "the dry run of load_weights failed on" in logs[rank], logs[rank][-3000:]
+        assert f"rank 1 (vLLM {vllm_rank}): ValueError: this loader reads a value of the tensor" in logs[rank]
+        assert f"sluice: {path} (rank" not in logs[rank]   # no load began
+    if model == "seed":
+        assert "rank(s) 0 have not finished theirs after 5 s" in logs[1]
 
 
 @pytest.mark.parametrize("when", ["exchange", "tensor:3"])
