@@ -47,6 +47,8 @@
 #include <sluice/tensor_stream.hpp>
 #include <sluice/tensor_view.hpp>
 
+#include "glue.hpp"  // opened_world (a collective open's world, kept for its load)
+
 namespace sluice_py {
 
 using namespace sluice;
@@ -57,6 +59,7 @@ namespace py = pybind11;
 /// An opened checkpoint (sluice.Checkpoint; checkpoint.cpp).
 struct py_checkpoint {
   std::shared_ptr<const checkpoint> ck;  // keeps the catalog it was opened through (an S3 one pins ETags)
+  std::shared_ptr<opened_world> world;   // a collective open's world, until a distributed stream takes it
   bool s3 = false;
   bool is_s3() const { return s3; }
 };

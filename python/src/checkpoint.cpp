@@ -66,7 +66,8 @@ py_checkpoint open_checkpoint(const std::string& where, py::object select_regex,
   r.s3 = !at.local();
   if (const auto ranks = who ? rank_info_of(*who) : comm::rank_info{}; ranks.world_size > 1) {
     py::gil_scoped_release nogil;
-    r.ck = std::make_shared<checkpoint>(open_collective(at, opt, ranks));
+    r.world = std::make_shared<opened_world>();
+    r.ck = std::make_shared<checkpoint>(open_collective(at, opt, ranks, r.world.get()));
   } else {
     r.ck = std::make_shared<checkpoint>(checkpoint::open(at, opt));
   }

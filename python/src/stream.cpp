@@ -169,7 +169,7 @@ class stream {
     req.who = rank_info_of(opt_);
     auto d = distributed_options_of(opt_);
     d.load = l;
-    auto j = run_distributed(*ck_.ck, req, sink, d);
+    auto j = run_distributed(*ck_.ck, req, sink, d, ck_.world ? ck_.world->take(req.who) : nullptr);
     std::lock_guard g(mu_);
     distributed_stats_ = std::move(j);
   }
