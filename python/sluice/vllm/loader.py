@@ -37,11 +37,17 @@ from .dry_run import dry_run, placed, stand_in
 
 __all__ = ["SluiceModelLoader", "LOADS", "last_load"]
 
-#: The stats of this process's `load_weights` calls, oldest first (the last 16):
+#: The stats of this process's loads (`load_weights`, and `get_all_weights`
+#: as vLLM's reload_weights consumes it), oldest first (the last 16):
 #: bytes read and received, tensors, and for one-process loads how many went
 #: straight into their parameters. `llm.collective_rpc(sluice.vllm.last_load)`
 #: asks every worker of an engine.
 LOADS: list = []
+
+
+def _record(stats):
+    LOADS.append(dict(stats or {}))
+    del LOADS[:-16]
 
 
 def last_load(worker=None) -> dict:
@@ -103,12 +109,30 @@ class SluiceModelLoader(_vllm.base_loader()):
         through `load_weights` plans first, see there). Across ranks, the
         ownership is the one the model's first load found; a tensor it did
         not know goes to every rank."""
+        yield from self._all_weights(model_config, model)
+        _record(self.last_stats)
+
+    def _all_weights(self, model_config, model):
         scope = self._scope(model)
         if scope is not None:
             ck, options = self._distributed(model_config, model, dry=False, scope=scope)
             yield from self._stream(ck, options)
             return
-        yield from self._stream(self._open(model_config, model=model), {})
+        ck = self._open(model_config, model=model)
+        own = getattr(model, "_sluice_ownership", None)
+        if own is None or own.rank is None:
+            yield from self._stream(ck, {})
+            return
+        # One process of a multi-rank model (a TP1 engine reloading alone):
+        # what its model took in the first load is read, what it only called
+        # a loader with (another engine's experts) comes as stand-ins, what it
+        # ignored is skipped; a tensor the first load did not know is read.
+        take = {t.name for t in ck.tensors if own.rank in own.owners.get(t.name, [own.rank])}
+        calls = [t for t in ck.tensors if t.name not in take and t.name in own.stand_ins]
+        for t in calls:
+            yield t.name, stand_in(t)
+        if take:
+            yield from self._stream(ck.select(take), {})
 
     def _scope(self, model):
         """The ranks a load of `model` spans: None (this process alone), or
@@ -250,8 +274,7 @@ class SluiceModelLoader(_vllm.base_loader()):
             loaded = self._load_direct(model, model_config)
         else:
             loaded = model.load_weights(self.get_all_weights(model_config, model))
-        LOADS.append(dict(self.last_stats or {}))
-        del LOADS[:-16]
+        _record(self.last_stats)
         if model_config.quantization is None and loaded is not None:
             _vllm.track_weights_loading(self, model, loaded)
 

@@ -208,6 +208,9 @@ def main():
                     t0 = time.perf_counter()
                     reload_weights(cfg, m, weights_iterator=None, weights_path=None, is_checkpoint_format=True)
                     result[model].setdefault("reload", {})[fmt] = {"digests": digests(m), "seconds": time.perf_counter() - t0}
+                    if fmt == "sluice":
+                        import sluice.vllm
+                        result[model]["reload"][fmt]["stats"] = sluice.vllm.last_load()
                 del m
     with open(out, "w") as f:
         json.dump(result, f)

@@ -119,7 +119,7 @@ def two_engines(paths, schemes, seed_path):
     second load of the same checkpoint): ({model: per-rank results}, logs)."""
     moe, _, d = paths
     jobs = [moe, schemes["granitemoe"], schemes["lfm2_moe"], schemes["deepseek_v4"], seed_path, seed_path + "#draft"]
-    results, logs = _run(d, "1", [f"{moe}:1", f"{schemes['granitemoe']}:1+reload", f"{schemes['lfm2_moe']}:1",
+    results, logs = _run(d, "1", [f"{moe}:1+reload", f"{schemes['granitemoe']}:1+reload", f"{schemes['lfm2_moe']}:1",
                                   f"{schemes['deepseek_v4']}:1", f"{seed_path}:1", f"{seed_path}:1+draft"])
     return {m: [r[m] for r in results] for m in jobs}, logs
 
@@ -170,6 +170,8 @@ def test_ep2_moe_each_rank_reads_and_receives_only_its_own_experts(two_ranks):
     by_model, _, path, _ = two_ranks
     from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     _check_shares(by_model[path], path, lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank)))
+    # One Gloo world per load: the stream ran over the world the collective open joined.
+    assert all(r["stats"]["reused_open_world"] is True for r in by_model[path])
 
 
 def test_ep2_mixtral_each_rank_gets_only_its_own_experts_whatever_their_names(two_ranks, mixtral_path):
@@ -281,6 +283,20 @@ def test_reloading_one_dp_engine_alone_loads_within_it_and_never_waits_for_the_o
     assert "rank 0 of 2 in sluice's order" in loads[0]
     assert "in sluice's order" not in loads[1], loads[1]   # a one-process load: no world, no rendezvous
     assert "reload" not in by_model[path][1]
+
+
+def test_an_engines_own_reload_reads_only_what_its_model_took(paths, two_engines):
+    """Engine 0 reloading alone (one process: no rendezvous, no dry run, since vLLM's layerwise
+    reload consumes the stream inside load_weights) reads what its model took in the first load,
+    its own experts and everything else whole, and passes the other engine's experts as
+    stand-ins: the bytes read are its share (the oracle's), and the parameters vLLM's own reload's."""
+    from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
+    moe = paths[0]
+    reload = two_engines[0][moe][0]["reload"]
+    assert reload["sluice"]["digests"] == reload["safetensors"]["digests"]
+    share = models.tp_share(moe, 1, compute_local_expert_ids(4, 2, 0))
+    assert share < models.tensor_bytes(moe)
+    assert reload["sluice"]["stats"]["bytes_read"] == share
 
 
 @pytest.mark.parametrize("model, placement", [("deepseek", "round_robin"), ("moe-rr", "linear")])
