@@ -5,7 +5,7 @@ initialize_model and parallel state over Gloo, one process per rank:
 python/tests/vllm/ranks_worker.py, the workers the tests use).
 
     PYTHONPATH=build/py/lib/python3.11/site-packages .venv/bin/python bench/vllm_ranks.py \\
-        [--dir .samples/vllm-ranks] [--models mixtral,dense] [--package DIR] [--repeat 3]
+        [--dir .samples/vllm-ranks] [--models mixtral,dense] [--package DIR] [--repeat 3] [--extra JSON]
 
 Models (random, kept in --dir): written by transformers' save_pretrained,
 "mixtral" (block_sparse_moe.experts.N, 8 experts, about 0.6 GiB) at TP2 with
@@ -79,10 +79,10 @@ def share(name, path, rank):
     return models.tp_share(path, tp, compute_local_expert_ids(experts, 2, rank) if ep else None)
 
 
-def run(path, tp, ep, package, out_dir):
+def run(path, tp, ep, package, out_dir, extra):
     port = _port()
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_DIST_IDENT=f"bench-{port}",
-               SLUICE_TEST_EXTRA="{}")   # sluice's defaults (the tests' workers shrink staging)
+               SLUICE_TEST_EXTRA=extra)   # default: sluice's defaults (the tests' workers shrink staging)
     if package:
         env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
     procs, outs = [], []
@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--models", default="mixtral,dense")
     ap.add_argument("--package", default=None)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--extra", default="{}", help="sluice's extra config, JSON (default: its defaults)")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     print(f"# {' '.join(sys.argv)}")
@@ -113,7 +114,7 @@ def main():
     for name in a.models.split(","):
         path = make(a.dir, name)
         _, tp, ep, experts = SHAPES[name]
-        runs = [run(path, tp, ep, a.package, a.dir) for _ in range(a.repeat)]
+        runs = [run(path, tp, ep, a.package, a.dir, a.extra) for _ in range(a.repeat)]
         ranks = runs[0]
         for again in runs[1:]:
             for r, r2 in zip(ranks, again):
