@@ -120,17 +120,23 @@ def test_only_whole_unconverted_contiguous_copies_into_parameters_are_direct():
     assert plan.direct["expert.1"].data_ptr() == model.experts.data_ptr() + 4 * 8 * 2
 
 
-def test_a_direct_load_equals_the_models_own_load_bitwise(tmp_path):
+def _planned(tmp_path, ck, cls):
+    """`ck` saved and loaded by a `cls` model's own load_weights (the
+    reference), and a fresh `cls` model's dry run over the opened file:
+    (reference, model, opened checkpoint, plan)."""
     from safetensors.torch import save_file
-    ck = _checkpoint()
     path = str(tmp_path / "m.safetensors")
     save_file(ck, path)
-    reference = Model()
+    reference = cls()
     reference.load_weights(iter(ck.items()))
-
-    model = Model()
+    model = cls()
     opened = sluice.open(path)
-    plan = dry_run(model, opened.tensors)
+    return reference, model, opened, dry_run(model, opened.tensors)
+
+
+def test_a_direct_load_equals_the_models_own_load_bitwise(tmp_path):
+    ck = _checkpoint()
+    reference, model, opened, plan = _planned(tmp_path, ck, Model)
     stats = sluice.load_into(opened, plan.direct, staging="1MiB", max_read="256KiB")
     assert stats["tensors"] == len(plan.direct)
     rest = {n: ck[n] for n in plan.streamed}
@@ -375,18 +381,10 @@ def test_a_real_pass_over_stand_ins_redoes_what_follows_the_copies_after_the_byt
     (stand-ins of the direct tensors under dry_run.placed, then the
     streamed ones) calls every loader again, copies nothing twice, and
     finalizes on the loaded bytes."""
-    from safetensors.torch import save_file
     from sluice.vllm.dry_run import placed, stand_in
     g = torch.Generator().manual_seed(1)
     ck = {n: torch.randn(4, 8, generator=g).to(torch.bfloat16) for n in ("w", "v")}
-    path = str(tmp_path / "f.safetensors")
-    save_file(ck, path)
-    reference = Finalizing()
-    reference.load_weights(iter(ck.items()))
-
-    model = Finalizing()
-    opened = sluice.open(path)
-    plan = dry_run(model, opened.tensors)
+    reference, model, opened, plan = _planned(tmp_path, ck, Finalizing)
     assert set(plan.direct) == {"w"} and set(plan.streamed) == {"v"}   # v goes through arithmetic
     assert model.mixed is not None and float(model.mixed.abs().sum()) == 0   # finalized first, on zeros
     sluice.load_into(opened, plan.direct, staging="1MiB", max_read="256KiB")
@@ -397,3 +395,26 @@ def test_a_real_pass_over_stand_ins_redoes_what_follows_the_copies_after_the_byt
     assert model.calls == ["v", "w"]
     assert torch.equal(model.w, reference.w) and torch.equal(model.v, reference.v)
     assert torch.equal(model.mixed, reference.mixed)
+
+
+class Viewing(torch.nn.Module):
+    """A loader that copies a reinterpreting view of each tensor: E8M0 scales
+    as uint8 (vLLM keeps their raw bytes so), and BF16 as bytes (a view of
+    another element size)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.uint8), requires_grad=False)
+        self.raw = torch.nn.Parameter(torch.zeros(4, 16, dtype=torch.uint8), requires_grad=False)
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            getattr(self, name).data.copy_(t.view(torch.uint8))
+        return {"scale", "raw"}
+
+
+def test_a_copy_of_a_view_as_another_dtype_of_the_same_size_is_direct_and_replays_as_that_dtype():
+    plan = dry_run(Viewing(), [Info("scale", "F8_E8M0", (4, 8)), Info("raw", "BF16", (4, 8))])
+    assert set(plan.direct) == {"scale"}
+    assert plan.copies["scale"][0][4] == torch.uint8
+    assert "copied as torch.uint8" in plan.streamed["raw"]

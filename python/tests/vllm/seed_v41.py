@@ -271,7 +271,20 @@ class SeedLLM(_model.DeepseekV41LLMForCausalLM):
         self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, prefix=f"{prefix}.lm_head")
 
 
-class SeedV41ForCausalLM(nn.Module):
+class _LoadingOnly:
+    """What vLLM checks a generative model for; these models only load."""
+
+    def forward(self, *a, **k):
+        raise NotImplementedError("a loading test model")
+
+    def compute_logits(self, hidden_states):
+        raise NotImplementedError("a loading test model")
+
+    def embed_input_ids(self, input_ids):
+        raise NotImplementedError("a loading test model")
+
+
+class SeedV41ForCausalLM(_LoadingOnly, nn.Module):
     """The VL wrapper (DeepseekV41ForCausalLM's loading: sort, then the child)."""
     load_weights = _vl.DeepseekV41ForCausalLM.load_weights
     process_weights_after_loading = _vl.DeepseekV41ForCausalLM.process_weights_after_loading
@@ -288,15 +301,6 @@ class SeedV41ForCausalLM(nn.Module):
         return {f"layers.{n}.hc_attn_fn_broadcast": layer.hc_attn_fn_broadcast
                 for n, layer in enumerate(self.language_model.model.layers) if layer.hc_attn_fn_broadcast is not None}
 
-    def forward(self, *a, **k):
-        raise NotImplementedError("a loading test model")
-
-    def compute_logits(self, hidden_states):
-        raise NotImplementedError("a loading test model")
-
-    def embed_input_ids(self, input_ids):
-        raise NotImplementedError("a loading test model")
-
 
 class SeedDraftLayer(nn.Module):
     def __init__(self, config, prefix):
@@ -305,7 +309,7 @@ class SeedDraftLayer(nn.Module):
         self.ffn = SeedMoE(config, f"{prefix}.ffn")
 
 
-class SeedV41DSpark(_dspark.DSparkDeepseekV4ForCausalLM):
+class SeedV41DSpark(_LoadingOnly, _dspark.DSparkDeepseekV4ForCausalLM):
     """The DSpark draft: V4.1's draft loader over `mtp.0.*`."""
 
     def __init__(self, *, vllm_config, prefix=""):
@@ -318,12 +322,3 @@ class SeedV41DSpark(_dspark.DSparkDeepseekV4ForCausalLM):
         self.model.norm = RMSNorm(H)
         self.model.confidence_head = None
         self.model.layers = nn.ModuleList([SeedDraftLayer(self.config, "model.layers.0")])
-
-    def forward(self, *a, **k):
-        raise NotImplementedError("a loading test model")
-
-    def compute_logits(self, hidden_states):
-        raise NotImplementedError("a loading test model")
-
-    def embed_input_ids(self, input_ids):
-        raise NotImplementedError("a loading test model")
