@@ -418,3 +418,12 @@ def test_a_copy_of_a_view_as_another_dtype_of_the_same_size_is_direct_and_replay
     assert set(plan.direct) == {"scale"}
     assert plan.copies["scale"][0][4] == torch.uint8
     assert "copied as torch.uint8" in plan.streamed["raw"]
+
+
+def test_the_dry_run_says_which_copies_the_loader_reads_afterwards():
+    """Finalizing reads w (and v) after their copies, to compute `mixed`: a rank may not
+    read w in the background while load_weights runs (Ownership.local)."""
+    plan = dry_run(Finalizing(), [Info("w", "BF16", (4, 8)), Info("v", "BF16", (4, 8))])
+    assert plan.read_after == {"w"}   # v is not direct (arithmetic), so no copy of it is recorded
+    plan = dry_run(Model(), _infos(_checkpoint()))
+    assert plan.read_after == set()   # Model's loader only copies (a renorm would read)

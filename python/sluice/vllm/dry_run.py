@@ -77,6 +77,10 @@ class Plan:
     # the tensor (or the part of it these views read) where load_weights
     # would (a TP part, an expert's slot).
     copies: dict = field(default_factory=dict)
+    # direct tensors whose destination the loader reads after the copy (a
+    # finalization computing from it): their bytes must be in place before
+    # their loader is called, not merely before load_weights ends
+    read_after: set = field(default_factory=set)
     # parameter name -> the tensors its weight_loader was called with (a
     # parameter another rank writes, as a DP-shared table, is unwritten here
     # but called for a tensor that rank takes)
@@ -120,6 +124,8 @@ class _Recorder(TorchDispatchMode):
         self.reasons = {}          # name -> every reason it is not direct
         self.copies = {}           # name -> [(offset, shape, strides, dst, dtype)] of its unconverted copies
         self.spans = []            # (start, end, name) of the copies recorded
+        self.spans_of = {}         # target storage -> those of its copies
+        self.read_after = set()    # names whose copied bytes a later op of the loader reads
         self.writes = {}           # target storage -> [(start, end)] of everything written into it
         self.took = set()          # names whose bytes reached parameter memory (directly or through ops)
         self.called = set()        # names a parameter's weight_loader was called with
@@ -177,6 +183,7 @@ class _Recorder(TorchDispatchMode):
             self.copies.setdefault(name, []).append((src.storage_offset(), tuple(src.shape), tuple(src.stride()), dst,
                                                      src.dtype))
             self.spans.append((start, end, name))
+            self.spans_of.setdefault(_key(dst), []).append((start, end, name))
         if name in self.dst:
             self.bad(name, "copied more than once")
         elif _key(dst) not in self.targets:
@@ -189,6 +196,16 @@ class _Recorder(TorchDispatchMode):
             self.bad(name, "copied with strides")
         else:
             self.dst[name] = dst
+
+    def _read(self, tensors, written):
+        """An op of the loader's own reads `tensors` (but those it writes):
+        the copies whose destination they overlap are read after the copy."""
+        for t in tensors:
+            spans = self.spans_of.get(_key(t))
+            if not spans or any(t is w for w in written):
+                continue
+            start, end = _span(t)
+            self.read_after.update(name for s, e, name in spans if s < end and start < e)
 
     def _written(self, func, v):
         """A parameter's memory written by an op of the loader's own (a zero
@@ -215,12 +232,15 @@ class _Recorder(TorchDispatchMode):
                 self._copy(dst, src, self._names([src]))
             return dst
         if not names:
-            for v in self._write_args(func, args, kwargs):
+            written = self._write_args(func, args, kwargs)
+            for v in written:
                 if _key(v) in self.targets:
                     self.mark(v)
                     self.own_writes.setdefault(_key(v), []).append(_span(v))
                     if self.spans:
                         self._written(func, v)
+            if not func.is_view:
+                self._read(tensors, written)
             return func(*args, **kwargs)
         if func.is_view:
             return func(*args, **kwargs)  # a view of a probe is a probe
@@ -281,6 +301,7 @@ def dry_run(model, tensors, default_weight_loader=None) -> Plan:
     plan.takes = set(rec.took)
     plan.calls = set(rec.called) - plan.takes
     plan.called_for = rec.called_for
+    plan.read_after = set(rec.read_after)
     plan.copies = {n: c for n, c in rec.copies.items() if rec.reasons.get(n, set()) <= _PARTIAL}
     plan.shapes = {t.name: tuple(t.shape) for t in tensors
                    if tuple(arrival_shape(t.dtype, t.shape)) == tuple(t.shape)}

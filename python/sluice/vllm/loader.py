@@ -45,6 +45,66 @@ __all__ = ["SluiceModelLoader", "LOADS", "last_load"]
 LOADS: list = []
 
 
+class _LocalLoad:
+    """The tensors this rank alone takes, each whole into one parameter
+    range (Ownership.local): read by this rank straight into their
+    parameters (`sluice.load_into`: from the page cache in one copy, none
+    cold with O_DIRECT), on a thread of their own while the stream runs, so
+    they never pass through an exchange window; its stats count in the
+    load's."""
+
+    def __init__(self, loader, ck, own):
+        import threading
+        self.stats, self._error, self._thread = {}, None, None
+        names = own.mine()
+        self.tensors = len(names)
+        self.bytes = sum(t.nbytes for t in ck.tensors if t.name in names)
+        if not names:
+            return
+        into = _destinations(ck, {n: own.plan.direct[n] for n in names})
+        o = loader.options
+
+        def run():
+            try:
+                self.stats = sluice.load_into(ck.select(set(into)), into, staging=o["staging"], max_read=o["max_read"],
+                                              queue_depth=o["queue_depth"], prefault=o["prefault"])
+            except BaseException as e:  # noqa: BLE001 (handed to the loading thread)
+                self._error = e
+        self._thread = threading.Thread(target=run, name="sluice-local", daemon=True)
+        self._thread.start()
+
+    def wait(self, check=True):
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if check and self._error is not None:
+            raise self._error
+
+
+def _destinations(ck, dst):
+    """{name: destination}, each viewed as its tensor's dtype where the
+    loader copied into it as another of the same size (E8M0 scales as
+    uint8): load_into takes the tensor's bytes as they are."""
+    infos = {t.name: t for t in ck.tensors}
+    out = {}
+    for name, d in dst.items():
+        want = as_torch_dtype(infos[name].dtype, infos[name].shape)
+        out[name] = d if d.dtype == want else d.view(want)
+    return out
+
+
+def _merged(stream_stats, counts, local):
+    """A multi-rank load's stats: the stream's, what went around
+    load_weights, and the tensors this rank read apart (`local`)."""
+    out = dict(stream_stats or {}, **counts)
+    n, b = local.tensors, local.bytes
+    out["local_tensors"], out["local_bytes"] = n, b
+    out["bytes_read"] = out.get("bytes_read", 0) + local.stats.get("bytes_read", 0)
+    for k, v in (("bytes_kept", b), ("direct_tensors", n), ("direct_bytes", b)):
+        out[k] = out.get(k, 0) + v
+    return out
+
+
 def _record(stats):
     LOADS.append(dict(stats or {}))
     del LOADS[:-16]
@@ -208,7 +268,8 @@ class SluiceModelLoader(_vllm.base_loader()):
             own = world.Ownership(owners, own.stand_ins if own is not None else set(), {})
         return ck, {"topology": f"tp1,dp{size},ep1", "offload": self.options["offload"], "store": store,
                     "world": ranks, "timeout": self.options["timeout"],
-                    "plan": {"model_owners": own.model_owners(split=dry), "stand_ins": own.stand_ins}}
+                    "plan": {"model_owners": own.model_owners(split=dry),
+                             "stand_ins": own.stand_ins | (own.mine() if dry else set())}}
 
     def _bar(self, total):
         return _vllm.progress_bar(self.load_config, total)
@@ -263,12 +324,15 @@ class SluiceModelLoader(_vllm.base_loader()):
             ck, options = self._distributed(model_config, model, dry=True, scope=scope)
             own = model._sluice_ownership
             counts = {"direct_tensors": 0, "direct_bytes": 0, "whole_fallback_bytes": 0}
+            local = _LocalLoad(self, ck, own)
             try:
                 with placed():
-                    got = model.load_weights(self._replay(self._stream(ck, options), own, counts, ck))
+                    got = model.load_weights(self._replay(self._stream(ck, options), own, counts, ck, local))
             except (sluice.DistributedError, sluice.CommError) as e:
                 raise self._peers.failure(e, "the sluice load") from e
-            self.last_stats = dict(self.last_stats or {}, **counts)
+            finally:
+                local.wait(check=False)   # never left writing into the parameters
+            self.last_stats = _merged(self.last_stats, counts, local)
             loaded = set(own.plan.loaded) | set(got or ()) if own.plan.loaded is not None else got
         elif self.options["direct"]:
             loaded = self._load_direct(model, model_config)
@@ -279,7 +343,7 @@ class SluiceModelLoader(_vllm.base_loader()):
             _vllm.track_weights_loading(self, model, loaded)
 
     @staticmethod
-    def _replay(stream, own, counts, ck):
+    def _replay(stream, own, counts, ck, local=None):
         """The stream of a multi-rank load, for load_weights under
         dry_run.placed: what this rank's model only copies (or this rank's
         part of it) goes into its parameters here, by the copies its dry run
@@ -291,7 +355,11 @@ class SluiceModelLoader(_vllm.base_loader()):
         from .parts import view_in_part
         plan = own.plan
         infos = {t.name: t for t in ck.tensors}
+        mine = own.mine()
         for name, t in stream:
+            if name in mine:   # its stand-in: this rank reads it apart (_LocalLoad)
+                yield name, t
+                continue
             if name not in own.direct:
                 if getattr(t, "sluice_kind", None) != "placeholder":
                     counts["whole_fallback_bytes"] += t.numel() * t.element_size()
@@ -312,6 +380,8 @@ class SluiceModelLoader(_vllm.base_loader()):
             counts["direct_bytes"] += t.numel() * t.element_size()
             del t
             yield name, stand_in(infos[name])
+        if local is not None:
+            local.wait()   # before load_weights' end (what follows its copies)
 
     def _map_parameters(self, model, ck, plan, bar) -> dict:
         """The `map` extra-config key: each direct tensor that fills a whole
@@ -393,11 +463,8 @@ class SluiceModelLoader(_vllm.base_loader()):
         stats, mapped = {}, {}
         if self.options["map"] and plan.direct:
             mapped = self._map_parameters(model, ck, plan, bar)
-        # A destination the loader copied into as another dtype of the same
-        # size (E8M0 scales as uint8) takes the tensor's bytes as they are.
         infos = {t.name: t for t in ck.tensors}
-        into = {name: dst if dst.dtype == (want := as_torch_dtype(infos[name].dtype, infos[name].shape)) else dst.view(want)
-                for name, dst in plan.direct.items() if name not in mapped.get("names", ())}
+        into = _destinations(ck, {name: dst for name, dst in plan.direct.items() if name not in mapped.get("names", ())})
         if into:
             base = bar.n if bar else 0
             stats = sluice.load_into(ck, into, staging=self.options["staging"], max_read=self.options["max_read"],

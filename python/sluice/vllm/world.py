@@ -137,10 +137,18 @@ class Ownership:
     {parameter: (bytes, of)}}, and this rank's dry run (`plan`) and place
     (`rank`)."""
 
-    def __init__(self, owners, stand_ins, unwritten, splits=None, direct=None, plan=None, rank=None):
+    def __init__(self, owners, stand_ins, unwritten, splits=None, direct=None, plan=None, rank=None, local=None):
         self.owners, self.stand_ins, self.unwritten = owners, stand_ins, unwritten
         self.splits, self.direct = splits or {}, direct or set()
         self.plan, self.rank = plan, rank
+        # name -> the one rank that takes it whole into one parameter range:
+        # that rank reads it itself, straight into the parameter
+        # (sluice.load_into), and the stream carries only its stand-in
+        self.local = local or {}
+
+    def mine(self) -> set:
+        """The tensors this rank reads itself, straight into its parameters."""
+        return {n for n, r in self.local.items() if r == self.rank}
 
     def bytes_unowned(self, ck) -> int:
         return sum(t.nbytes for t in ck.tensors if not self.owners.get(t.name))
@@ -148,11 +156,16 @@ class Ownership:
     def model_owners(self, split=True) -> dict:
         """The plan's model_owners: {name: [ranks]}, or ([ranks], dim,
         parts, [part of each]) for a split tensor (`split`: False keeps every
-        tensor whole, for a stream that goes through load_weights)."""
+        tensor whole, for a stream that goes through load_weights, and
+        streams the local ones too). With `split`, a local tensor has no
+        owner in the stream: its rank reads it apart."""
         out = {}
         for name, ranks in self.owners.items():
             cut = self.splits.get(name) if split else None
-            out[name] = (ranks, cut[0], cut[1], [cut[2][r] for r in ranks]) if cut else ranks
+            if split and name in self.local:
+                out[name] = []
+            else:
+                out[name] = (ranks, cut[0], cut[1], [cut[2][r] for r in ranks]) if cut else ranks
         return out
 
 
@@ -187,8 +200,8 @@ def _dry_run_outcomes(plan, rank, vllm_ranks, size, store, grace, peers):
     this process leaves: Gloo then closes their collective, and the store
     tells them why). A dry run that failed anywhere fails every rank that
     hears of it, naming the ranks (sluice's and vLLM's) and why."""
-    import pickle
-    store.set(f"dry-run/{rank}", pickle.dumps((vllm_ranks, plan.failure)))
+    import json   # not pickle: what another process wrote is data, never code
+    store.set(f"dry-run/{rank}", json.dumps([vllm_ranks, plan.failure]))
     keys = [f"dry-run/{r}" for r in range(size)]
     if not _wait(store, keys, grace, peers):
         missing = ", ".join(str(r) for r, k in enumerate(keys) if not store.check([k]))
@@ -199,7 +212,7 @@ def _dry_run_outcomes(plan, rank, vllm_ranks, size, store, grace, peers):
                 "of load_weights that this rank's dry run never reached, and fail when this process leaves")
         raise sluice.DistributedError(f"rank(s) {missing} did not finish the dry run of load_weights within "
                                       f"{grace:g} s (the 'timeout' key)")
-    outcomes = {r: pickle.loads(store.get(k)) for r, k in enumerate(keys)}
+    outcomes = {r: json.loads(store.get(k)) for r, k in enumerate(keys)}
     failed = [(r, v, f) for r, (v, f) in sorted(outcomes.items()) if f]
     if failed:
         said = "; ".join(f"{_named(r, v)}: {f}" for r, v, f in failed)
@@ -230,7 +243,12 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group, store=None, grace=6
     # takes is that rank's to write: memory they share (V4.1's DP-shared
     # Engram table: the leader copies, the others barrier).
     unwritten = sorted((p, (*u, sorted(plan.called_for.get(p, ())))) for p, u in plan.unwritten.items())
-    mine = (rank, vllm_ranks, plan.failure, codes, unwritten, needs)
+    # The tensors this rank could read itself, straight into one parameter
+    # range: one whole unconverted copy, and nothing of the loader's reads
+    # the bytes afterwards (they land while the stream runs, not before
+    # their loader call).
+    whole = [i for i, n in enumerate(names) if n in plan.direct and n not in plan.read_after]
+    mine = (rank, vllm_ranks, plan.failure, codes, unwritten, needs, whole)
     everyone = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     failed = [(r, v, f) for r, v, f, *_ in everyone if f]
@@ -238,8 +256,9 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group, store=None, grace=6
         said = "; ".join(f"{_named(r, v)}: {f}" for r, v, f in sorted(failed))
         raise sluice.DistributedError(f"the dry run of load_weights failed on {len(failed)} rank(s), so no rank "
                                       f"knows what its model takes: {said}")
-    by_rank = {r: c for r, _, _, c, _, _ in everyone}
-    needs_of = {r: nd for r, _, _, _, _, nd in everyone}
+    by_rank = {r: c for r, _, _, c, _, _, _ in everyone}
+    needs_of = {r: nd for r, _, _, _, _, nd, _ in everyone}
+    whole_of = {r: set(w) for r, *_, w in everyone}
     owners = {n: [r for r in sorted(by_rank) if by_rank[r][i] == 2] for i, n in enumerate(names)}
     splits = {}
     for i, n in enumerate(names):
@@ -248,11 +267,13 @@ def exchange_ownership(plan, names, rank, vllm_ranks, group, store=None, grace=6
             if cut is not None:
                 splits[n] = cut
     stand_ins = {n for i, n in enumerate(names) if codes[i] == 1}
+    local = {n: owners[n][0] for i, n in enumerate(names)
+             if len(owners[n]) == 1 and n not in splits and i in whole_of[owners[n][0]]}
     unwritten = {}
-    for r, _, _, _, u, _ in everyone:
+    for r, _, _, _, u, _, _ in everyone:
         mine = {p: (gap, size) for p, (gap, size, called) in u
                 if not any(owners.get(n) and r not in owners[n] for n in called)}
         if mine:
             unwritten[r] = mine
     direct = {n for n in plan.copies if n in plan.takes}
-    return Ownership(owners, stand_ins, unwritten, splits, direct, plan=plan, rank=rank)
+    return Ownership(owners, stand_ins, unwritten, splits, direct, plan=plan, rank=rank, local=local)

@@ -229,6 +229,10 @@ def test_seed_shaped_v41_dp2_ep2_experts_to_owners_the_table_once_parameters_bit
     for rank, r in enumerate(ranks):
         assert "layers.0.hc_attn_fn_broadcast" in r["sluice"], rank   # the finalization's output is compared too
     table = models.tensor_bytes(seed_path, skip=lambda n: ".engram.embed." not in n)
+    # What one rank alone takes it reads itself, straight into its parameters: the table on the
+    # leader, each rank's experts (never in an exchange window).
+    assert ranks[0]["stats"]["local_bytes"] >= table
+    assert ranks[1]["stats"]["local_bytes"] > 0
     # The node's host memory for the table: the leader's one shared copy, nothing on the other rank.
     assert ranks[0]["memory"]["sluice"]["shmem_bytes"] >= table
     assert ranks[1]["memory"]["sluice"]["shmem_bytes"] < table
