@@ -276,8 +276,8 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
   if (!ok) detail::fail(file, "", "header-json", "header is not valid UTF-8 JSON", hdr_range);
 
   // File order (by offset), then the lookup by name, built once.
-  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& x, const tensor_info& y) {
+    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
   });
   h.rebuild_lookup();
   // Duplicate names (the reference rejects them; a DOM would keep the last).
