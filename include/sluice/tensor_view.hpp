@@ -36,11 +36,15 @@ enum class view_kind : std::uint8_t {
 /// The tensor-parallel part of a tensor a view carries: under TP > 1 a rank
 /// keeps part `index` of `count` equal parts along dimension `dim` (0: a block
 /// of rows; 1: a block of columns of every row, packed row-major). count 1:
-/// the whole tensor.
+/// the whole tensor. `groups` > 1: dimension `dim` is that many equal runs
+/// (a fused tensor such as gate and up), and the part is block `index` of
+/// every run, the runs' blocks packed in order (what a merged
+/// column-parallel layer keeps); its shape is the same.
 struct tensor_part {
   std::uint32_t dim = 0;
   std::uint32_t index = 0;
   std::uint32_t count = 1;
+  std::uint32_t groups = 1;
   friend bool operator==(const tensor_part&, const tensor_part&) = default;
 };
 

@@ -323,8 +323,12 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       A value ([ranks], dim, parts, [part of each rank]) splits the tensor
       into `parts` equal blocks of dimension `dim` (0 or 1), each rank
       keeping its block: it arrives as that block (`sluice_part`) and no
-      rank reads or receives another's. Unlisted tensors follow sluice's
-      name rules.
+      rank reads or receives another's. A fifth element `groups` > 1 cuts
+      dimension `dim` into that many equal runs first (a fused tensor: gate
+      and up, QKV of equal heads) and gives each rank its block of every
+      run, packed in order (`sluice_part` (dim, index, parts, groups)), as a
+      merged column-parallel layer keeps it. Unlisted tensors follow
+      sluice's name rules.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
     topology/offload/store/world: a distributed load (see sluice._distributed):
@@ -371,8 +375,8 @@ def _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_
         owners, parts = {}, {}
         for n, v in model_owners.items():
             if isinstance(v, tuple):
-                ranks, dim, count, part = v
-                parts[str(n)] = (int(dim), int(count), [int(k) for k in part])
+                ranks, dim, count, part, *groups = v
+                parts[str(n)] = (int(dim), int(count), [int(k) for k in part], int(groups[0]) if groups else 1)
             else:
                 ranks = v
             owners[str(n)] = [int(r) for r in ranks]

@@ -83,7 +83,7 @@ class StreamOptions:
     placeholders: bool
     stand_ins: set[str]
     model_owners: dict[str, list[int]]
-    model_parts: dict[str, tuple[int, int, list[int]]]
+    model_parts: dict[str, tuple[int, int, list[int], int]]
     prefault: bool
     queue: int
     topology: str
@@ -119,7 +119,7 @@ class TensorItem:
     @property
     def holds_staging(self) -> bool: ...  # keeping it holds its stream's slot or budget
     @property
-    def part(self) -> Optional[tuple[int, int, int]]: ...  # (dim, index, count)
+    def part(self) -> Optional[tuple[int, ...]]: ...  # (dim, index, count[, groups])
     @property
     def source_name(self) -> str: ...
 

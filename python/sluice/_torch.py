@@ -69,5 +69,5 @@ def tensor_from(item):
     t.sluice_kind = kind
     t.sluice_holds_staging = getattr(item, "holds_staging", False)  # a slot or budget of its stream (see TensorItem)
     if part is not None:
-        t.sluice_part = part  # (dim, index, count): this rank's TP part
+        t.sluice_part = part  # (dim, index, count[, groups]): this rank's TP part (see TensorItem.part)
     return t

@@ -115,7 +115,9 @@ py::object tensor_item(tensor_view v, stream_tensor owner) {
   it.dtype = std::string(format::name(v.dtype()));
   it.shape = v.part_shape();
   it.kind = kind_name(v.kind);
-  it.part = v.is_part() ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count)) : py::none();
+  it.part = !v.is_part()          ? py::object(py::none())
+            : v.part.groups > 1 ? py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count, v.part.groups))
+                                : py::object(py::make_tuple(v.part.dim, v.part.index, v.part.count));
   it.source_name = v.tensor->source_name;
   it.holds_staging = owner.holds_staging();
   it.capsule = v.carries_data() ? py::object(make_capsule(v.bytes, std::move(v.hold), v.dtype(), it.shape, std::move(owner)))
@@ -133,7 +135,9 @@ void init_dlpack(py::module_& m) {
       .def_readonly("dtype", &item::dtype, "The safetensors dtype name, e.g. 'BF16', 'F8_E4M3'.")
       .def_readonly("shape", &item::shape, "The shape of this rank's part (the whole tensor's when not split).")
       .def_readonly("kind", &item::kind, "'bytes', 'placed', 'metadata', 'shared' or 'placeholder'.")
-      .def_readonly("part", &item::part, "(dim, index, count) of this rank's TP part, or None.")
+      .def_readonly("part", &item::part,
+                    "(dim, index, count) of this rank's TP part, (dim, index, count, groups) for its block of each of "
+                    "`groups` runs of dim (a fused tensor), or None.")
       .def_readonly("source_name", &item::source_name, "The name in the file.")
       .def_readonly("holds_staging", &item::holds_staging,
                     "Whether keeping the tensor holds its stream's staging (a slot or budget); "

@@ -298,13 +298,14 @@ def _copy(view):
     return view.storage_offset(), tuple(view.shape), tuple(view.stride())
 
 
-def _block(full, dim, index, parts):
-    """The block the plan delivers: rows (dim 0) or columns (dim 1), contiguous."""
-    return full.chunk(parts, dim)[index].contiguous()
+def _block(full, dim, index, parts, groups=1):
+    """The block the plan delivers: rows (dim 0) or columns (dim 1), contiguous;
+    with `groups` runs of the dimension, block `index` of each, packed in order."""
+    return torch.cat([run.chunk(parts, dim)[index] for run in full.chunk(groups, dim)], dim).contiguous()
 
 
 def _replayed(full, split, copy):
-    part = full if split is None else _block(full, split[0], split[1], split[2])
+    part = full if split is None else _block(full, *split)
     offset, shape, strides = view_in_part(tuple(full.shape), split, copy)
     return part.as_strided(shape, strides, part.storage_offset() + offset)   # as the loader replays
 
@@ -314,8 +315,8 @@ def test_tp_rows_and_columns_replay_on_their_block():
     for k in range(2):
         rows = full.narrow(0, 4 * k, 4)             # a column-parallel weight's part
         cols = full.narrow(1, 3 * k, 3)             # a row-parallel weight's part
-        assert needs(full.shape, [_copy(rows)]) == (4 * k, 4 * k + 3, 0, 5)
-        assert needs(full.shape, [_copy(cols)]) == (0, 7, 3 * k, 3 * k + 2)
+        assert needs(full.shape, [_copy(rows)]) == ((4 * k, 4 * k + 3, 0, 5),)
+        assert needs(full.shape, [_copy(cols)]) == ((0, 7, 3 * k, 3 * k + 2),)
         assert torch.equal(_replayed(full, (0, k, 2), _copy(rows)), rows)
         assert torch.equal(_replayed(full, (1, k, 2), _copy(cols)), cols)
         assert torch.equal(_replayed(full, None, _copy(cols)), cols)
@@ -329,23 +330,51 @@ def test_fused_expert_blocks_replay_on_their_block():
     full = torch.arange(e * 2 * i * h, dtype=torch.float32).view(e, 2 * i, h)
     mine = [full[x, :i] for x in range(4, 8)] + [full[x, i:] for x in range(4, 8)]   # EP rank 1 of 2: w1 and w3 halves
     got = needs(full.shape, [_copy(v) for v in mine])
-    assert got[:2] == (4, 7)
+    assert got == ((4, 7, 0, 2 * i - 1),)   # the halves and the experts merged into one box
     for v in mine:
         assert torch.equal(_replayed(full, (0, 1, 2), _copy(v)), v)
 
 
 def test_choose_takes_the_most_parts_every_owner_fits_and_every_part_has_an_owner():
     shape = (8, 6)
-    rows = {r: (4 * (r % 2), 4 * (r % 2) + 3, 0, 5) for r in range(4)}      # TP2 x DP2
-    assert choose(shape, rows) == (0, 2, {0: 0, 1: 1, 2: 0, 3: 1})
-    cols = {0: (0, 7, 3, 5), 1: (0, 7, 0, 2)}                                 # parts in the other order
-    assert choose(shape, cols) == (1, 2, {0: 1, 1: 0})
-    assert choose(shape, {0: (0, 7, 0, 5), 1: (0, 3, 0, 5)}) is None          # one owner needs it whole
-    assert choose(shape, {0: (0, 1, 0, 5), 1: (2, 3, 0, 5)}) is None          # rows 4-7: no owner
-    assert choose(shape, {0: (0, 3, 0, 5), 1: None}) is None                  # one owner's copies unknown
-    assert choose((8, 6), {0: (0, 0, 0, 5), 1: (2, 2, 0, 5), 2: (4, 4, 0, 5), 3: (6, 6, 0, 5)}) == (0, 4, {0: 0, 1: 1, 2: 2, 3: 3})
-    # Round-robin experts (0, 2, ... and 1, 3, ...): no block holds one rank's, so whole.
-    assert choose((8, 4), {0: (0, 6, 0, 3), 1: (1, 7, 0, 3)}) is None
+    rows = {r: ((4 * (r % 2), 4 * (r % 2) + 3, 0, 5),) for r in range(4)}   # TP2 x DP2
+    assert choose(shape, rows) == (0, 2, {0: 0, 1: 1, 2: 0, 3: 1}, 1)
+    cols = {0: ((0, 7, 3, 5),), 1: ((0, 7, 0, 2),)}                         # parts in the other order
+    assert choose(shape, cols) == (1, 2, {0: 1, 1: 0}, 1)
+    assert choose(shape, {0: ((0, 7, 0, 5),), 1: ((0, 3, 0, 5),)}) is None   # one owner needs it whole
+    assert choose(shape, {0: ((0, 1, 0, 5),), 1: ((2, 3, 0, 5),)}) == (0, 2, {0: 0, 1: 1}, 2)  # rows 4-7 read by
+    # no copy still go somewhere: block k of both runs of four rows (half each, not all to both)
+    assert choose(shape, {0: ((0, 1, 0, 5),), 1: ((0, 3, 0, 5),)}) is None   # rank 1's rows span two blocks
+    assert choose(shape, {0: ((0, 3, 0, 5),), 1: None}) is None              # one owner's copies unknown
+    assert choose((8, 6), {r: ((2 * r, 2 * r, 0, 5),) for r in range(4)}) == (0, 4, {0: 0, 1: 1, 2: 2, 3: 3}, 1)
+    # Round-robin experts (0, 2, ... and 1, 3, ...): block k of every run of two rows.
+    assert choose((8, 4), {0: tuple((e, e, 0, 3) for e in (0, 2, 4, 6)),
+                           1: tuple((e, e, 0, 3) for e in (1, 3, 5, 7))}) == (0, 2, {0: 0, 1: 1}, 4)
+    # One rank's copies in two blocks of a run: whole.
+    assert choose((8, 4), {0: ((0, 0, 0, 3), (5, 5, 0, 3)), 1: ((1, 1, 0, 3), (4, 4, 0, 3))}) is None
+
+
+def test_a_fused_tensors_runs_replay_on_each_ranks_blocks():
+    """A merged column-parallel layer (LFM2's in_proj: B, C and x in one
+    tensor; gate_up): each TP rank copies its block of every run of rows, so
+    the split is 3 runs of dim 0, each cut in 2; a row-parallel one over two
+    runs of columns likewise. Each copy replays on the packed blocks."""
+    full = torch.arange(12 * 5, dtype=torch.float32).view(12, 5)
+    mine = {k: [full.narrow(0, 4 * g, 4).narrow(0, 2 * k, 2) for g in range(3)] for k in range(2)}
+    need = {k: needs(full.shape, [_copy(v) for v in views]) for k, views in mine.items()}
+    assert need[1] == ((2, 3, 0, 4), (6, 7, 0, 4), (10, 11, 0, 4))
+    assert choose(full.shape, need) == (0, 2, {0: 0, 1: 1}, 3)
+    for k, views in mine.items():
+        assert _block(full, 0, k, 2, 3).shape == (6, 5)
+        for v in views:
+            assert torch.equal(_replayed(full, (0, k, 2, 3), _copy(v)), v)
+    wide = torch.arange(3 * 8 * 2, dtype=torch.float32).view(3, 8, 2)
+    cols = {k: [wide.narrow(1, 4 * g, 4).narrow(1, 2 * k, 2) for g in range(2)] for k in range(2)}
+    need = {k: needs(wide.shape, [_copy(v) for v in views]) for k, views in cols.items()}
+    assert choose(wide.shape, need) == (1, 2, {0: 0, 1: 1}, 2)
+    for k, views in cols.items():
+        for v in views:
+            assert torch.equal(_replayed(wide, (1, k, 2, 2), _copy(v)), v)
 
 
 def test_a_view_that_crosses_rows_unevenly_is_not_a_block():

@@ -91,7 +91,19 @@ std::string expected_digest(const policy::load_plan& plan, const policy::plan_en
   const auto& all = bytes.at(e.info.name);
   const auto n = plan.kept_bytes(e), k = plan.part_of(e, r);
   std::vector<std::byte> part(n);
-  if (e.split == policy::tp_split::rows) {
+  std::uint32_t dim = e.split == policy::tp_split::rows ? 0u : 1u, groups = 1;
+  if (e.groups) {
+    // Block k of each of the runs of dimension group_dim, packed in order
+    // (from the shape, not from the plan's column rows).
+    dim = e.group_dim, groups = e.groups;
+    const std::uint64_t outer = dim == 0 ? 1 : e.info.shape[0], run = e.info.size / outer / groups,
+                        block = run / plan.parts(e);
+    std::uint64_t at = 0;
+    for (std::uint64_t o = 0; o < outer; ++o)
+      for (std::uint64_t g = 0; g < groups; ++g, at += block)
+        std::memcpy(part.data() + at, all.data() + (o * groups + g) * run + k * block, block);
+    REQUIRE(at == n);
+  } else if (e.split == policy::tp_split::rows) {
     std::memcpy(part.data(), all.data() + plan.kept_begin(e, r), n);
   } else {
     const auto row = policy::load_plan::row_bytes(e), w = row / plan.parts(e);
@@ -101,7 +113,7 @@ std::string expected_digest(const policy::load_plan& plan, const policy::plan_en
   tensor_view v;
   v.tensor = &ck.tensors()[e.index];
   v.bytes = part;
-  v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(plan.parts(e))};
+  v.part = {dim, static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(plan.parts(e)), groups};
   d.accept(std::move(v));
   return d.digests().at(e.info.name).sha256;
 }
@@ -439,6 +451,35 @@ TEST_CASE("4 ranks, parts the engine's model chose: each rank holds its blocks, 
   REQUIRE(cols > 0);
   auto o = small_options();
   o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by both owners
+  o.plan.model_owners = owners;
+  check_load(4, "tp1,dp4,ep1", "none", o);
+}
+
+TEST_CASE("4 ranks, a fused tensor's runs: each rank holds its block of every run, packed, and receives only those",
+          "[comm][distributed][model_owners]") {
+  // A merged column-parallel layer (gate and up in one tensor, LFM2's
+  // in_proj) narrows each run of dim 0 to its TP block: the model's split
+  // says groups 2 or 4 runs of dim 0, or 2 runs of dim 1, each cut in 2.
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto owners = std::make_shared<std::map<std::string, policy::model_owner>>();
+  std::size_t by_rows = 0, by_cols = 0;
+  for (const auto& t : ck.tensors()) {
+    auto& m = (*owners)[t.name];
+    if (t.size && t.shape.size() == 2 && t.shape[0] % 8 == 0 && by_rows <= by_cols) {
+      const std::uint32_t runs = by_rows % 2 ? 4 : 2;
+      m = {{0, 1, 2, 3}, policy::tp_split::rows, 2, {0, 1, 1, 0}, runs};
+      ++by_rows;
+    } else if (t.size && t.shape.size() == 2 && t.shape[1] % 4 == 0) {
+      m = {{1, 2}, policy::tp_split::columns, 2, {1, 0}, 2};
+      ++by_cols;
+    } else {
+      m.ranks = {0, 1, 2, 3};
+    }
+  }
+  REQUIRE(by_rows > 1);
+  REQUIRE(by_cols > 0);
+  auto o = small_options();
+  o.plan.split_bytes = 4u << 10;  // runs read in blocks by several owners
   o.plan.model_owners = owners;
   check_load(4, "tp1,dp4,ep1", "none", o);
 }

@@ -554,4 +554,33 @@ TEST_CASE("the engine's model splits a tensor into parts: each owner reads or re
   CHECK_THROWS_WITH(bad("down", {{0, 1}, tp_split::columns, 2, {0, 2}}), Catch::Contains("part 2"));
   CHECK_THROWS_WITH(bad("norm", {{0, 1}, tp_split::columns, 2, {0, 1}}), Catch::Contains("'norm'"));   // 1-D: no columns
   CHECK_THROWS_WITH(bad("qkv", {{0, 1}, tp_split::rows, 2, {0}}), Catch::Contains("1 parts for 2 owners"));
+  CHECK_THROWS_WITH(bad("down", {{0, 1}, tp_split::rows, 2, {0, 1}, 3}),   // 16 rows: 3 runs do not divide them
+                    Catch::Contains("'down'") && Catch::Contains("of each of 3 runs") && Catch::Contains("does not divide"));
+
+  // A fused tensor's runs (model_owner::groups): qkv's 64 rows as 4 runs of
+  // 16, each rank keeping block k of 2 of every run; down's 64 columns as 2
+  // runs. Each keeper's bytes still arrive once, as its blocks.
+  auto runs = std::make_shared<std::map<std::string, model_owner>>(*owners);
+  (*runs)["qkv"] = {{0, 1, 2, 3}, tp_split::rows, 2, {0, 1, 1, 0}, 4};
+  (*runs)["down"] = {{0, 1}, tp_split::columns, 2, {1, 0}, 2};
+  auto o3 = o;
+  o3.model_owners = runs;
+  const auto q = make_plan(tensors, classifier::deepseek(), 1, 4, 1, offload_kind::none, o3);
+  for (const char* name : {"qkv", "down"}) {
+    INFO(name);
+    const auto& e = q.entry(name);
+    CHECK(e.split == tp_split::columns);   // carried as a column split of the runs
+    CHECK(e.groups == (std::string(name) == "qkv" ? 4u : 2u));
+    CHECK(load_plan::row_bytes(e) == (std::string(name) == "qkv" ? 16u * 32 * 2 : 32u * 2));
+    CHECK(q.kept_bytes(e) == e.info.size / 2);
+    for (const auto k : e.owners.members()) {
+      std::uint64_t in = 0;
+      for (const auto& r : e.reads)
+        if (r.reader == k) in += r.size / 2;   // its own block, cut from what it read
+      for (const auto& msg : q.messages_of(e))
+        if (msg.to == k) in += msg.size;
+      CHECK(in == q.kept_bytes(e));
+    }
+  }
+  CHECK(make_schedule(q).windows.size() == q.windows);
 }

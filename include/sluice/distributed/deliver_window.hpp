@@ -33,6 +33,15 @@
 
 namespace sluice::inline v0::detail {
 
+// The part of `e` rank `r` keeps, as its views say it: the split's block, or
+// a grouped split's block of every run (plan_entry::groups).
+[[nodiscard]] inline tensor_part part_view(const policy::load_plan& plan, const policy::plan_entry& e, policy::rank_t r) {
+  if (e.split == policy::tp_split::none) return {};
+  const auto dim = e.groups ? e.group_dim : e.split == policy::tp_split::rows ? 0u : 1u;
+  return {dim, static_cast<std::uint32_t>(plan.part_of(e, r)), static_cast<std::uint32_t>(plan.parts(e)),
+          e.groups ? e.groups : 1u};
+}
+
 class deliver_window : public pipeable {
  public:
   using input_type = window_state;
@@ -80,9 +89,7 @@ class deliver_window : public pipeable {
           v.bytes = ws.kept_at[i - ws.begin];
           v.hold = dev ? L.dev_kept : L.kept;
           v.host_destined = e.owner_destination == policy::destination::host;
-          if (e.split != policy::tp_split::none)
-            v.part = {e.split == policy::tp_split::rows ? 0u : 1u, static_cast<std::uint32_t>(plan.part_of(e, me_)),
-                      static_cast<std::uint32_t>(plan.parts(e))};
+          v.part = part_view(plan, e, me_);
           st.owned += 1;
           st.kept += plan.kept_bytes(e);
           st.device_views += dev ? 1 : 0;

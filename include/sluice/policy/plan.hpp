@@ -68,6 +68,10 @@ struct model_owner {
   tp_split split = tp_split::none;
   std::uint32_t parts = 1;
   std::vector<std::uint32_t> part;
+  /// The split dimension as `groups` equal runs, each cut into `parts`
+  /// blocks, ranks[i] keeping block part[i] of every run: a fused tensor
+  /// (gate and up, LFM2's in_proj) whose layer narrows each run. 1: one run.
+  std::uint32_t groups = 1;
 };
 
 /// Knobs of plan computation.
@@ -137,6 +141,12 @@ struct plan_entry {
   /// number of parts and each rank's part (empty: TP's, load_plan::tp_rank).
   std::uint32_t parts = 0;
   std::vector<std::uint32_t> part_of;
+  /// A model's split of `groups` > 1 runs (model_owner::groups) along
+  /// `group_dim`: carried as a column split of the tensor seen as
+  /// `column_rows` rows (load_plan::row_bytes), each rank's block of every
+  /// run packed in order. 0: not grouped.
+  std::uint32_t groups = 0, group_dim = 0;
+  std::uint64_t column_rows = 0;
   std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
   std::uint32_t window = 0;
   std::int32_t stage = -1;          ///< the pipeline stage that owns it; -1: every stage
@@ -196,9 +206,14 @@ class load_plan {
   [[nodiscard]] std::uint64_t kept_begin(const plan_entry& e, rank_t r) const noexcept {
     return e.split == tp_split::rows ? part_of(e, r) * kept_bytes(e) : 0;
   }
-  /// Bytes per row (dim 0) of a column-split tensor.
+  /// Rows a column split cuts: dim 0's, or a grouped split's (plan_entry::column_rows).
+  [[nodiscard]] static std::uint64_t column_rows(const plan_entry& e) noexcept {
+    return e.column_rows ? e.column_rows : e.info.shape.empty() ? 0 : e.info.shape[0];
+  }
+  /// Bytes per row of a column-split tensor (column_rows).
   [[nodiscard]] static std::uint64_t row_bytes(const plan_entry& e) noexcept {
-    return e.info.shape.empty() || e.info.shape[0] == 0 ? e.info.size : e.info.size / e.info.shape[0];
+    const auto rows = column_rows(e);
+    return rows == 0 ? e.info.size : e.info.size / rows;
   }
   /// Whether rank `r` keeps the bytes of `read` as they lie in the file (it
   /// owns the tensor and, for a row split, the read is its part), so that its
@@ -420,13 +435,20 @@ inline void place_by_model(const load_plan& p, plan_entry& e, const model_owner&
   }
   if (m.split == tp_split::none || m.parts <= 1) return;
   const auto dim = m.split == tp_split::rows ? 0u : 1u;
-  if (e.info.shape.size() <= dim || e.info.shape[dim] % m.parts || e.info.size % m.parts)
-    throw config_error(fmt::format("plan: the model splits tensor '{}' into {} parts along dimension {}, which does not divide it",
-                                   name, m.parts, dim));
+  const std::uint64_t cut = std::uint64_t{m.parts} * std::max<std::uint32_t>(m.groups, 1);
+  if (e.info.shape.size() <= dim || e.info.shape[dim] % cut || e.info.size % cut)
+    throw config_error(fmt::format("plan: the model splits tensor '{}' into {} parts{} along dimension {}, which does not divide it",
+                                   name, m.parts, m.groups > 1 ? fmt::format(" of each of {} runs", m.groups) : "", dim));
   if (m.part.size() != m.ranks.size())
     throw config_error(fmt::format("plan: the model's split of tensor '{}' gives {} parts for {} owners", name, m.part.size(), m.ranks.size()));
   e.split = m.split;
   e.parts = m.parts;
+  if (m.groups > 1) {  // block k of every run: a column split of the tensor seen as runs (or rows x runs) of whole rows
+    e.split = tp_split::columns;
+    e.groups = m.groups;
+    e.group_dim = dim;
+    e.column_rows = dim == 0 ? m.groups : e.info.shape[0] * m.groups;
+  }
   e.part_of.assign(p.world, 0);
   std::vector<bool> kept(m.parts, false);
   for (std::size_t i = 0; i < m.ranks.size(); ++i) {
@@ -540,7 +562,7 @@ inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_
       // owners when large; the reader slices them (load_plan::for_each_message).
       const auto row = load_plan::row_bytes(e);
       const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
-      for (auto [r0, n] : split_range(0, e.info.shape[0], parts, 1)) {
+      for (auto [r0, n] : split_range(0, load_plan::column_rows(e), parts, 1)) {
         add_read(r0 * row, n * row);
         balance(e.owners);
       }

@@ -33,6 +33,7 @@ struct tensor_digest {
   [[nodiscard]] std::string line() const {
     auto l = fmt::format("{}\t{}\t[{}]\t{}", printable(name), format::name(type), fmt::join(shape, ","), sha256);
     if (part.count > 1) l += fmt::format("\tpart={}/{},dim={}", part.index, part.count, part.dim);
+    if (part.groups > 1) l += fmt::format(",groups={}", part.groups);
     return l;
   }
 };

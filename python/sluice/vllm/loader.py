@@ -366,7 +366,7 @@ class SluiceModelLoader(_vllm.base_loader()):
                 yield name, t
                 continue
             cut = own.splits.get(name)
-            split = (cut[0], cut[2][own.rank], cut[1]) if cut else None
+            split = (cut[0], cut[2][own.rank], cut[1]) + ((cut[3],) if cut[3] > 1 else ()) if cut else None
             if getattr(t, "sluice_part", None) != split or not t.is_contiguous():
                 raise sluice.DistributedError(f"tensor '{name}' arrived as part {getattr(t, 'sluice_part', None)} "
                                               f"of shape {tuple(t.shape)}; the plan cut it as {split}")

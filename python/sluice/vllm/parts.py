@@ -6,11 +6,14 @@ checkpoint tensor as a view of it: (offset, shape, strides), in elements of
 the tensor laid out contiguously. A TP layer's copy is a block of dimension 0
 (a column-parallel weight's rows) or 1 (a row-parallel weight's columns); an
 EP rank's copies of a fused expert tensor are the dim-0 blocks of its
-experts. `needs` says which rows and columns one rank's copies read; `choose`
-cuts the tensor into the most equal blocks of one dimension such that every
-owner's copies fall in one block and every block has an owner (the plan's
-model_owners split); `view_in_part` maps a copy's view onto the block that
-arrives, so the copies replay there.
+experts; a merged column-parallel layer (gate and up in one checkpoint
+tensor, LFM2's in_proj, QKV of equal heads) copies its block of each run of
+rows. `needs` says which rows and columns one rank's copies read (a box per
+copy); `choose` cuts one dimension into equal runs (one run, or a fused
+tensor's) and each run into the most equal blocks such that every owner's
+copies fall in one block index and every block has an owner (the plan's
+model_owners split); `view_in_part` maps a copy's view onto what arrives
+(the rank's block of every run, packed), so the copies replay there.
 """
 from __future__ import annotations
 
@@ -23,79 +26,134 @@ def _extent(shape, strides) -> int:
     return sum((n - 1) * s for n, s in zip(shape, strides) if n > 0)
 
 
-def needs(shape, copies):
-    """(first row, last row, first column, last column) that `copies` (each
-    (offset, shape, strides, ...)) read from a contiguous tensor of `shape`
-    (dimension 0 rows, dimension 1 columns; a 1-D tensor has one column per
-    row); None when some view is not a block of whole elements of rows
-    (a stride that crosses rows without being a multiple of a row)."""
-    if not shape:
-        return None
+def _box(shape, copy):
+    """(first row, last row, first column, last column) one copy reads, or
+    None when it is not a block of whole elements of rows; () when empty."""
+    offset, vshape, vstrides = copy[:3]
+    if prod(vshape) == 0:
+        return ()
     row = prod(shape[1:])
     col = prod(shape[2:]) if len(shape) > 1 else 1
-    lo_r = lo_c = None
-    hi_r = hi_c = -1
-    for offset, vshape, vstrides, *_ in copies:
-        if prod(vshape) == 0:
-            continue
-        across = [(n, s) for n, s in zip(vshape, vstrides) if s >= row and n > 1]
-        if any(s % row for _, s in across):
-            return None
-        inner = sum((n - 1) * s for n, s in zip(vshape, vstrides) if s < row)
-        at = offset % row
-        if at + inner >= row:
-            return None
-        r0, r1 = offset // row, (offset + _extent(vshape, vstrides)) // row
-        c0, c1 = at // col, (at + inner) // col
-        lo_r = r0 if lo_r is None else min(lo_r, r0)
-        lo_c = c0 if lo_c is None else min(lo_c, c0)
-        hi_r, hi_c = max(hi_r, r1), max(hi_c, c1)
-    if lo_r is None:
+    across = [(n, s) for n, s in zip(vshape, vstrides) if s >= row and n > 1]
+    if any(s % row for _, s in across):
         return None
-    return lo_r, hi_r, lo_c, hi_c
+    inner = sum((n - 1) * s for n, s in zip(vshape, vstrides) if s < row)
+    at = offset % row
+    if at + inner >= row:
+        return None
+    return offset // row, (offset + _extent(vshape, vstrides)) // row, at // col, (at + inner) // col
+
+
+def _merged(boxes):
+    """`boxes` with those that make one box together merged (a fused
+    expert's w1 and w3 halves, consecutive experts): fewer to exchange, the
+    same rows and columns."""
+    out = sorted(set(boxes))
+    for _ in range(2):
+        merged = []
+        for b in sorted(out, key=lambda b: (b[2], b[3], b[0], b[1])):   # rows of equal columns
+            p = merged[-1] if merged else None
+            if p and p[2:] == b[2:] and b[0] <= p[1] + 1:
+                merged[-1] = (p[0], max(p[1], b[1]), p[2], p[3])
+            else:
+                merged.append(b)
+        out = []
+        for b in sorted(merged):                                          # columns of equal rows
+            p = out[-1] if out else None
+            if p and p[:2] == b[:2] and b[2] <= p[3] + 1:
+                out[-1] = (p[0], p[1], p[2], max(p[3], b[3]))
+            else:
+                out.append(b)
+    return tuple(out)
+
+
+def needs(shape, copies):
+    """The boxes (first row, last row, first column, last column) that
+    `copies` (each (offset, shape, strides, ...)) read from a contiguous
+    tensor of `shape` (dimension 0 rows, dimension 1 columns; a 1-D tensor
+    has one column per row), merged where they make one box; None when
+    some view is not a block of whole elements of rows (a stride that
+    crosses rows without being a multiple of a row), or nothing is read."""
+    if not shape:
+        return None
+    boxes = []
+    for copy in copies:
+        b = _box(shape, copy)
+        if b is None:
+            return None
+        if b:
+            boxes.append(b)
+    return _merged(boxes) if boxes else None
+
+
+def _divisors(n):
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def choose(shape, needed: dict):
     """The split of a tensor of `shape` among its owners, from what each
-    needs ({rank: needs(...)}): (dim, parts, {rank: part}) for the most parts
-    (at most one per owner) that divide dimension `dim` such that each
-    owner's needs fall in one part and every part has an owner (rows before
-    columns on a tie), or None: each owner keeps it whole."""
+    needs ({rank: needs(...)}): (dim, parts, {rank: part}, groups), where
+    dimension `dim` is `groups` equal runs each cut into `parts` blocks and
+    each owner's boxes all fall in block `part` of some run; the most parts
+    (at most one per owner) such that every part has an owner, then the
+    fewest runs, rows before columns; or None: each owner keeps it whole."""
     if not needed or any(n is None for n in needed.values()) or not shape:
         return None
     best = None
     for dim in (0, 1) if len(shape) > 1 else (0,):
         size = shape[dim]
-        for parts in range(min(len(needed), size), 1, -1):
-            if size % parts:
-                continue
-            block = size // parts
-            part = {}
-            for rank, (r0, r1, c0, c1) in needed.items():
-                lo, hi = (r0, r1) if dim == 0 else (c0, c1)
-                if lo // block != hi // block:
+        # A block holds the widest box: most tensors (every owner reads all
+        # of it) stop here.
+        widest = max(b[2 * dim + 1] - b[2 * dim] + 1 for boxes in needed.values() for b in boxes)
+        if 2 * widest > size:
+            continue
+        for groups in _divisors(size):
+            run = size // groups
+            for parts in range(min(len(needed), run // widest), 1, -1):
+                if run % parts or (best is not None and (parts, -groups) <= (best[1], -best[3])):
+                    continue
+                block = run // parts
+                part = {}
+                for rank, boxes in needed.items():
+                    got = set()
+                    for r0, r1, c0, c1 in boxes:
+                        lo, hi = (r0, r1) if dim == 0 else (c0, c1)
+                        if lo // block != hi // block:
+                            break
+                        got.add(lo % run // block)
+                    else:
+                        if len(got) == 1:
+                            part[rank] = got.pop()
+                            continue
                     break
-                part[rank] = lo // block
-            else:
-                if len(set(part.values())) == parts:
-                    if best is None or parts > best[1]:
-                        best = (dim, parts, part)
-                    break
+                else:
+                    if len(set(part.values())) == parts:
+                        best = (dim, parts, part, groups)
+                        break
     return best
 
 
 def view_in_part(full_shape, split, copy):
     """(offset, shape, strides) of `copy`'s view (offset, shape, strides
     over the whole tensor) in the part that arrives, contiguous: `split` is
-    (dim, index, parts) or None (the whole tensor arrives)."""
+    (dim, index, parts[, groups]) (block `index` of every one of `groups`
+    runs of `dim`, packed in order) or None (the whole tensor arrives)."""
     offset, vshape, vstrides = copy[:3]
     if split is None:
         return offset, vshape, vstrides
-    dim, index, parts = split
+    dim, index, parts, *more = split
+    groups = more[0] if more else 1
     row = prod(full_shape[1:])
     if dim == 0:
-        return offset - index * (full_shape[0] // parts) * row, vshape, vstrides
+        run = full_shape[0] // groups
+        block = run // parts
+        r = offset // row
+        return (r // run * block + r % run - index * block) * row + offset % row, vshape, vstrides
     col = prod(full_shape[2:])
+    run = full_shape[1] // groups
+    block = run // parts
     width = full_shape[1] // parts * col   # a part's row, in elements
+    c, within = divmod(offset % row, col)
     strides = tuple(s // row * width if s >= row else s for s in vstrides)
-    return offset // row * width + offset % row - index * width, vshape, strides
+    return offset // row * width + (c // run * block + c % run - index * block) * col + within, vshape, strides

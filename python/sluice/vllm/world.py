@@ -128,8 +128,8 @@ class Peers:
 class Ownership:
     """What every rank's model does with each tensor of a checkpoint:
     `owners` {name: [sluice ranks whose model takes its bytes]}, `splits`
-    {name: (dim, parts, {rank: part})} (the tensors the owners' copies let
-    be cut: each owner gets only its block), `stand_ins` (the names this
+    {name: (dim, parts, {rank: part}, runs)} (the tensors the owners' copies
+    let be cut: each owner gets only its block of every run, parts.choose), `stand_ins` (the names this
     rank's model calls a loader with but writes nothing from: they come as
     byte-less stand-ins, so that the call happens, at the same place in
     every rank's sequence), `direct` (the names whose copies this rank
@@ -155,7 +155,7 @@ class Ownership:
 
     def model_owners(self, split=True) -> dict:
         """The plan's model_owners: {name: [ranks]}, or ([ranks], dim,
-        parts, [part of each]) for a split tensor (`split`: False keeps every
+        parts, [part of each], runs) for a split tensor (`split`: False keeps every
         tensor whole, for a stream that goes through load_weights, and
         streams the local ones too). With `split`, a local tensor has no
         owner in the stream: its rank reads it apart."""
@@ -165,7 +165,7 @@ class Ownership:
             if split and name in self.local:
                 out[name] = []
             else:
-                out[name] = (ranks, cut[0], cut[1], [cut[2][r] for r in ranks]) if cut else ranks
+                out[name] = (ranks, cut[0], cut[1], [cut[2][r] for r in ranks], cut[3]) if cut else ranks
         return out
 
 

@@ -27,6 +27,22 @@ def dense(path, seed=0, tie=False, shard="400KB", **sizes):
     return _save(LlamaForCausalLM(cfg).to(torch.bfloat16), path, shard)
 
 
+def phi3(path, seed=0):
+    """Phi-3: its checkpoint keeps QKV and gate/up fused (`self_attn.qkv_proj`,
+    `mlp.gate_up_proj`), which vLLM's merged column-parallel layers narrow
+    run by run (q, k, v; gate, up). Equal heads, so the three runs are equal."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Phi3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                     original_max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                     tie_word_embeddings=False)
+    _save(Phi3ForCausalLM(cfg).to(torch.bfloat16), path, "400KB")
+    _expect(path, "model.layers.0.self_attn.qkv_proj.weight")
+    _expect(path, "model.layers.0.mlp.gate_up_proj.weight")
+    return path
+
+
 def moe(path, seed=0):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     torch.manual_seed(seed)
@@ -104,9 +120,12 @@ def tensor_bytes(path, skip=lambda name: False):
 # a fused expert tensor (GraniteMoE's [E, ...]) is its experts' dim-0 rows.
 # LFM2's short convolution: conv.conv (column-parallel), in_proj (merged
 # column-parallel), out_proj (row-parallel, as its attention's out_proj).
+# Phi-3's fused qkv_proj and gate_up_proj: merged column-parallel, 1/TP of
+# each run, so 1/TP of the tensor.
 import re as _re  # noqa: E402
 
-_ROWS = _re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|kv_b_proj|embed_tokens|lm_head|conv\.conv|conv\.in_proj)"
+_ROWS = _re.compile(r"\.(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj|gate_up_proj|kv_b_proj|embed_tokens|lm_head"
+                   r"|conv\.conv|conv\.in_proj)"
                     r"\.weight$|^lm_head\.weight$")
 _COLS = _re.compile(r"\.(o_proj|down_proj|out_proj)\.weight$")
 _FUSED_EXPERTS = _re.compile(r"\.block_sparse_moe\.(input_linear|output_linear)\.weight$")

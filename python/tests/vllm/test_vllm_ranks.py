@@ -9,7 +9,10 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
 - TP2 with expert parallelism (EP = 2) on the MoE model: the same equality, and
   each rank keeps only its own experts' weights and its TP parts of the rest.
 - Two more naming schemes at TP2 x EP2: GraniteMoE's fused 3-D experts (each
-  rank keeps its experts' dim-0 rows) and LFM2-MoE's feed_forward.experts.N.
+  rank keeps its experts' dim-0 rows) and LFM2-MoE's feed_forward.experts.N
+  (its merged in_proj cut as three runs of rows, each rank its block of each).
+- TP2 on a Phi-3 (fused qkv_proj and gate_up_proj in the checkpoint): each
+  rank gets its block of every run of each fused tensor.
 - Round-robin expert placement requested (EP = 2): on a DeepSeek-V3 with
   expert groups vLLM keeps it, and each rank gets the experts r, r + 2, ...;
   on the Qwen3-MoE vLLM's layers fall back to linear, and sluice follows the
@@ -94,13 +97,19 @@ def schemes(paths):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(paths, round_robin_paths, mixtral_path, schemes):
+def phi3_path(paths):
+    """A Phi-3 written by transformers: fused qkv_proj and gate_up_proj."""
+    return models.phi3(str(paths[2] / "phi3"))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(paths, round_robin_paths, mixtral_path, schemes, phi3_path):
     """The models loaded by two ranks (TP2; the MoEs with expert parallelism, linear; the round-robin
     jobs with round-robin placement requested): ({model: per-rank results}, the ranks' logs, moe, dense)."""
     moe, dense, d = paths
     tp2 = [schemes["granitemoe"], schemes["lfm2_moe"]]
-    jobs = [moe, dense, mixtral_path, *tp2]
-    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0", f"{mixtral_path}:1", *(f"{m}:1" for m in tp2),
+    jobs = [moe, dense, mixtral_path, phi3_path, *tp2]
+    results, logs = _run(d, "2", [f"{moe}:1", f"{dense}:0", f"{mixtral_path}:1", f"{phi3_path}:0", *(f"{m}:1" for m in tp2),
                                   *(f"{m}:rr" for m in round_robin_paths)])
     return {m: [r[m] for r in results] for m in (*jobs, *round_robin_paths)}, logs, moe, dense
 
@@ -196,14 +205,21 @@ def test_ep2_fused_experts_each_rank_gets_its_dim0_blocks(two_ranks, schemes):
 
 
 def test_ep2_lfm2_moe_feed_forward_experts_go_to_their_owners(two_ranks, schemes):
-    """LFM2-MoE names its experts feed_forward.experts.N. A known gap: its short convolution's
-    in_proj is one checkpoint tensor that vLLM's merged column-parallel layer narrows into three
-    row blocks per TP rank; sluice cuts one block per rank, so it arrives whole (replayed outside
-    load_weights all the same)."""
+    """LFM2-MoE names its experts feed_forward.experts.N. Its short convolution's in_proj is one
+    checkpoint tensor that vLLM's merged column-parallel layer narrows into three row blocks per
+    TP rank (B, C, x): the plan cuts it as three runs of rows, each rank getting its block of
+    every run, packed (before: it arrived whole on both ranks)."""
     from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
     path = schemes["lfm2_moe"]
-    _check_shares(two_ranks[0][path], path,
-                  lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank), whole=r"\.conv\.in_proj\.weight$"))
+    _check_shares(two_ranks[0][path], path, lambda rank: models.tp_share(path, 2, compute_local_expert_ids(4, 2, rank)))
+
+
+def test_tp2_phi3_fused_qkv_and_gate_up_each_rank_gets_its_block_of_every_run(two_ranks, phi3_path):
+    """Phi-3 as transformers writes it keeps QKV and gate/up fused in one tensor each; vLLM's
+    merged layers narrow q, k and v (gate and up) separately: each rank's copies are one block of
+    each run. Each rank keeps (and receives no more than) half of each fused tensor, no name
+    saying so, and every parameter equals vLLM's own load."""
+    _check_shares(two_ranks[0][phi3_path], phi3_path, lambda rank: models.tp_share(phi3_path, 2))
 
 
 @pytest.mark.parametrize("model", ["moe", "granitemoe", "lfm2_moe", "deepseek_v4"])
