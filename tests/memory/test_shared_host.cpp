@@ -1,9 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <string>
 
@@ -57,6 +60,52 @@ TEST_CASE("attaching after the creator closed its handle fails cleanly", "[memor
   seg.close_handle();
   REQUIRE_THROWS_AS(seg.handle(), config_error);
   REQUIRE_THROWS_AS(memory::shared_host::attach(handle, 8192), io_error);
+}
+
+TEST_CASE("the segment is sealed: no holder can resize it under a rank that maps it, and attach maps nothing else",
+          "[memory][shared_host][hostile]") {
+  auto seg = memory::shared_host::create(8192, unique_name("sealed"));
+  const auto handle = seg.handle();
+  // A local process that opens the handle (a rank, or anyone who can) cannot
+  // shrink or grow it: a shrink would make every mapper's reads SIGBUS.
+  const int fd = ::open(handle.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  errno = 0;
+  CHECK(::ftruncate(fd, 0) != 0);
+  CHECK(errno == EPERM);
+  CHECK(::ftruncate(fd, 1 << 20) != 0);
+  CHECK(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) != 0);   // the seals themselves are sealed
+  ::close(fd);
+  seg.bytes()[8191] = std::byte{7};
+  REQUIRE(memory::shared_host::attach(handle, 8192).bytes()[8191] == std::byte{7});
+
+  // What attach refuses, naming the handle: a plain file of the right size
+  // (the handle a hostile peer could send), an unsealed memfd, a directory.
+  const auto dir = std::filesystem::temp_directory_path() / unique_name("attach");
+  std::filesystem::create_directories(dir);
+  const auto plain = (dir / "segment").string();
+  {
+    const int f = ::open(plain.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(f >= 0);
+    REQUIRE(::ftruncate(f, 8192) == 0);
+    ::close(f);
+  }
+  const int loose = ::memfd_create("sluice-test-unsealed", MFD_CLOEXEC);
+  REQUIRE(loose >= 0);
+  REQUIRE(::ftruncate(loose, 8192) == 0);
+  const auto loose_handle = fmt::format("/proc/{}/fd/{}", ::getpid(), loose);
+  for (const auto& h : {plain, loose_handle, dir.string()}) {
+    INFO(h);
+    REQUIRE_THROWS_AS(memory::shared_host::attach(h, 8192), io_error);
+    try {
+      (void)memory::shared_host::attach(h, 8192);
+    } catch (const io_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(h));
+      if (h != dir.string()) CHECK_THAT(e.what(), Catch::Contains("not a sealed sluice segment"));
+    }
+  }
+  ::close(loose);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a view's lease keeps the segment mapped after the segment object goes", "[memory][shared_host]") {

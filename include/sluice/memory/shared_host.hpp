@@ -9,6 +9,13 @@
 /// ranks `attach` it while the creator still holds the fd (the driver puts a
 /// barrier between attach and `close_handle()`). Page-aligned; the mapping
 /// is MAP_SHARED, so a byte written by any rank is seen by all.
+///
+/// Sealed once sized (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL): no process
+/// holding it, a local rank or anyone who opened the handle, can truncate
+/// it under a rank that maps it (which would turn that rank's reads into
+/// SIGBUS). `attach` maps only such a segment: a memfd with those seals,
+/// owned by this user, of the size the plan says; any other file the handle
+/// names is refused, naming it.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -37,12 +44,13 @@ class shared_host {
 
   /// Creates a zero-filled segment of `size` bytes and maps it. Throws io_error.
   [[nodiscard]] static shared_host create(std::size_t size, std::string_view name = "sluice-shared") {
-    const int fd = ::memfd_create(std::string(name).c_str(), MFD_CLOEXEC);
+    const int fd = ::memfd_create(std::string(name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) throw io_error(fmt::format("memfd_create failed: {}", std::strerror(errno)), {std::string(name)}, errno);
-    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::fcntl(fd, F_ADD_SEALS, seals) != 0) {
       const int e = errno;
       ::close(fd);
-      throw io_error(fmt::format("cannot size the shared segment to {} bytes: {}", size, std::strerror(e)), {std::string(name)}, e);
+      throw io_error(fmt::format("cannot size and seal the shared segment at {} bytes: {}", size, std::strerror(e)),
+                     {std::string(name)}, e);
     }
     shared_host s;
     s.map_ = std::make_shared<mapping>(fd, size, true);
@@ -52,13 +60,19 @@ class shared_host {
   /// Maps the segment that `handle` names (see handle()); `size` must be its size. Throws io_error.
   [[nodiscard]] static shared_host attach(std::string_view handle, std::size_t size) {
     const std::string path(handle);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw io_error(fmt::format("cannot open the shared segment: {}", std::strerror(errno)), {path}, errno);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != size) {
+    auto refuse = [&](const std::string& why) {
       ::close(fd);
-      throw io_error(fmt::format("the shared segment has {} bytes, expected {}", st.st_size, size), {path});
-    }
+      throw io_error(fmt::format("refusing the shared segment: {}", why), {path});
+    };
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) refuse("not a memory file");
+    const int have = ::fcntl(fd, F_GET_SEALS);
+    if (have < 0 || (have & seals) != seals)
+      refuse(fmt::format("not a sealed sluice segment (seals {:#x}, expected {:#x}): a file a peer could resize", have, seals));
+    if (st.st_uid != ::geteuid()) refuse(fmt::format("owned by uid {}, not this process's {}", st.st_uid, ::geteuid()));
+    if (static_cast<std::size_t>(st.st_size) != size) refuse(fmt::format("it has {} bytes, expected {}", st.st_size, size));
     shared_host s;
     s.map_ = std::make_shared<mapping>(fd, size, false);
     s.map_->close_fd();  // the mapping keeps the memory; the fd is not needed
@@ -84,6 +98,8 @@ class shared_host {
   [[nodiscard]] explicit operator bool() const noexcept { return map_ != nullptr; }
 
  private:
+  static constexpr int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
   struct mapping {
     mapping(int f, std::size_t n, bool creator) : fd(f), size(n) {
       if (n == 0) return;
