@@ -456,3 +456,42 @@ def test_the_dry_run_says_which_copies_the_loader_reads_afterwards():
     assert plan.read_after == {"w"}   # v is not direct (arithmetic), so no copy of it is recorded
     plan = dry_run(Model(), _infos(_checkpoint()))
     assert plan.read_after == set()   # Model's loader only copies (a renorm would read)
+
+
+# ---- never silent (loader._say_what_goes_whole): what a rank's model takes
+# whole through load_weights is named with the dry run's reason; expert
+# parallelism under which no rank's dry run found an expert another holds is
+# a warning, not a silent n-fold delivery.
+def test_what_goes_whole_is_named_and_ep_without_experts_found_is_a_warning():
+    from types import SimpleNamespace
+    from sluice.vllm.loader import _say_what_goes_whole
+    from sluice.vllm.world import Ownership
+
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def info(self, fmt, *a):
+            self.lines.append(("info", fmt % a))
+
+        def warning(self, fmt, *a):
+            self.lines.append(("warning", fmt % a))
+
+    ck = SimpleNamespace(location="/ck", tensor_bytes=3 << 20,
+                         tensors=[SimpleNamespace(name=n, nbytes=1 << 20) for n in ("e.0.w1", "e.1.w1", "norm")])
+    plan = SimpleNamespace(streamed={"e.0.w1": "converted to another dtype", "e.1.w1": "converted to another dtype"})
+    everyone = {"e.0.w1": [0, 1], "e.1.w1": [0, 1], "norm": [0, 1]}
+    ep_on = SimpleNamespace(enable_expert_parallel=True)
+    own = Ownership(everyone, set(), {}, direct={"norm"}, plan=plan, rank=0)
+    log = Log()
+    said = _say_what_goes_whole(own, ck, 0, 2, ep_on, log)
+    assert said and "expert parallelism is on" in said and "/ck" in said
+    assert log.lines[0][0] == "info" and "2 tensor(s)" in log.lines[0][1] and "e.0.w1 (converted to another dtype)" in log.lines[0][1]
+    assert log.lines[1] == ("warning", said)
+    # An expert on one rank only, or a tensor cut in parts: experts were found.
+    found = Ownership({**everyone, "e.1.w1": [1]}, set(), {}, direct={"norm", "e.0.w1"}, plan=plan, rank=0)
+    assert _say_what_goes_whole(found, ck, 0, 2, ep_on, Log()) is None
+    cut = Ownership(everyone, set(), {}, splits={"e.0.w1": (0, 2, {0: 0, 1: 1}, 1)}, direct=set(everyone), plan=plan, rank=0)
+    log = Log()
+    assert _say_what_goes_whole(cut, ck, 0, 2, ep_on, log) is None and log.lines == []   # nothing whole, nothing said
+    assert _say_what_goes_whole(own, ck, 0, 2, SimpleNamespace(enable_expert_parallel=False), Log()) is None

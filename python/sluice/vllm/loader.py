@@ -105,6 +105,32 @@ def _merged(stream_stats, counts, local):
     return out
 
 
+def _say_what_goes_whole(own, ck, rank, size, parallel, log):
+    """Never silent: the tensors this rank's model takes that arrive whole
+    and go through load_weights (its loader converts or computes from them),
+    named with the dry run's reason; and, with expert parallelism on, a
+    warning when no tensor went to fewer than every rank, nor in parts: no
+    rank's dry run found an expert it does not hold, so every rank
+    receives every expert. Returns the warning said, or None."""
+    infos = {t.name: t for t in ck.tensors}
+    whole = [n for n, ranks in own.owners.items() if rank in ranks and n not in own.direct]
+    if whole:
+        why = own.plan.streamed if own.plan is not None else {}
+        log.info("sluice: %d tensor(s) (%.3f GiB) this rank's model takes go whole through load_weights: %s%s",
+                 len(whole), sum(infos[n].nbytes for n in whole) / 2**30,
+                 "; ".join(f"{n} ({why.get(n, 'converted')})" for n in whole[:4]),
+                 f"; and {len(whole) - 4} more" if len(whole) > 4 else "")
+    if not getattr(parallel, "enable_expert_parallel", False) or size < 2:
+        return None
+    if any(0 < len(r) < size for r in own.owners.values()) or own.splits:
+        return None
+    msg = (f"sluice: expert parallelism is on, but every rank's model takes every tensor of '{ck.location}' whole: "
+           "no rank's dry run found an expert another rank holds, so each rank receives all of them "
+           f"({ck.tensor_bytes / 2**30:.3f} GiB); its loader may convert expert weights before copying them")
+    log.warning(msg)
+    return msg
+
+
 def _record(stats):
     LOADS.append(dict(stats or {}))
     del LOADS[:-16]
@@ -252,6 +278,7 @@ class SluiceModelLoader(_vllm.base_loader()):
                 r = min(own.unwritten)
                 self._missing(ck, own.unwritten[r], log, where=f" (rank {r}'s model; {len(own.unwritten)} rank(s) in all)")
             model._sluice_ownership = own
+            _say_what_goes_whole(own, ck, rank, size, _vllm.current_parallel_config(), log)
             log.info("sluice: the models' dry runs (%.2f s): %d of %d tensors to this rank (%d cut into parts, "
                      "%d copied straight into their parameters), %d as stand-ins, %d tensors (%.3f GiB) no rank's "
                      "model takes", time.perf_counter() - t0,
