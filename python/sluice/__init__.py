@@ -327,8 +327,10 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       dimension `dim` into that many equal runs first (a fused tensor: gate
       and up, QKV of equal heads) and gives each rank its block of every
       run, packed in order (`sluice_part` (dim, index, parts, groups)), as a
-      merged column-parallel layer keeps it. Unlisted tensors follow
-      sluice's name rules.
+      merged column-parallel layer keeps it; a tuple of row counts instead
+      gives dimension 0's runs of unequal sizes (a QKV of grouped-query
+      attention: q's rows, k's, v's). Unlisted tensors follow sluice's name
+      rules.
     progress: True (a tqdm bar), False, None (a bar when stderr is a
       terminal), or a callable(bytes_done, total_bytes) called per tensor.
     topology/offload/store/world: a distributed load (see sluice._distributed):
@@ -375,8 +377,10 @@ def _plan_options(o, pp_stage_layers, pp_first_pattern, pp_last_pattern, expert_
         owners, parts = {}, {}
         for n, v in model_owners.items():
             if isinstance(v, tuple):
-                ranks, dim, count, part, *groups = v
-                parts[str(n)] = (int(dim), int(count), [int(k) for k in part], int(groups[0]) if groups else 1)
+                ranks, dim, count, part, *runs = v
+                runs = runs[0] if runs else 1
+                rows = [int(r) for r in runs] if isinstance(runs, (tuple, list)) else []
+                parts[str(n)] = (int(dim), int(count), [int(k) for k in part], len(rows) or int(runs), rows)
             else:
                 ranks = v
             owners[str(n)] = [int(r) for r in ranks]

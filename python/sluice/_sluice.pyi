@@ -83,7 +83,7 @@ class StreamOptions:
     placeholders: bool
     stand_ins: set[str]
     model_owners: dict[str, list[int]]
-    model_parts: dict[str, tuple[int, int, list[int], int]]
+    model_parts: dict[str, tuple[int, int, list[int], int, list[int]]]
     prefault: bool
     queue: int
     topology: str

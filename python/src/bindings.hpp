@@ -79,8 +79,9 @@ struct py_stream_options {
   // The engine's model's owners (plan_options::model_owners): name -> ranks; empty: the classifier's.
   std::map<std::string, std::vector<std::uint32_t>> model_owners;
   // Of those, the tensors the model splits: name -> (dimension 0 or 1, parts, each owner's part, runs
-  // of the dimension each cut into parts: model_owner::groups).
-  std::map<std::string, std::tuple<std::uint32_t, std::uint32_t, std::vector<std::uint32_t>, std::uint32_t>> model_parts;
+  // of the dimension each cut into parts: model_owner::groups, and their rows where unequal: run_rows).
+  std::map<std::string, std::tuple<std::uint32_t, std::uint32_t, std::vector<std::uint32_t>, std::uint32_t,
+                                   std::vector<std::uint64_t>>> model_parts;
   bool prefault = true;    // load_into: fault direct destinations in ahead (load_options::prefault_above)
   std::size_t queue = 8;
   // distributed (world_size > 1 or a topology)

@@ -38,13 +38,14 @@ distributed_options distributed_options_of(const py_stream_options& o) {
     for (const auto& [name, split] : o.model_parts) {
       const auto it = owners->find(name);
       if (it == owners->end()) throw config_error(fmt::format("model_owners: a split of tensor '{}', which has no owners", name));
-      const auto& [dim, parts, part, groups] = split;
+      const auto& [dim, parts, part, groups, run_rows] = split;
       if (dim > 1) throw config_error(fmt::format("model_owners: tensor '{}' split along dimension {} (0 or 1)", name, dim));
       if (groups == 0) throw config_error(fmt::format("model_owners: tensor '{}' split in 0 runs", name));
       it->second.split = dim == 0 ? policy::tp_split::rows : policy::tp_split::columns;
       it->second.parts = parts;
       it->second.part = part;
       it->second.groups = groups;
+      it->second.run_rows = run_rows;
     }
     d.plan.model_owners = std::move(owners);
   }

@@ -300,8 +300,10 @@ def _copy(view):
 
 def _block(full, dim, index, parts, groups=1):
     """The block the plan delivers: rows (dim 0) or columns (dim 1), contiguous;
-    with `groups` runs of the dimension, block `index` of each, packed in order."""
-    return torch.cat([run.chunk(parts, dim)[index] for run in full.chunk(groups, dim)], dim).contiguous()
+    with `groups` runs of the dimension (a count, or each run's rows), block
+    `index` of each, packed in order."""
+    runs = full.split(list(groups), dim) if isinstance(groups, tuple) else full.chunk(groups, dim)
+    return torch.cat([run.chunk(parts, dim)[index] for run in runs], dim).contiguous()
 
 
 def _replayed(full, split, copy):
@@ -375,6 +377,24 @@ def test_a_fused_tensors_runs_replay_on_each_ranks_blocks():
     for k, views in cols.items():
         for v in views:
             assert torch.equal(_replayed(wide, (1, k, 2, 2), _copy(v)), v)
+
+
+def test_a_gqa_qkv_is_runs_of_unequal_sizes_each_rank_its_block_of_each():
+    """Grouped-query attention's fused QKV (Phi-3-medium, Phi-4-mini): q has
+    more rows than k and v, so no equal runs hold each TP rank's three blocks;
+    the runs q, k, v (8, 4, 4 rows) do."""
+    full = torch.arange(16 * 3, dtype=torch.float32).view(16, 3)
+    mine = {k: [full.narrow(0, 4 * k, 4), full.narrow(0, 8 + 2 * k, 2), full.narrow(0, 12 + 2 * k, 2)] for k in range(2)}
+    need = {k: needs(full.shape, [_copy(v) for v in views]) for k, views in mine.items()}
+    assert choose(full.shape, need) == (0, 2, {0: 0, 1: 1}, (8, 4, 4))
+    for k, views in mine.items():
+        assert _block(full, 0, k, 2, (8, 4, 4)).shape == (8, 3)
+        for v in views:
+            assert torch.equal(_replayed(full, (0, k, 2, (8, 4, 4)), _copy(v)), v)
+    # DP replicas share their blocks; a rank whose rows cross two blocks, or rows no copy reads: whole.
+    assert choose(full.shape, {**need, 2: need[0]}) == (0, 2, {0: 0, 1: 1, 2: 0}, (8, 4, 4))
+    assert choose(full.shape, {0: need[0], 1: ((4, 8, 0, 2), (10, 11, 0, 2), (14, 15, 0, 2))}) is None
+    assert choose(full.shape, {0: need[0], 1: need[1][1:]}) is None
 
 
 def test_a_view_that_crosses_rows_unevenly_is_not_a_block():

@@ -92,7 +92,17 @@ std::string expected_digest(const policy::load_plan& plan, const policy::plan_en
   const auto n = plan.kept_bytes(e), k = plan.part_of(e, r);
   std::vector<std::byte> part(n);
   std::uint32_t dim = e.split == policy::tp_split::rows ? 0u : 1u, groups = 1;
-  if (e.groups) {
+  if (!e.run_ends.empty()) {
+    // Unequal runs of dim 0: block k of each, packed.
+    dim = 0, groups = e.groups;
+    std::uint64_t at = 0, begin = 0;
+    for (const auto end : e.run_ends) {
+      const auto block = (end - begin) / plan.parts(e);
+      std::memcpy(part.data() + at, all.data() + begin + k * block, block);
+      at += block, begin = end;
+    }
+    REQUIRE(at == n);
+  } else if (e.groups) {
     // Block k of each of the runs of dimension group_dim, packed in order
     // (from the shape, not from the plan's column rows).
     dim = e.group_dim, groups = e.groups;
@@ -459,15 +469,20 @@ TEST_CASE("4 ranks, a fused tensor's runs: each rank holds its block of every ru
           "[comm][distributed][model_owners]") {
   // A merged column-parallel layer (gate and up in one tensor, LFM2's
   // in_proj) narrows each run of dim 0 to its TP block: the model's split
-  // says groups 2 or 4 runs of dim 0, or 2 runs of dim 1, each cut in 2.
+  // says groups 2 or 4 runs of dim 0, or 2 runs of dim 1, each cut in 2, or
+  // runs of dim 0 of unequal sizes (a QKV of grouped-query attention).
   auto ck = checkpoint::open(checkpoint_dir());
   auto owners = std::make_shared<std::map<std::string, policy::model_owner>>();
   std::size_t by_rows = 0, by_cols = 0;
   for (const auto& t : ck.tensors()) {
     auto& m = (*owners)[t.name];
     if (t.size && t.shape.size() == 2 && t.shape[0] % 8 == 0 && by_rows <= by_cols) {
-      const std::uint32_t runs = by_rows % 2 ? 4 : 2;
-      m = {{0, 1, 2, 3}, policy::tp_split::rows, 2, {0, 1, 1, 0}, runs};
+      if (by_rows % 3 == 2) {   // unequal runs (a GQA QKV): a half, then two quarters of the rows
+        m = {{0, 1, 2, 3}, policy::tp_split::rows, 2, {0, 1, 1, 0}, 1, {t.shape[0] / 2, t.shape[0] / 4, t.shape[0] / 4}};
+      } else {
+        const std::uint32_t runs = by_rows % 3 ? 4 : 2;
+        m = {{0, 1, 2, 3}, policy::tp_split::rows, 2, {0, 1, 1, 0}, runs};
+      }
       ++by_rows;
     } else if (t.size && t.shape.size() == 2 && t.shape[1] % 4 == 0) {
       m = {{1, 2}, policy::tp_split::columns, 2, {1, 0}, 2};
@@ -476,7 +491,7 @@ TEST_CASE("4 ranks, a fused tensor's runs: each rank holds its block of every ru
       m.ranks = {0, 1, 2, 3};
     }
   }
-  REQUIRE(by_rows > 1);
+  REQUIRE(by_rows > 2);
   REQUIRE(by_cols > 0);
   auto o = small_options();
   o.plan.split_bytes = 4u << 10;  // runs read in blocks by several owners

@@ -583,4 +583,32 @@ TEST_CASE("the engine's model splits a tensor into parts: each owner reads or re
     }
   }
   CHECK(make_schedule(q).windows.size() == q.windows);
+
+  // Unequal runs of dim 0 (a GQA QKV: q 32 rows, k 16, v 16), block k of 2
+  // of each: read in whole runs, each keeper's bytes arriving once.
+  auto odd = std::make_shared<std::map<std::string, model_owner>>(*owners);
+  (*odd)["qkv"] = {{0, 1, 2, 3}, tp_split::rows, 2, {0, 1, 1, 0}, 1, {32, 16, 16}};
+  auto o4 = o;
+  o4.model_owners = odd;
+  const auto u = make_plan(tensors, classifier::deepseek(), 1, 4, 1, offload_kind::none, o4);
+  const auto& e = u.entry("qkv");
+  CHECK(e.groups == 3);
+  CHECK(e.run_ends == std::vector<std::uint64_t>{32 * 64, 48 * 64, 64 * 64});
+  CHECK(load_plan::run_count(e) == 3);
+  for (const auto& r : e.reads) {   // whole runs
+    CHECK(std::count(e.run_ends.begin(), e.run_ends.end(), r.offset + r.size) == 1);
+    CHECK((r.offset == 0 || std::count(e.run_ends.begin(), e.run_ends.end(), r.offset) == 1));
+  }
+  for (const auto k : e.owners.members()) {
+    std::uint64_t in = 0;
+    for (const auto& r : e.reads)
+      if (r.reader == k) in += r.size / 2;
+    for (const auto& msg : u.messages_of(e))
+      if (msg.to == k) in += msg.size;
+    CHECK(in == u.kept_bytes(e));
+  }
+  CHECK(make_schedule(u).windows.size() == u.windows);
+  CHECK_THROWS_WITH(bad("qkv", {{0, 1}, tp_split::rows, 2, {0, 1}, 1, {32, 16, 15}}), Catch::Contains("'qkv'") && Catch::Contains("runs"));
+  CHECK_THROWS_WITH(bad("qkv", {{0, 1}, tp_split::rows, 2, {0, 1}, 1, {32, 16}}), Catch::Contains("cover 48 of its 64 rows"));
+  CHECK_THROWS_WITH(bad("down", {{0, 1}, tp_split::columns, 2, {0, 1}, 1, {8, 8}}), Catch::Contains("dimension 1"));
 }

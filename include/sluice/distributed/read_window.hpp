@@ -151,11 +151,19 @@ class read_window : public pipeable {
     for (const auto& cut : L.layout->cuts) {
       const auto& e = plan.entries[mine[cut.from].entry];
       const auto& rd = e.reads[mine[cut.from].read];
-      const auto row = policy::load_plan::row_bytes(e), part = row / plan.parts(e), rows = rd.size / row;
+      // The read covers whole runs (rows, or a model's runs): block
+      // `cut.part` of each, packed.
+      const auto n = plan.parts(e);
       const std::byte* src = L.host_at(mine[cut.from].at, rd.size).data();
-      auto dst = L.host_at(cut.at, rows * part);
-      for (std::uint64_t j = 0; j < rows; ++j) std::memcpy(dst.data() + j * part, src + j * row + cut.part * part, part);
-      if (dev) L.uploads.emplace_back(L.data_at(cut.at, rows * part), dst);
+      auto dst = L.host_at(cut.at, rd.size / n);
+      std::uint64_t out = 0;
+      for (auto at = rd.offset; at < rd.offset + rd.size;) {
+        const auto end = policy::load_plan::run_end_at(e, at), block = (end - at) / n;
+        std::memcpy(dst.data() + out, src + (at - rd.offset) + cut.part * block, block);
+        out += block;
+        at = end;
+      }
+      if (dev) L.uploads.emplace_back(L.data_at(cut.at, rd.size / n), dst);
     }
     std::sort(L.uploads.begin(), L.uploads.end(), [](const auto& a, const auto& b) { return a.first.data() < b.first.data(); });
     std::size_t n = 0;

@@ -72,6 +72,10 @@ struct model_owner {
   /// blocks, ranks[i] keeping block part[i] of every run: a fused tensor
   /// (gate and up, LFM2's in_proj) whose layer narrows each run. 1: one run.
   std::uint32_t groups = 1;
+  /// Runs of dimension 0 of unequal sizes instead, in rows (each a multiple
+  /// of `parts`, summing to the dimension): a QKV of grouped-query
+  /// attention, q's rows then k's then v's. Empty: `groups` equal runs.
+  std::vector<std::uint64_t> run_rows;
 };
 
 /// Knobs of plan computation.
@@ -147,6 +151,8 @@ struct plan_entry {
   /// run packed in order. 0: not grouped.
   std::uint32_t groups = 0, group_dim = 0;
   std::uint64_t column_rows = 0;
+  /// Unequal runs (model_owner::run_rows): where each run ends, in bytes.
+  std::vector<std::uint64_t> run_ends;
   std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
   std::uint32_t window = 0;
   std::int32_t stage = -1;          ///< the pipeline stage that owns it; -1: every stage
@@ -210,10 +216,26 @@ class load_plan {
   [[nodiscard]] static std::uint64_t column_rows(const plan_entry& e) noexcept {
     return e.column_rows ? e.column_rows : e.info.shape.empty() ? 0 : e.info.shape[0];
   }
-  /// Bytes per row of a column-split tensor (column_rows).
+  /// Bytes per row of a column-split tensor (column_rows) whose runs are equal.
   [[nodiscard]] static std::uint64_t row_bytes(const plan_entry& e) noexcept {
     const auto rows = column_rows(e);
     return rows == 0 ? e.info.size : e.info.size / rows;
+  }
+  /// A column split's runs, each kept as `parts` blocks (whole rows of dim
+  /// 0, or a model's runs): how many, and where run `i` begins in bytes
+  /// (run_begin(e, run_count(e)) is the tensor's size). Reads of a column
+  /// split cover whole runs, so a reader cuts part k of each as block k.
+  [[nodiscard]] static std::uint64_t run_count(const plan_entry& e) noexcept {
+    return e.run_ends.empty() ? column_rows(e) : e.run_ends.size();
+  }
+  [[nodiscard]] static std::uint64_t run_begin(const plan_entry& e, std::uint64_t i) noexcept {
+    if (e.run_ends.empty()) return i * row_bytes(e);
+    return i == 0 ? 0 : e.run_ends[i - 1];
+  }
+  /// Where the run that begins at byte `at` ends.
+  [[nodiscard]] static std::uint64_t run_end_at(const plan_entry& e, std::uint64_t at) noexcept {
+    if (e.run_ends.empty()) return at + row_bytes(e);
+    return *std::upper_bound(e.run_ends.begin(), e.run_ends.end(), at);
   }
   /// Whether rank `r` keeps the bytes of `read` as they lie in the file (it
   /// owns the tensor and, for a row split, the read is its part), so that its
@@ -435,7 +457,7 @@ inline void place_by_model(const load_plan& p, plan_entry& e, const model_owner&
   }
   if (m.split == tp_split::none || m.parts <= 1) return;
   const auto dim = m.split == tp_split::rows ? 0u : 1u;
-  const std::uint64_t cut = std::uint64_t{m.parts} * std::max<std::uint32_t>(m.groups, 1);
+  const std::uint64_t cut = std::uint64_t{m.parts} * (m.run_rows.empty() ? std::max<std::uint32_t>(m.groups, 1) : 1);
   if (e.info.shape.size() <= dim || e.info.shape[dim] % cut || e.info.size % cut)
     throw config_error(fmt::format("plan: the model splits tensor '{}' into {} parts{} along dimension {}, which does not divide it",
                                    name, m.parts, m.groups > 1 ? fmt::format(" of each of {} runs", m.groups) : "", dim));
@@ -443,11 +465,25 @@ inline void place_by_model(const load_plan& p, plan_entry& e, const model_owner&
     throw config_error(fmt::format("plan: the model's split of tensor '{}' gives {} parts for {} owners", name, m.part.size(), m.ranks.size()));
   e.split = m.split;
   e.parts = m.parts;
-  if (m.groups > 1) {  // block k of every run: a column split of the tensor seen as runs (or rows x runs) of whole rows
+  if (m.groups > 1 || !m.run_rows.empty()) {  // block k of every run: a column split of the tensor seen as its runs
     e.split = tp_split::columns;
-    e.groups = m.groups;
+    e.groups = m.run_rows.empty() ? m.groups : static_cast<std::uint32_t>(m.run_rows.size());
     e.group_dim = dim;
-    e.column_rows = dim == 0 ? m.groups : e.info.shape[0] * m.groups;
+    e.column_rows = dim == 0 ? e.groups : e.info.shape[0] * m.groups;
+    if (!m.run_rows.empty()) {
+      if (dim != 0) throw config_error(fmt::format("plan: the model's runs of unequal size of tensor '{}' are along dimension 1 (0 only)", name));
+      const auto row = e.info.size / e.info.shape[0];
+      std::uint64_t rows = 0;
+      for (const auto n : m.run_rows) {
+        if (n == 0 || n % m.parts || n > e.info.shape[0] - rows)
+          throw config_error(fmt::format("plan: the model's runs of tensor '{}' ({} rows) do not cut its {} rows into runs of "
+                                         "whole blocks of {} parts", name, n, e.info.shape[0], m.parts));
+        rows += n;
+        e.run_ends.push_back(rows * row);
+      }
+      if (rows != e.info.shape[0])
+        throw config_error(fmt::format("plan: the model's runs of tensor '{}' cover {} of its {} rows", name, rows, e.info.shape[0]));
+    }
   }
   e.part_of.assign(p.world, 0);
   std::vector<bool> kept(m.parts, false);
@@ -560,10 +596,10 @@ inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_
     } else if (e.split == tp_split::columns) {
       // Whole rows (every part's columns), in blocks of rows across the
       // owners when large; the reader slices them (load_plan::for_each_message).
-      const auto row = load_plan::row_bytes(e);
       const std::size_t parts = size > opt.split_bytes ? e.owners.size() : 1;
-      for (auto [r0, n] : split_range(0, load_plan::column_rows(e), parts, 1)) {
-        add_read(r0 * row, n * row);
+      for (auto [r0, n] : split_range(0, load_plan::run_count(e), parts, 1)) {
+        const auto at = load_plan::run_begin(e, r0);
+        add_read(at, load_plan::run_begin(e, r0 + n) - at);
         balance(e.owners);
       }
     } else {
@@ -631,10 +667,12 @@ inline void enumerate_messages(const load_plan& p, const plan_entry& e, std::vec
   for (std::size_t k = 0; k < e.reads.size(); ++k) {
     const auto& rd = e.reads[k];
     if (e.split == tp_split::columns) {
-      const auto n = p.parts(e), row = load_plan::row_bytes(e), w = row / n, a = rd.offset / row, b = (rd.offset + rd.size) / row;
+      // Whole runs, each cut in n blocks: part k of them is rd.size / n
+      // bytes, at rd.offset / n of the keeper's part.
+      const auto n = p.parts(e);
       for (std::uint32_t part = 0; part < n; ++part)
         for (auto q : owners)
-          if (q != rd.reader && p.part_of(e, q) == part) out.push_back(planned_message{k, q, (b - a) * w, a * w, part});
+          if (q != rd.reader && p.part_of(e, q) == part) out.push_back(planned_message{k, q, rd.size / n, rd.offset / n, part});
     } else {
       for (auto q : owners)
         if (q != rd.reader && p.keeps_as_read(e, rd, q))

@@ -137,6 +137,7 @@ inline void hash_plan(schedule_hash& d, const load_plan& p) {
     for (auto r : e.owners.members()) d.mix(r);
     d.mix(static_cast<std::uint64_t>(e.split)), d.mix(static_cast<std::uint64_t>(e.owner_destination));
     d.mix(e.parts), d.mix(e.groups), d.mix(e.group_dim), d.mix(e.column_rows);
+    for (auto b : e.run_ends) d.mix(b);
     for (auto k : e.part_of) d.mix(k);
     d.mix(static_cast<std::uint64_t>(e.stage)), d.mix(e.window), d.mix(e.shared_offset);
     for (const auto& r : e.reads) d.mix(r.offset), d.mix(r.size), d.mix(r.reader);
@@ -217,9 +218,8 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
         out.scratch_bytes += rd.size;
       }
       if (e.split == tp_split::columns && owned) {  // its own part of these rows
-        const auto row = load_plan::row_bytes(e);
         out.cuts.push_back({out.reads.size() - 1, static_cast<std::uint32_t>(plan.part_of(e, me)),
-                            {true, kept + rd.offset / row * (row / plan.parts(e))}});
+                            {true, kept + rd.offset / plan.parts(e)}});   // whole runs: its blocks of them
       }
     }
     for (; next < mine.size() && msgs[mine[next]].entry == i; ++next) {

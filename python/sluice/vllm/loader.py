@@ -393,10 +393,12 @@ class SluiceModelLoader(_vllm.base_loader()):
                 yield name, t
                 continue
             cut = own.splits.get(name)
-            split = (cut[0], cut[2][own.rank], cut[1]) + ((cut[3],) if cut[3] > 1 else ()) if cut else None
-            if getattr(t, "sluice_part", None) != split or not t.is_contiguous():
+            split = (cut[0], cut[2][own.rank], cut[1]) + ((cut[3],) if cut[3] != 1 else ()) if cut else None
+            runs = len(split[3]) if split and len(split) > 3 and isinstance(split[3], tuple) else None
+            said = split if runs is None else (*split[:3], runs)   # unequal runs arrive counted
+            if getattr(t, "sluice_part", None) != said or not t.is_contiguous():
                 raise sluice.DistributedError(f"tensor '{name}' arrived as part {getattr(t, 'sluice_part', None)} "
-                                              f"of shape {tuple(t.shape)}; the plan cut it as {split}")
+                                              f"of shape {tuple(t.shape)}; the plan cut it as {said}")
             full = plan.shapes.get(name, tuple(t.shape))
             with torch.no_grad():
                 for copy in plan.copies[name]:

@@ -91,13 +91,50 @@ def _divisors(n):
     return sorted(set(small + [n // d for d in small]))
 
 
+def _unequal_runs(size, needed):
+    """(0, parts, {rank: part}, (rows of each run)) where the owners' row
+    ranges tile dimension 0 as runs of unequal sizes, each run `parts`
+    equal blocks and each owner always the same block (a QKV of
+    grouped-query attention: q's blocks, then k's, then v's); or None."""
+    keepers = {}
+    for rank, boxes in needed.items():
+        for b in boxes:
+            keepers.setdefault((b[0], b[1]), set()).add(rank)
+    ranges = sorted(keepers)
+    at = 0
+    for lo, hi in ranges:   # the ranges tile the rows: none overlaps, none is missing
+        if lo != at:
+            return None
+        at = hi + 1
+    if at != size:
+        return None
+    for parts in range(min(len(needed), len(ranges)), 1, -1):
+        if len(ranges) % parts:
+            continue
+        part, runs = {}, []
+        for g in range(0, len(ranges), parts):
+            run = ranges[g:g + parts]
+            rows = run[0][1] - run[0][0] + 1
+            if any(hi - lo + 1 != rows for lo, hi in run):
+                break
+            runs.append(rows * parts)
+            if any(part.setdefault(r, k) != k for k, rng in enumerate(run) for r in keepers[rng]):
+                break
+        else:
+            if len(part) == len(needed):
+                return 0, parts, part, tuple(runs)
+    return None
+
+
 def choose(shape, needed: dict):
     """The split of a tensor of `shape` among its owners, from what each
     needs ({rank: needs(...)}): (dim, parts, {rank: part}, groups), where
     dimension `dim` is `groups` equal runs each cut into `parts` blocks and
     each owner's boxes all fall in block `part` of some run; the most parts
     (at most one per owner) such that every part has an owner, then the
-    fewest runs, rows before columns; or None: each owner keeps it whole."""
+    fewest runs, rows before columns; or None: each owner keeps it whole.
+    Where no equal runs do, dimension 0's runs may be unequal (`groups` a
+    tuple of each run's rows: _unequal_runs)."""
     if not needed or any(n is None for n in needed.values()) or not shape:
         return None
     best = None
@@ -131,6 +168,10 @@ def choose(shape, needed: dict):
                     if len(set(part.values())) == parts:
                         best = (dim, parts, part, groups)
                         break
+    if len(shape) >= 1 and all(n is not None for n in needed.values()):
+        odd = _unequal_runs(shape[0], needed)
+        if odd is not None and (best is None or odd[1] > best[1]):
+            best = odd
     return best
 
 
@@ -138,13 +179,21 @@ def view_in_part(full_shape, split, copy):
     """(offset, shape, strides) of `copy`'s view (offset, shape, strides
     over the whole tensor) in the part that arrives, contiguous: `split` is
     (dim, index, parts[, groups]) (block `index` of every one of `groups`
-    runs of `dim`, packed in order) or None (the whole tensor arrives)."""
+    runs of `dim`, packed in order; `groups` a tuple: dimension 0's runs of
+    those many rows) or None (the whole tensor arrives)."""
     offset, vshape, vstrides = copy[:3]
     if split is None:
         return offset, vshape, vstrides
     dim, index, parts, *more = split
     groups = more[0] if more else 1
     row = prod(full_shape[1:])
+    if dim == 0 and isinstance(groups, (tuple, list)):   # runs of unequal sizes (rows each)
+        r, start = offset // row, 0
+        for rows in groups:
+            if r < start + rows:
+                break
+            start += rows
+        return (start // parts + r - start - index * (rows // parts)) * row + offset % row, vshape, vstrides
     if dim == 0:
         run = full_shape[0] // groups
         block = run // parts

@@ -30,11 +30,12 @@ def dense(path, seed=0, tie=False, shard="400KB", **sizes):
 def phi3(path, seed=0):
     """Phi-3: its checkpoint keeps QKV and gate/up fused (`self_attn.qkv_proj`,
     `mlp.gate_up_proj`), which vLLM's merged column-parallel layers narrow
-    run by run (q, k, v; gate, up). Equal heads, so the three runs are equal."""
+    run by run (q, k, v; gate, up). Grouped-query attention (4 heads, 2 KV
+    heads, as Phi-3-medium and Phi-4-mini have): q's run is twice k's."""
     from transformers import Phi3Config, Phi3ForCausalLM
     torch.manual_seed(seed)
     cfg = Phi3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                      original_max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                      tie_word_embeddings=False)
     _save(Phi3ForCausalLM(cfg).to(torch.bfloat16), path, "400KB")

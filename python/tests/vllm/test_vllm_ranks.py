@@ -11,8 +11,9 @@ initialize_model and parallel state, in two processes: ranks_worker.py).
 - Two more naming schemes at TP2 x EP2: GraniteMoE's fused 3-D experts (each
   rank keeps its experts' dim-0 rows) and LFM2-MoE's feed_forward.experts.N
   (its merged in_proj cut as three runs of rows, each rank its block of each).
-- TP2 on a Phi-3 (fused qkv_proj and gate_up_proj in the checkpoint): each
-  rank gets its block of every run of each fused tensor.
+- TP2 on a Phi-3 with grouped-query attention (fused qkv_proj and
+  gate_up_proj in the checkpoint): each rank gets its block of every run of
+  each fused tensor, q's run twice the size of k's and v's.
 - Round-robin expert placement requested (EP = 2): on a DeepSeek-V3 with
   expert groups vLLM keeps it, and each rank gets the experts r, r + 2, ...;
   on the Qwen3-MoE vLLM's layers fall back to linear, and sluice follows the
@@ -217,8 +218,9 @@ def test_ep2_lfm2_moe_feed_forward_experts_go_to_their_owners(two_ranks, schemes
 def test_tp2_phi3_fused_qkv_and_gate_up_each_rank_gets_its_block_of_every_run(two_ranks, phi3_path):
     """Phi-3 as transformers writes it keeps QKV and gate/up fused in one tensor each; vLLM's
     merged layers narrow q, k and v (gate and up) separately: each rank's copies are one block of
-    each run. Each rank keeps (and receives no more than) half of each fused tensor, no name
-    saying so, and every parameter equals vLLM's own load."""
+    each run, and with grouped-query attention q's run is twice k's and v's (runs of unequal
+    size). Each rank keeps (and receives no more than) half of each fused tensor, no name saying
+    so, and every parameter equals vLLM's own load."""
     _check_shares(two_ranks[0][phi3_path], phi3_path, lambda rank: models.tp_share(phi3_path, 2))
 
 
