@@ -69,9 +69,17 @@ struct footprint {
       f.fd_targets += it->path().filename().string() + "->" + t + " ";
     }
     for (auto it = fs::directory_iterator("/proc/self/task", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      // A thread that has exited (joined) can still be listed for a moment
+      // on a busy machine, its comm unreadable and its state Z or X: gone,
+      // not the load's.
+      std::ifstream stat(it->path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const auto close = line.rfind(')');
+      if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z' || line[close + 2] == 'X') continue;
       std::ifstream comm(it->path() / "comm");
       std::string name;
-      std::getline(comm, name);
+      if (!std::getline(comm, name)) continue;
       if (name.starts_with("iou-wrk-") || name.starts_with("iou-sqp-")) continue;
       ++f.threads;
       f.thread_names += name + " ";
