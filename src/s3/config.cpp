@@ -100,9 +100,10 @@ http_endpoint http_endpoint::parse(std::string_view url) {
 }
 
 std::string http_endpoint::host_header(std::string_view host_name) const {
-  std::string h = host_name.find(':') != std::string_view::npos ? "[" + std::string(host_name) + "]"
-                                                                   : std::string(host_name);
-  if (port != (tls() ? 443 : 80)) h += ":" + std::to_string(port);
+  // fmt, not `"[" + std::string(...)`: GCC 12 warns (a false -Wrestrict) on
+  // operator+(const char*, std::string&&) inlined at -O2.
+  std::string h = host_name.find(':') != std::string_view::npos ? fmt::format("[{}]", host_name) : std::string(host_name);
+  if (port != (tls() ? 443 : 80)) h += fmt::format(":{}", port);
   return h;
 }
 

@@ -122,7 +122,10 @@ std::string amz_date(std::chrono::system_clock::time_point t) {
 
 std::string signable_request::target() const {
   std::string t = uri_encode(path.empty() ? std::string_view("/") : std::string_view(path), true);
-  if (!query.empty()) t += "?" + canonical_query(query);
+  if (!query.empty()) {
+    t += '?';
+    t += canonical_query(query);
+  }
   return t;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <sluice/stages/coalesce.hpp>
 #include <sluice/stages/pipeline.hpp>
@@ -20,7 +21,7 @@ std::vector<tensor_ref> layout(const std::vector<std::pair<std::uint32_t, std::u
   std::map<std::uint32_t, std::uint64_t> next;
   for (auto [shard, size] : shard_and_size) {
     tensor_ref t;
-    t.name = "t" + std::to_string(v.size());
+    t.name = fmt::format("t{}", v.size());
     t.shard = shard;
     t.offset = next[shard] + 64;
     t.size = size;

@@ -326,7 +326,10 @@ class reload_session {
                                   last_incomplete_.size() == 1 ? "was" : "were");
     for (const auto& [l, keys] : last_incomplete_) {
       msg += fmt::format(" {} is missing {} {} [", layer_name(l), keys.size(), keys.size() == 1 ? "key" : "keys");
-      for (std::size_t i = 0; i < keys.size(); ++i) msg += (i ? "; " : "") + to_string(keys[i]);
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (i) msg += "; ";
+        msg += to_string(keys[i]);
+      }
       msg += "];";
     }
     msg.pop_back();
@@ -511,7 +514,10 @@ class reload_session {
       // their tensor retries it.
       st.remaining.insert(not_applied.begin(), not_applied.end());
       std::string keys;
-      for (std::size_t i = 0; i < not_applied.size(); ++i) keys += (i ? "; " : "") + to_string(not_applied[i]);
+      for (std::size_t i = 0; i < not_applied.size(); ++i) {
+        if (i) keys += "; ";
+        keys += to_string(not_applied[i]);
+      }
       throw contract_error(fmt::format("{} was not published: the loader did not re-apply {} contract {} on reload: [{}]",
                                        layer_name(l), not_applied.size(), not_applied.size() == 1 ? "key" : "keys", keys));
     }
