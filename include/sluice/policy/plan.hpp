@@ -146,11 +146,10 @@ struct plan_entry {
   std::uint32_t parts = 0;
   std::vector<std::uint32_t> part_of;
   /// A model's split of `groups` > 1 runs (model_owner::groups) along
-  /// `group_dim`: carried as a column split of the tensor seen as
-  /// `column_rows` rows (load_plan::row_bytes), each rank's block of every
-  /// run packed in order. 0: not grouped.
+  /// `group_dim`: carried as a column split of the tensor seen as its runs
+  /// (load_plan::column_rows), each rank's block of every run packed in
+  /// order. 0: not grouped.
   std::uint32_t groups = 0, group_dim = 0;
-  std::uint64_t column_rows = 0;
   /// Unequal runs (model_owner::run_rows): where each run ends, in bytes.
   std::vector<std::uint64_t> run_ends;
   std::uint64_t shared_offset = 0;  ///< shared_host: offset in the node's segment
@@ -212,9 +211,11 @@ class load_plan {
   [[nodiscard]] std::uint64_t kept_begin(const plan_entry& e, rank_t r) const noexcept {
     return e.split == tp_split::rows ? part_of(e, r) * kept_bytes(e) : 0;
   }
-  /// Rows a column split cuts: dim 0's, or a grouped split's (plan_entry::column_rows).
+  /// Rows a column split cuts: dim 0's, or a grouped split's runs (along
+  /// dim 0: one "row" a run; along dim 1: each row's runs).
   [[nodiscard]] static std::uint64_t column_rows(const plan_entry& e) noexcept {
-    return e.column_rows ? e.column_rows : e.info.shape.empty() ? 0 : e.info.shape[0];
+    const std::uint64_t rows = e.info.shape.empty() ? 0 : e.info.shape[0];
+    return e.groups == 0 ? rows : e.group_dim == 0 ? e.groups : rows * e.groups;
   }
   /// Bytes per row of a column-split tensor (column_rows) whose runs are equal.
   [[nodiscard]] static std::uint64_t row_bytes(const plan_entry& e) noexcept {
@@ -469,7 +470,6 @@ inline void place_by_model(const load_plan& p, plan_entry& e, const model_owner&
     e.split = tp_split::columns;
     e.groups = m.run_rows.empty() ? m.groups : static_cast<std::uint32_t>(m.run_rows.size());
     e.group_dim = dim;
-    e.column_rows = dim == 0 ? e.groups : e.info.shape[0] * m.groups;
     if (!m.run_rows.empty()) {
       if (dim != 0) throw config_error(fmt::format("plan: the model's runs of unequal size of tensor '{}' are along dimension 1 (0 only)", name));
       const auto row = e.info.size / e.info.shape[0];

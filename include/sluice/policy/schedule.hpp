@@ -136,7 +136,7 @@ inline void hash_plan(schedule_hash& d, const load_plan& p) {
     d.mix(e.owners.size());
     for (auto r : e.owners.members()) d.mix(r);
     d.mix(static_cast<std::uint64_t>(e.split)), d.mix(static_cast<std::uint64_t>(e.owner_destination));
-    d.mix(e.parts), d.mix(e.groups), d.mix(e.group_dim), d.mix(e.column_rows);
+    d.mix(e.parts), d.mix(e.groups), d.mix(e.group_dim);
     for (auto b : e.run_ends) d.mix(b);
     for (auto k : e.part_of) d.mix(k);
     d.mix(static_cast<std::uint64_t>(e.stage)), d.mix(e.window), d.mix(e.shared_offset);

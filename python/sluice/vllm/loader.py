@@ -393,9 +393,12 @@ class SluiceModelLoader(_vllm.base_loader()):
                 yield name, t
                 continue
             cut = own.splits.get(name)
-            split = (cut[0], cut[2][own.rank], cut[1]) + ((cut[3],) if cut[3] != 1 else ()) if cut else None
-            runs = len(split[3]) if split and len(split) > 3 and isinstance(split[3], tuple) else None
-            said = split if runs is None else (*split[:3], runs)   # unequal runs arrive counted
+            split, said = None, None
+            if cut:
+                dim, parts, part_of, runs = cut
+                count = len(runs) if isinstance(runs, tuple) else runs   # unequal runs arrive counted
+                split = (dim, part_of[own.rank], parts) + ((runs,) if count != 1 else ())
+                said = split[:3] + ((count,) if count != 1 else ())
             if getattr(t, "sluice_part", None) != said or not t.is_contiguous():
                 raise sluice.DistributedError(f"tensor '{name}' arrived as part {getattr(t, 'sluice_part', None)} "
                                               f"of shape {tuple(t.shape)}; the plan cut it as {said}")

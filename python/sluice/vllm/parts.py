@@ -168,10 +168,9 @@ def choose(shape, needed: dict):
                     if len(set(part.values())) == parts:
                         best = (dim, parts, part, groups)
                         break
-    if len(shape) >= 1 and all(n is not None for n in needed.values()):
-        odd = _unequal_runs(shape[0], needed)
-        if odd is not None and (best is None or odd[1] > best[1]):
-            best = odd
+    odd = _unequal_runs(shape[0], needed)
+    if odd is not None and (best is None or odd[1] > best[1]):
+        best = odd
     return best
 
 
