@@ -109,7 +109,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     print(f"# {' '.join(sys.argv)}")
-    print("model     shape      rank  share MiB  kept MiB  read MiB  received MiB  (read+received)/share  "
+    print("model     shape      rank  share MiB  kept MiB  read MiB  received MiB  page cache MiB  (read+received+page cache)/share  "
           "sluice s  safetensors s  params equal")
     for name in a.models.split(","):
         path = make(a.dir, name)
@@ -118,8 +118,8 @@ def main():
         ranks = runs[0]
         for again in runs[1:]:
             for r, r2 in zip(ranks, again):
-                assert {k: r["stats"][k] for k in ("bytes_read", "bytes_received")} == \
-                    {k: r2["stats"][k] for k in ("bytes_read", "bytes_received")}, "the bytes differ between runs"
+                assert {k: r["stats"][k] for k in ("bytes_read", "bytes_received", "page_cache_bytes")} == \
+                    {k: r2["stats"][k] for k in ("bytes_read", "bytes_received", "page_cache_bytes")}, "the bytes differ between runs"
                 for fmt in ("sluice", "safetensors"):
                     r["seconds"][fmt] = min(r["seconds"][fmt], r2["seconds"][fmt])
         total = models.tensor_bytes(path)
@@ -127,11 +127,11 @@ def main():
         for rank, r in enumerate(ranks):
             mine = share(name, path, rank)
             st = r["stats"]
-            got = st["bytes_read"] + st["bytes_received"]
+            got = st["bytes_read"] + st["bytes_received"] + st.get("page_cache_bytes", 0)
             kept = st.get("bytes_kept")
             print(f"{name:9} {shape:10} {rank:4}  {mine / 2**20:9.1f}  "
                   f"{kept / 2**20 if kept is not None else float('nan'):8.1f}  {st['bytes_read'] / 2**20:8.1f}  "
-                  f"{st['bytes_received'] / 2**20:12.1f}  {got / mine:21.2f}  {r['seconds']['sluice']:8.2f}  "
+                  f"{st['bytes_received'] / 2**20:12.1f}  {st.get('page_cache_bytes', 0) / 2**20:14.1f}  {got / mine:32.2f}  {r['seconds']['sluice']:8.2f}  "
                   f"{r['seconds']['safetensors']:13.2f}  {r['sluice'] == r['safetensors']}")
         print(f"{name:9} checkpoint {total / 2**20:.1f} MiB; read across the ranks "
               f"{sum(r['stats']['bytes_read'] for r in ranks) / 2**20:.1f} MiB")

@@ -42,7 +42,8 @@ import json, sys
 t = json.load(open(sys.argv[1]))["totals"]
 gib = 1 << 30
 print(f"demo: {t['tensors']} sink calls over all ranks; read from storage {t['bytes_read']/gib:.2f} GiB in all "
-      f"(each byte once); exchanged {t['bytes_received']/gib:.2f} GiB; written to shared segments "
+      f"(each byte once); exchanged {t['bytes_received']/gib:.2f} GiB; taken from the page cache "
+      f"{t.get('page_cache_bytes', 0)/gib:.2f} GiB; written to shared segments "
       f"{t['shared_bytes_written']/gib:.2f} GiB")
 PY
 fi

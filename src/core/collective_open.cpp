@@ -61,6 +61,7 @@ class recording_catalog final : public catalog {
     return record({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); }, bytes_json);
   }
   // The data path is the inner catalog's (the opened checkpoint reads through its own catalog anyway).
+  [[nodiscard]] bool shares_page_cache() const override { return inner_.shares_page_cache(); }
   [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
                                                         const reader_sizing& sizing) override {
     return inner_.open_source(ck, ioc, opt, sizing);
@@ -116,6 +117,7 @@ class replaying_catalog final : public catalog {
     return replay({op::read_prefix, name, 0, length}, [&] { return inner_.read_prefix(name, length); }, json_bytes);
   }
   // The data path is the inner catalog's (the opened checkpoint reads through its own catalog anyway).
+  [[nodiscard]] bool shares_page_cache() const override { return inner_.shares_page_cache(); }
   [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
                                                         const reader_sizing& sizing) override {
     return inner_.open_source(ck, ioc, opt, sizing);

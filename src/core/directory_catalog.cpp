@@ -54,7 +54,11 @@ std::unique_ptr<any_source> directory_catalog::open_source(const checkpoint& ck,
   // A reader with more than its rank's share of the node (fewer readers than
   // ranks) keeps more reads in flight; its ring must hold them.
   const unsigned depth = sizing.queue_depth(opt.queue_depth);
-  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, opt, depth), depth);
+  // Ranks that read from the page cache what this one reads: automatic
+  // would read cold ranges O_DIRECT, past it (each byte then twice from disk).
+  auto o = opt;
+  if (sizing.page_cache && o.io == io_mode::automatic) o.io = io_mode::buffered;
+  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, o, depth), depth);
 }
 
 }  // namespace sluice::inline v0

@@ -108,7 +108,7 @@ task<window_ticket> run_windows(Pipeline& pipeline, std::uint32_t windows, unsig
 // Compiled once, over erased parts (the communicator, the lane, the sink, the
 // source): one indirect call per collective, window buffer, tensor and batch.
 distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const policy::load_plan& plan, any_sink s,
-                        const distributed_options& opt, const source_factory& open_source, bool sized_tables,
+                        const distributed_options& opt, const source_factory& open_source, bool catalog_source,
                         any_device_lane* lane) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -129,8 +129,15 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
 
   // Every window's layout and messages, for every rank, planned once; every
   // rank must have computed the same schedule (its digest covers the plan).
+  // Ranks of one node read the bytes they keep from its page cache (local
+  // files read through the page cache) instead of receiving them: nothing
+  // of a local file crosses a socket within a node. io_mode::direct keeps
+  // the exchange (each rank's O_DIRECT reads would read from disk again).
   const bool with_lane = lane != nullptr;
-  const auto schedule = policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one);
+  const bool page_cache = catalog_source && plan.local_size > 1 && ck.storage().shares_page_cache() &&
+                          opt.load.io != io_mode::direct;
+  const auto schedule =
+      policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, page_cache);
   fault_point("plan", me);
   {
     const std::uint64_t d = schedule.digest;
@@ -173,11 +180,11 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   asio::io_context ioc{1};  // before the readers, whose sources are bound to it: destroyed after them
   std::unique_ptr<slice_reader> reader, table_reader;
   run_phase(c, "setting up I/O", [&] {
-    reader = std::make_unique<slice_reader>(open_source(ioc, {plan.local_size, opt.connections_per_rank}), opt.load);
+    reader = std::make_unique<slice_reader>(open_source(ioc, {plan.local_size, opt.connections_per_rank, 0, page_cache}), opt.load);
     st.connections = reader->connections();
-    if (reads_tables && table_readers.size() < plan.local_size && sized_tables)
+    if (reads_tables && table_readers.size() < plan.local_size && catalog_source)
       table_reader = std::make_unique<slice_reader>(
-          open_source(ioc, {plan.local_size, opt.connections_per_rank, table_readers.size()}), opt.load);
+          open_source(ioc, {plan.local_size, opt.connections_per_rank, table_readers.size(), page_cache}), opt.load);
     if (reads_tables) {
       const auto& tr = table_reader ? *table_reader : *reader;
       st.table_connections = tr.connections();
@@ -258,7 +265,8 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   check_peers(c, done.failure, "delivering tensors to the sink");
   run_phase(c, "finishing the sink", [&] { s.finish(); });
   st.bytes_read = fetched;
-  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes;
+  st.page_cache_bytes = w.taken;
+  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken;  // takes are read buffered: exact
   st.requests = reader->counters().requests.load() + table_requests;
   st.seconds = since(t0);
   return st;

@@ -135,10 +135,14 @@ std::string expected_digest(const policy::load_plan& plan, const policy::plan_en
 enum class lane_mode { none, emulated, emulated_host_sink };
 
 // Runs `n` ranks; each writes its result (or error) to out/rank<r>.json.
+// `nodes`: the ranks as that many simulated nodes of n / nodes ranks each
+// (ranks of one node share its page cache and shared segment; between
+// nodes every byte travels over Gloo).
 std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::string offload, const distributed_options& dopt,
                                      const std::function<void(std::size_t, fs::path&)>& before = {},
                                      const std::function<void(std::size_t, const fs::path&)>& after_open = {},
-                                     lane_mode mode = lane_mode::none) {
+                                     lane_mode mode = lane_mode::none, std::size_t nodes = 1) {
+  const std::size_t local = n / nodes;
   const auto store = sluice_test::fresh_dir("dist-store");
   const auto out = sluice_test::fresh_dir("dist-out");
   const auto& ckdir = checkpoint_dir();
@@ -150,7 +154,7 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
         try {
           comm::rank_info who;
           who.hostname = "127.0.0.1";  // every "node" of the test is this machine
-          who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
+          who.rank = rank, who.world_size = n, who.local_rank = rank % local, who.local_size = local;
           who.store_dir = store.string();
           who.timeout = 20s;
           fs::path dir = ckdir;
@@ -164,7 +168,7 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
           } else {
             comm::gloo c(who);
             auto o = dopt;
-            o.plan.local_size = n;
+            o.plan.local_size = local;
             const auto plan = plan_for(ck, topology, offload, o);
             testing::emulated_device_lane lane(c);
             if (mode == lane_mode::emulated_host_sink) {
@@ -195,18 +199,37 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
   return results;
 }
 
-void check_load(std::size_t n, const std::string& topology, const std::string& offload,
-                const distributed_options& dopt = small_options(), lane_mode mode = lane_mode::none) {
-  INFO(topology << " " << offload);
+// Loads as one node and, with an even number of ranks, as two: within a
+// node a rank reads what it keeps from the page cache (nothing crosses
+// Gloo), between nodes it arrives over Gloo, exactly what the schedule says.
+void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology, const std::string& offload,
+                   const distributed_options& dopt, lane_mode mode) {
+  INFO(topology << " " << offload << " on " << nodes << " node(s)");
   const auto ref = reference_digests();
   auto ck = checkpoint::open(checkpoint_dir());
   auto opt = small_options();
-  opt.plan.local_size = n;
+  opt.plan.local_size = n / nodes;
   opt.plan.split_bytes = dopt.plan.split_bytes;
   opt.plan.experts = dopt.plan.experts;
   opt.plan.model_owners = dopt.plan.model_owners;
   const auto plan = plan_for(ck, topology, offload, opt);
-  const auto results = run_load(n, topology, offload, dopt, {}, {}, mode);
+  // What travels over the communicator and what each rank takes from the
+  // page cache, as the driver schedules it (local files, buffered).
+  const auto sched = policy::make_schedule(plan, mode == lane_mode::none ? policy::lane_split::one : policy::lane_split::host_and_device, true);
+  std::vector<std::uint64_t> gloo_in(n, 0), gloo_out(n, 0), taken(n, 0);
+  for (const auto& w : sched.windows)
+    for (const auto& L : w.lanes) {
+      for (const auto& m : L.messages) gloo_in[m.to] += m.size, gloo_out[m.from] += m.size;
+      for (std::size_t r = 0; r < n; ++r)
+        for (const auto& x : L.ranks[r].reads)
+          if (x.taken) taken[r] += plan.entries[x.entry].reads[x.read].size;
+    }
+  std::uint64_t all_taken = 0, all_in = 0;
+  for (std::size_t r = 0; r < n; ++r) all_taken += taken[r], all_in += gloo_in[r];
+  if (nodes == 1) REQUIRE(all_in == 0);         // nothing of a local file crosses a socket within a node
+  if (n > 1 && nodes == 1) REQUIRE(all_taken > 0);
+  if (nodes == n) REQUIRE(all_taken == 0);      // one rank per node: every byte travels
+  const auto results = run_load(n, topology, offload, dopt, {}, {}, mode, nodes);
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0;
   for (const auto& e : plan.entries) {
     if (e.shared()) shared_table_bytes += e.info.size;
@@ -226,9 +249,13 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
       REQUIRE(sha.get<std::string>() == expected_digest(plan, plan.entry(name), static_cast<policy::rank_t>(r), ck, ref));
     }
     REQUIRE(got == owned);
-    // It received exactly what it keeps but did not read: its parts, not whole tensors.
-    REQUIRE(j["stats"]["bytes_received"].get<std::uint64_t>() == plan.received_bytes[r]);
-    REQUIRE(j["stats"]["bytes_sent"].get<std::uint64_t>() == plan.sent_bytes[r]);
+    // It received exactly what it keeps but did not read (its parts, not
+    // whole tensors) from ranks of other nodes, and took the rest from its
+    // node's page cache.
+    REQUIRE(j["stats"]["bytes_received"].get<std::uint64_t>() == gloo_in[r]);
+    REQUIRE(j["stats"]["bytes_sent"].get<std::uint64_t>() == gloo_out[r]);
+    REQUIRE(j["stats"]["page_cache_bytes"].get<std::uint64_t>() == taken[r]);
+    if (nodes == n) REQUIRE(gloo_in[r] == plan.received_bytes[r]);
     // Every rank's sink saw the same sequence of calls.
     std::vector<std::string> names, names0;
     for (auto& c : j["calls"]) names.push_back(c.get<std::string>());
@@ -263,11 +290,31 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
     read += j["stats"]["bytes_read"].get<std::uint64_t>();
     written += j["stats"]["shared_bytes_written"].get<std::uint64_t>();
   }
-  REQUIRE(read == ck.tensor_bytes());     // each byte read from storage once
+  REQUIRE(read == ck.tensor_bytes() + shared_table_bytes * (nodes - 1));  // each byte read from storage once (tables: once per node)
   // Lane memory holds tensors for the device only: no offloaded table is ever
-  // uploaded (without column splits, each device byte goes up exactly once).
-  if (mode == lane_mode::emulated && plan.tp == 1) REQUIRE(uploaded == device_table_bytes);
-  REQUIRE(written == shared_table_bytes);  // the shared segment written once
+  // uploaded. Without column splits each device byte goes up once on one node
+  // per rank that reads or takes it, and that is the device bytes each keeps.
+  if (mode == lane_mode::emulated && plan.tp == 1) {
+    std::uint64_t up = 0;
+    for (const auto& w : sched.windows)
+      for (const auto& r : w.lanes.at(1).ranks)
+        for (const auto& x : r.reads) up += plan.entries[x.entry].reads[x.read].size;
+    REQUIRE(uploaded == up);
+    if (nodes == 1) {
+      std::uint64_t kept = 0;
+      for (const auto& e : plan.entries)
+        if (e.owner_destination == policy::destination::device) kept += e.info.size * e.owners.size();
+      REQUIRE(uploaded == kept);
+    }
+    REQUIRE(uploaded >= device_table_bytes);
+  }
+  REQUIRE(written == shared_table_bytes * nodes);  // each node's shared segment written once
+}
+
+void check_load(std::size_t n, const std::string& topology, const std::string& offload,
+                const distributed_options& dopt = small_options(), lane_mode mode = lane_mode::none) {
+  check_load_on(1, n, topology, offload, dopt, mode);
+  if (n % 2 == 0) check_load_on(2, n, topology, offload, dopt, mode);
 }
 
 }  // namespace
@@ -737,13 +784,15 @@ TEST_CASE("a peer dead during a device-lane exchange: the others throw peer_lost
       [&](std::size_t rank) {
         comm::rank_info who;
         who.hostname = "127.0.0.1";  // every "node" of the test is this machine
-        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
+        // Two nodes of two: within a node ranks take their bytes from the
+        // page cache, so the lane's exchanges are between the nodes.
+        who.rank = rank, who.world_size = 4, who.local_rank = rank % 2, who.local_size = 2;
         who.store_dir = store.string();
         who.timeout = 300s;
         auto ck = checkpoint::open(checkpoint_dir());
         comm::gloo c(who);
         auto o = small_options();
-        o.plan.local_size = 4;
+        o.plan.local_size = 2;
         const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", o);
         if (plan.windows < 3) return 13;
         dying_lane<comm::gloo> lane(c);

@@ -90,7 +90,14 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
         for (const auto& x : lay.reads) {
           const auto& e = p.entries[x.entry];
           const auto& rd = e.reads.at(x.read);
-          REQUIRE(rd.reader == r);
+          if (x.taken) {  // a message within a node, read by its receiver from the page cache
+            REQUIRE(s.page_cache);
+            REQUIRE(rd.reader != r);
+            REQUIRE(p.node_of(rd.reader) == p.node_of(static_cast<rank_t>(r)));
+            REQUIRE(e.owners.contains(static_cast<rank_t>(r)));
+          } else {
+            REQUIRE(rd.reader == r);
+          }
           auto* dst = mem[r].at(x.at, rd.size);
           for (std::uint64_t b = 0; b < rd.size; ++b) dst[b] = file_byte(e.index, rd.offset + b);
           mem[r].wrote(x.at, rd.size);
@@ -112,6 +119,7 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
         REQUIRE(tags.insert(m.tag).second);  // tags are unique in a window lane
         REQUIRE(m.from != m.to);
         REQUIRE(m.dst.kept);                 // a message lands in kept bytes
+        if (s.page_cache) REQUIRE(p.node_of(m.from) != p.node_of(m.to));  // within a node: a take instead
         std::memcpy(mem[m.to].at(m.dst, m.size), mem[m.from].at(m.src, m.size), m.size);
         mem[m.to].wrote(m.dst, m.size);
       }
@@ -240,17 +248,19 @@ TEST_CASE("every byte a rank keeps arrives exactly once, and is its part of the 
           o.local_size = world >= 2 ? world / 2 : 1;
         }
         const auto p = make_plan(tensors, classifier::deepseek(), parse_topology(topo), off, o);
-        for (auto lanes : {lane_split::one, lane_split::host_and_device}) {
-          INFO(topo << " " << offload_name(off) << " variant " << variant << " lanes " << static_cast<int>(lanes));
-          const auto s = make_schedule(p, lanes);
-          REQUIRE(s.windows.front().lanes.size() == (lanes == lane_split::one ? 1u : 2u));
-          require_schedule_delivers(p, s);
-          ++checked;
-        }
+        for (auto lanes : {lane_split::one, lane_split::host_and_device})
+          for (bool page_cache : {false, true}) {
+            INFO(topo << " " << offload_name(off) << " variant " << variant << " lanes " << static_cast<int>(lanes)
+                      << " page cache " << page_cache);
+            const auto s = make_schedule(p, lanes, page_cache);
+            REQUIRE(s.windows.front().lanes.size() == (lanes == lane_split::one ? 1u : 2u));
+            require_schedule_delivers(p, s);
+            ++checked;
+          }
       }
     }
   }
-  REQUIRE(checked == 7 * 4 * 2 * 2);
+  REQUIRE(checked == 7 * 4 * 2 * 2 * 2);
 }
 
 TEST_CASE("the schedule's messages carry what the plan's counters say", "[policy][schedule]") {
@@ -266,6 +276,38 @@ TEST_CASE("the schedule's messages carry what the plan's counters say", "[policy
   CHECK(sent == p.sent_bytes);
   CHECK(received == p.received_bytes);
   REQUIRE(std::accumulate(sent.begin(), sent.end(), std::uint64_t{0}) > 0);
+}
+
+TEST_CASE("through the page cache, a node's messages become its receivers' takes and only other nodes' travel", "[policy][schedule]") {
+  const auto tensors = deepseek_like(1u << 20);
+  plan_options o;
+  o.window_bytes = 64u << 10;
+  o.local_size = 2;  // two nodes of two
+  const auto p = make_plan(tensors, classifier::deepseek(), 2, 2, 4, offload_kind::per_rank_host, o);
+  const auto s = make_schedule(p, lane_split::one, true);
+  REQUIRE(s.digest != make_schedule(p, lane_split::one, false).digest);  // ranks that disagree fail the plan check
+  // Each planned message is a take of its receiver (same node) or travels (other node), never both.
+  std::uint64_t within = 0, across = 0, taken_messages = 0;
+  for (const auto& m : p.messages) {
+    const auto& e = *std::find_if(p.entries.begin(), p.entries.end(), [&](const plan_entry& x) {
+      return &m >= p.messages.data() + x.first_message && &m < p.messages.data() + x.first_message + x.message_count;
+    });
+    (p.node_of(e.reads[m.read].reader) == p.node_of(m.to) ? within : across) += m.size;
+  }
+  std::vector<std::uint64_t> received(p.world, 0);
+  std::uint64_t travelled = 0;
+  for (const auto& w : s.windows)
+    for (const auto& L : w.lanes) {
+      for (const auto& m : L.messages) travelled += m.size, received[m.to] += m.size;
+      for (const auto& r : L.ranks)
+        for (const auto& x : r.reads) taken_messages += x.taken;
+    }
+  REQUIRE(within > 0);
+  REQUIRE(across > 0);
+  CHECK(travelled == across);
+  REQUIRE(taken_messages > 0);
+  // A rank whose every byte it keeps but does not read comes from its own node receives nothing.
+  for (std::size_t r = 0; r < p.world; ++r) CHECK(received[r] <= p.received_bytes[r]);
 }
 
 TEST_CASE("the schedule's digest covers owners, split and destination, not just names and readers", "[policy][schedule]") {

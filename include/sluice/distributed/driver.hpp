@@ -55,11 +55,13 @@ namespace detail {
 
 /// The driver (src/core/driver.cpp): loads this rank's part of `ck` into `s`
 /// per `plan`, exchanging the rest over `c`, reading through the sources
-/// `open_source` opens (`sized_tables`: it may be asked for a second source
-/// sized for the shared tables' readers). `lane`: the device lane, or null
-/// for none. Throws as load_distributed says.
+/// `open_source` opens (`catalog_source`: the sources are `ck`'s catalog's
+/// own, which honour reader_sizing: it may be asked for a second source
+/// sized for the shared tables' readers, and ranks of one node read from its
+/// page cache where the catalog shares one, catalog::shares_page_cache).
+/// `lane`: the device lane, or null for none. Throws as load_distributed says.
 distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const policy::load_plan& plan, any_sink s,
-                        const distributed_options& opt, const source_factory& open_source, bool sized_tables,
+                        const distributed_options& opt, const source_factory& open_source, bool catalog_source,
                         any_device_lane* lane);
 
 /// The typed front ends' way into drive(): `c` and `lane` are referred to
@@ -68,18 +70,18 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
 /// communicator or lane.
 template <comm::communicator Comm, device_lane Lane>
 distributed_stats drive_erased(const checkpoint& ck, Comm& c, const policy::load_plan& plan, any_sink s,
-                               const distributed_options& opt, const source_factory& open_source, bool sized_tables,
+                               const distributed_options& opt, const source_factory& open_source, bool catalog_source,
                                Lane& lane) {
   if constexpr (!std::derived_from<Comm, comm::any_communicator>) {
     comm::communicator_ref<Comm> host(c);
-    return drive_erased(ck, static_cast<comm::any_communicator&>(host), plan, s, opt, open_source, sized_tables, lane);
+    return drive_erased(ck, static_cast<comm::any_communicator&>(host), plan, s, opt, open_source, catalog_source, lane);
   } else if constexpr (std::is_same_v<Lane, no_device_lane>) {
-    return drive(ck, c, plan, s, opt, open_source, sized_tables, nullptr);
+    return drive(ck, c, plan, s, opt, open_source, catalog_source, nullptr);
   } else if constexpr (std::derived_from<Lane, any_device_lane>) {
-    return drive(ck, c, plan, s, opt, open_source, sized_tables, &lane);
+    return drive(ck, c, plan, s, opt, open_source, catalog_source, &lane);
   } else {
     device_lane_ref<Lane> erased(lane);
-    return drive(ck, c, plan, s, opt, open_source, sized_tables, &erased);
+    return drive(ck, c, plan, s, opt, open_source, catalog_source, &erased);
   }
 }
 

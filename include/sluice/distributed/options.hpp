@@ -95,6 +95,11 @@ struct distributed_stats {
   std::vector<std::string> kept_whole;    ///< TP > 1, uneven_tp_keep_whole: tensors kept whole (TP does not divide them)
   std::uint64_t bytes_sent = 0;           ///< bytes this rank contributed to collectives
   std::uint64_t bytes_received = 0;       ///< bytes this rank received by collectives
+  /// Bytes of tensors it keeps that another rank of its node read from
+  /// storage and this rank then read from the node's page cache itself,
+  /// instead of receiving them (local files: policy::schedule::page_cache).
+  /// Not in bytes_read or storage_bytes (its reads are in requests).
+  std::uint64_t page_cache_bytes = 0;
   std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
   std::uint64_t bytes_uploaded = 0;       ///< device lane: bytes it copied from host to lane memory (its reads, cut parts)
   std::uint64_t device_views = 0;         ///< device lane: tensors (parts) delivered in device memory
@@ -117,7 +122,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
             {"overlapped", overlapped},

@@ -6,7 +6,9 @@
 /// from the schedule (policy/schedule.hpp),
 /// reads this rank's planned slices through the slice reader (a task on the
 /// driver's io_context: coalesce | fetch | stage | place, into the window's
-/// host memory), cuts column parts, and lists the device lane's uploads. A
+/// host memory), and, where the schedule carries a message through the
+/// node's page cache, the bytes it would have received (its takes: the same
+/// reader, the same batch), cuts column parts, and lists the device lane's uploads. A
 /// failure of this rank (a read of this window, or a delivery the ticket
 /// reports) does not throw: it travels in the window (window_state::failure)
 /// to its status exchange, so that every rank stops at the same point; from
@@ -59,7 +61,6 @@ class read_window : public pipeable {
       if (!failure_) {
         try {
           reads = lay_out(t->window, ws);
-          for (const auto& r : reads) ws.stats.fetched += r.size;
           co_await reader_->read(reads);  // one batch for every lane: adjacent slices still coalesce
           for (auto& L : ws.lanes) cut_and_list_uploads(L);
         } catch (...) {
@@ -133,6 +134,7 @@ class read_window : public pipeable {
         const auto& e = plan.entries[r.entry];
         const auto& rd = e.reads[r.read];
         reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
+        (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
         // What a device-lane rank read travels or stays as read, except the
         // whole rows of a column split: its cut parts do.
         if (dev && rd.size && e.split != policy::tp_split::columns)

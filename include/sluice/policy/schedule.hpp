@@ -77,6 +77,11 @@ struct rank_layout {
   struct read_at {
     std::size_t entry = 0, read = 0;  ///< plan_entry::reads[read] of plan entry `entry`
     region at;                        ///< where the bytes land as read
+    /// Not this rank's read from storage but a take: another rank of its node
+    /// reads these bytes (the plan's reader), and this rank, which keeps
+    /// them, reads them from the node's page cache itself instead of
+    /// receiving them (schedule::page_cache).
+    bool taken = false;
   };
   struct cut_at {
     std::size_t from = 0;     ///< index in `reads`: whole rows of a column-split tensor
@@ -108,6 +113,12 @@ struct window_schedule {
 /// Every window of a plan, for every rank.
 struct schedule {
   lane_split lanes = lane_split::one;
+  /// Whether a planned message between two ranks of one node is carried by
+  /// the node's page cache (its receiver reads the bytes from the file
+  /// itself: rank_layout::read_at::taken) instead of by the communicator.
+  /// Local files only, read buffered: the kernel then reads each byte from
+  /// disk once for the node, and nothing of it crosses a socket.
+  bool page_cache = false;
   std::vector<window_schedule> windows;  ///< by window number
   std::uint64_t digest = 0;              ///< of the plan and of everything above
 };
@@ -152,7 +163,7 @@ inline void hash_window(schedule_hash& d, const window_schedule& w) {
     for (const auto& r : L.ranks) {
       d.mix(r.kept_bytes), d.mix(r.scratch_bytes);
       for (const auto& k : r.kept) d.mix(k.entry), d.mix(k.off);
-      for (const auto& x : r.reads) d.mix(x.entry), d.mix(x.read), d.mix(x.at);
+      for (const auto& x : r.reads) d.mix(x.entry), d.mix(x.read), d.mix(x.at), d.mix(x.taken);
       for (const auto& c : r.cuts) d.mix(c.from), d.mix(c.part), d.mix(c.at);
       for (auto i : r.sends) d.mix(i);
       for (auto i : r.recvs) d.mix(i);
@@ -179,9 +190,14 @@ struct tagged_message {
 // one piece, and the ranks that read goes to), plan order within a group:
 // then what one reader sends one receiver in a window lies back to back at
 // both ends and travels as one message.
+//
+// `takes`: the reads (entry, read) whose bytes this rank keeps and reads
+// from the node's page cache itself (schedule::page_cache), sorted.
 inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, std::size_t end, window_lane lane,
                          const std::vector<std::uint32_t>& mine, const std::vector<std::uint64_t>& receivers_key,
-                         std::vector<tagged_message>& msgs, rank_layout& out) {
+                         const std::vector<std::pair<std::size_t, std::size_t>>& takes, std::vector<tagged_message>& msgs,
+                         rank_layout& out) {
+  auto takes_it = [&takes](std::size_t i, std::size_t k) { return std::binary_search(takes.begin(), takes.end(), std::pair{i, k}); };
   constexpr auto none = ~std::uint64_t{0};
   std::vector<std::uint64_t> kept_off(end - begin, none);
   struct keyed { rank_t reader; std::uint64_t receivers; std::size_t entry; };
@@ -210,11 +226,14 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
     const auto first = out.reads.size();
     for (std::size_t k = 0; k < e.reads.size(); ++k) {
       const auto& rd = e.reads[k];
-      if (rd.reader != me) continue;
+      const bool taken = rd.reader != me && owned && takes_it(i, k);
+      if (rd.reader != me && !taken) continue;
+      // A take lands where the message would have: its bytes as read (whole,
+      // or its row part), or whole runs cut below like its reader's.
       if (plan.keeps_as_read(e, rd, me)) {
-        out.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}});
+        out.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}, taken});
       } else {
-        out.reads.push_back({i, k, {false, out.scratch_bytes}});
+        out.reads.push_back({i, k, {false, out.scratch_bytes}, taken});
         out.scratch_bytes += rd.size;
       }
       if (e.split == tp_split::columns && owned) {  // its own part of these rows
@@ -275,9 +294,11 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
 }  // namespace detail
 
 /// Lane `lane` of the window of plan entries [begin, end): every rank's
-/// layout and the lane's messages.
+/// layout and the lane's messages (`page_cache`: schedule::page_cache, so
+/// that a message between two ranks of one node is a take of its receiver
+/// instead).
 [[nodiscard]] inline lane_schedule schedule_lane(const load_plan& plan, std::size_t begin, std::size_t end,
-                                                 window_lane lane) {
+                                                 window_lane lane, bool page_cache = false) {
   lane_schedule L;
   L.lane = lane;
   // The window lane's messages, tagged in plan order (entry, then the
@@ -287,10 +308,15 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   std::vector<detail::tagged_message> msgs;
   std::vector<std::uint64_t> receivers_key(end - begin, 0);
   std::vector<std::vector<std::uint32_t>> by_rank(plan.world);
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> takes(plan.world);  // by receiver: (entry, read), sorted
   for (std::size_t i = begin; i < end; ++i) {
     const auto& e = plan.entries[i];
     if (!travels_in(e, lane)) continue;
     for (const auto& m : plan.messages_of(e)) {
+      if (page_cache && plan.node_of(e.reads[m.read].reader) == plan.node_of(m.to)) {
+        if (takes[m.to].empty() || takes[m.to].back() != std::pair{i, m.read}) takes[m.to].emplace_back(i, m.read);
+        continue;
+      }
       const auto tag = static_cast<std::uint32_t>(msgs.size());
       msgs.push_back({i, &m, e.reads[m.read].reader, {}, {}});
       by_rank[msgs.back().from].push_back(tag);
@@ -300,7 +326,7 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   }
   L.ranks.resize(plan.world);
   for (std::size_t r = 0; r < plan.world; ++r)
-    detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, msgs, L.ranks[r]);
+    detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, takes[r], msgs, L.ranks[r]);
   L.messages = detail::coalesce(msgs, plan);
   for (std::size_t k = 0; k < L.messages.size(); ++k) {
     L.ranks[L.messages[k].from].sends.push_back(k);
@@ -310,14 +336,17 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
 }
 
 /// The schedule of every window of `plan` for every rank, with the lanes of
-/// `lanes`; digested whole. Pure: every rank computes the same one from
-/// the same plan.
-[[nodiscard]] inline schedule make_schedule(const load_plan& plan, lane_split lanes = lane_split::one) {
+/// `lanes`, messages within a node carried by its page cache where
+/// `page_cache` (schedule::page_cache); digested whole. Pure: every rank
+/// computes the same one from the same plan and arguments.
+[[nodiscard]] inline schedule make_schedule(const load_plan& plan, lane_split lanes = lane_split::one,
+                                            bool page_cache = false) {
   schedule s;
   s.lanes = lanes;
+  s.page_cache = page_cache;
   detail::schedule_hash d;
   detail::hash_plan(d, plan);
-  d.mix(static_cast<std::uint64_t>(lanes));
+  d.mix(static_cast<std::uint64_t>(lanes)), d.mix(page_cache);
   std::size_t begin = 0;
   for (std::uint32_t w = 0; w < plan.windows; ++w) {
     window_schedule ws;
@@ -327,10 +356,10 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
     while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
     begin = ws.end;
     if (lanes == lane_split::one) {
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::all));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::all, page_cache));
     } else {
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::host));
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::device));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::host, page_cache));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::device, page_cache));
     }
     detail::hash_window(d, ws);
     s.windows.push_back(std::move(ws));

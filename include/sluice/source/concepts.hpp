@@ -56,6 +56,10 @@ struct reader_sizing {
   std::size_t local_ranks = 1;           ///< ranks on this node
   std::size_t connections_per_rank = 0;  ///< S3: 0 = the node's max_connections / local_ranks (at least 1)
   std::size_t readers = 0;               ///< ranks of this node reading at once; 0 = local_ranks
+  /// Other ranks of this node read from the page cache what this source
+  /// reads (catalog::shares_page_cache, policy::schedule::page_cache): read
+  /// through it, never past it (io_mode::automatic then reads buffered).
+  bool page_cache = false;
 
   /// Ranks among which the node's I/O is split (at least 1).
   [[nodiscard]] constexpr std::size_t sharers() const noexcept {
@@ -115,6 +119,12 @@ class catalog {
   virtual void adopt(const std::string& name, std::uint64_t size, const std::optional<std::string>& etag) {
     (void)name, (void)size, (void)etag;
   }
+  /// Whether what one process reads through open_source's sources another
+  /// process of this node can read again from memory, the kernel's page
+  /// cache (local files: yes; S3: no). A distributed load then lets ranks of
+  /// one node read the bytes they keep themselves instead of receiving them
+  /// (policy::schedule::page_cache).
+  [[nodiscard]] virtual bool shares_page_cache() const { return false; }
   /// Opens the data path of `ck` (opened through this catalog): a source over
   /// its shards whose reads run on `ioc` (local files: io_uring, `opt.io`,
   /// `opt.punt_buffered`, `opt.ring_entries`; S3: range GETs at the versions

@@ -33,6 +33,7 @@ class directory_catalog final : public catalog {
   [[nodiscard]] std::string location() const override { return dir_.string(); }
   [[nodiscard]] std::string uri(const std::string& name) const override { return (dir_ / name).string(); }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return dir_; }
+  [[nodiscard]] bool shares_page_cache() const override { return true; }
   /// A file_source over the shards on an io_uring of its own, bound to `ioc`
   /// (ring entries: opt.ring_entries, at least the queue depth), with a
   /// queue depth of sizing.queue_depth(opt.queue_depth); cancel() cancels the

@@ -164,6 +164,10 @@ def _check_shares(ranks, path, share_of, read=None):
         assert 0 < share < total
         assert st["bytes_kept"] == share, (rank, st["bytes_kept"], share)
         assert st["bytes_received"] <= share, rank
+        # One node, local files: what it keeps and did not read it takes from the page cache; nothing
+        # of the checkpoint crosses a socket between the ranks.
+        assert st["bytes_received"] == 0, rank
+        assert st["bytes_read"] + st["page_cache_bytes"] >= share, rank
         # What went around load_weights: every byte it keeps, but whole tensors vLLM converts
         assert st["direct_bytes"] + st["whole_fallback_bytes"] == share, rank
     assert sum(r["stats"]["bytes_read"] for r in ranks) == (total if read is None else read)
@@ -257,7 +261,7 @@ def test_seed_shaped_v41_dp2_ep2_experts_to_owners_the_table_once_parameters_bit
     staging = 8 << 20
     for rank, r in enumerate(ranks):
         st, peak = r["stats"], r["memory"]["sluice"]["peak_anon_bytes"]
-        windows = 2 * min(256 << 20, st["bytes_received"] + st["bytes_read"])
+        windows = 2 * min(256 << 20, st["bytes_received"] + st["page_cache_bytes"] + st["bytes_read"])
         bound = staging + windows + st["whole_fallback_bytes"]
         print(f"rank {rank}: peak anonymous memory above the load's start {peak} bytes <= staging {staging} + "
               f"2 windows {windows} + through load_weights {st['whole_fallback_bytes']} = {bound}")
@@ -358,7 +362,9 @@ def test_pp2_each_stage_reads_and_receives_only_its_layers_and_vllm_loads_them_b
                 return ("embed_tokens" in n) != (stage == 0)  # Llama: embeddings first, norm and lm_head last
             mine = total - models.tensor_bytes(path, skip=lambda n: not other(n))
             assert 0 < mine < total
-            assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] == mine, (path, stage)
+            st = r["stats"]
+            assert st["bytes_read"] + st["bytes_received"] + st["page_cache_bytes"] == mine, (path, stage)
+            assert st["bytes_received"] == 0, (path, stage)  # one node: taken from the page cache
             assert r["stats"]["bytes_kept"] == mine, (path, stage)
     # the stages came from each stage's own model, not from a PP name rule
     assert all("the models' dry runs" in log for log in logs)
