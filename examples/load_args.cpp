@@ -25,7 +25,7 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                "display and a summary.",
                "sluice-load");
   app.get_formatter()->column_width(28);
-  std::string staging, max_read;
+  std::string staging, max_read, map_above;
   bool direct = false, buffered = false;
   const auto index = [](std::optional<std::size_t>& into) { return [&into](std::size_t v) { into = v; }; };
   app.add_option("SOURCE", o.source,
@@ -33,6 +33,10 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "(credentials, region and endpoint from AWS_* variables and ~/.aws)");
   app.add_option("--staging", staging, "staging budget (default 4GiB); sizes take KiB/MiB/GiB suffixes")->type_name("SIZE");
   app.add_option("--max-read", max_read, "bytes per read request (default 32MiB)")->type_name("SIZE");
+  app.add_option("--map-above", map_above,
+                 "hand out tensors of SIZE or more whose bytes are in the page cache (or all, with\n"
+                 "--buffered) as views of it instead of copies (default: never); local files")
+      ->type_name("SIZE");
   app.add_option("--queue-depth", o.load.queue_depth, "reads in flight (default 4)")->type_name("N");
   app.add_option("--threads", o.load.threads, "io_context threads (default 1)")->type_name("N");
   app.add_flag("--direct", direct, "require O_DIRECT (default: O_DIRECT when aligned)");
@@ -91,6 +95,7 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   if (auto rc = sluice_cli::parse_args(app, argc, argv, 1)) return rc;
   if (!staging.empty()) o.load.staging_budget = sluice_cli::parse_size(staging);
   if (!max_read.empty()) o.load.max_read = sluice_cli::parse_size(max_read);
+  if (!map_above.empty()) o.load.map_above = std::max<std::uint64_t>(1, sluice_cli::parse_size(map_above));
   if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
   if (direct) o.load.io = io_mode::direct;
   if (buffered) o.load.io = io_mode::buffered;

@@ -60,6 +60,11 @@ def test_8_ranks_tp1_dp8_ep8_shared_cooperative(ck, tmp_path):
     total = sum(r["stats"]["bytes_read"] for r in res)
     assert total == res[0]["stats"]["tensor_bytes"]
     assert sum(r["stats"]["owned"] for r in res) > 0 and all(r["stats"]["world_size"] == WORLD for r in res)
+    # One node, local files: what a rank keeps and did not read it takes from the page cache, and
+    # nothing crosses a socket. (Its tensors are below map_cached's 1 MiB: none comes as a view.)
+    for r in res:
+        assert r["stats"]["bytes_received"] == 0 and r["stats"]["bytes_sent"] == 0, r["rank"]
+        assert r["stats"]["page_cache_bytes"] > 0, r["rank"]
 
 
 def test_8_ranks_tp2_dp4_get_their_parts_of_split_tensors(ck, tmp_path):

@@ -251,7 +251,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.overlapped = overlap;
   std::optional<asio::thread_pool> exchange_thread;
   if (overlap) exchange_thread.emplace(1);
-  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader) |
+  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above) |
                   exchange_window(c, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
                   deliver_window(ck, plan, me, segment, s, opt.placeholders);
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
@@ -266,6 +266,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   run_phase(c, "finishing the sink", [&] { s.finish(); });
   st.bytes_read = fetched;
   st.page_cache_bytes = w.taken;
+  st.mapped_bytes = w.mapped;
   st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken;  // takes are read buffered: exact
   st.requests = reader->counters().requests.load() + table_requests;
   st.seconds = since(t0);

@@ -361,6 +361,10 @@ tensor_stream::tensor_stream(producer run, stream_options opt)
     : run_(std::move(run)), opt_(std::move(opt)), st_(std::make_shared<detail::stream_state>()) {
   st_->capacity = std::max<std::size_t>(1, opt_.queue);
   st_->exhausted = opt_.exhausted;
+  // A producer's load (a distributed one) hands out views of the page cache
+  // for what its rank keeps whole and reads or takes itself, as a load of
+  // the stream's own would (read_window's map_above).
+  if (opt_.map_cached && opt_.load.map_above == 0) opt_.load.map_above = std::uint64_t{1} << 20;
 }
 
 tensor_stream::~tensor_stream() { stop(); }

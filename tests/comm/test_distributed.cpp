@@ -230,7 +230,7 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
   if (n > 1 && nodes == 1) REQUIRE(all_taken > 0);
   if (nodes == n) REQUIRE(all_taken == 0);      // one rank per node: every byte travels
   const auto results = run_load(n, topology, offload, dopt, {}, {}, mode, nodes);
-  std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0;
+  std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0, mapped = 0;
   for (const auto& e : plan.entries) {
     if (e.shared()) shared_table_bytes += e.info.size;
     if (e.owner_destination == policy::destination::device) device_table_bytes += e.info.size;
@@ -287,6 +287,8 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
         want_host.insert(e.info.name);
     REQUIRE(host == want_host);
     if (mode == lane_mode::emulated) uploaded += j["stats"]["bytes_uploaded"].get<std::uint64_t>();
+    mapped += j["stats"]["mapped_bytes"].get<std::uint64_t>();
+    if (!dopt.load.map_above) REQUIRE(j["stats"]["mapped_bytes"] == 0);
     read += j["stats"]["bytes_read"].get<std::uint64_t>();
     written += j["stats"]["shared_bytes_written"].get<std::uint64_t>();
   }
@@ -309,6 +311,9 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
     REQUIRE(uploaded >= device_table_bytes);
   }
   REQUIRE(written == shared_table_bytes * nodes);  // each node's shared segment written once
+  // Views of the page cache where asked for: what a rank keeps in host memory
+  // whole or as a row part, and neither sends nor receives.
+  if (dopt.load.map_above && mode == lane_mode::none) REQUIRE(mapped > 0);
 }
 
 void check_load(std::size_t n, const std::string& topology, const std::string& offload,
@@ -480,6 +485,16 @@ TEST_CASE("TP2 x DP2: each rank holds its TP part of split tensors and receives 
   auto o = small_options();
   o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by several ranks
   check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);
+}
+
+TEST_CASE("page-cache views (map_above): what a rank keeps and reads or takes itself comes as a view of the file, the same bytes",
+          "[comm][distributed][page_cache]") {
+  auto o = small_options();
+  o.load.map_above = 1;
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+  o.plan.split_bytes = 4u << 10;  // row parts, slices read by several ranks
+  check_load(4, "tp2,dp2,ep4", "none", o);
+  check_load(4, "tp1,dp4,ep4", "per-rank", o, lane_mode::emulated);  // the device lane copies as before
 }
 
 TEST_CASE("4 ranks, parts the engine's model chose: each rank holds its blocks, in the model's order, and receives only those",

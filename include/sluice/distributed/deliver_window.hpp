@@ -87,7 +87,7 @@ class deliver_window : public pipeable {
           const bool dev = L.which == window_lane::device;
           v.kind = dev ? view_kind::device : view_kind::bytes;
           v.bytes = ws.kept_at[i - ws.begin];
-          v.hold = dev ? L.dev_kept : L.kept;
+          v.hold = dev ? L.dev_kept : ws.views[i - ws.begin] ? ws.views[i - ws.begin] : L.kept;
           v.host_destined = e.owner_destination == policy::destination::host;
           v.part = part_view(plan, e, me_);
           st.owned += 1;

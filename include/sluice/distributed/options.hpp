@@ -100,6 +100,9 @@ struct distributed_stats {
   /// instead of receiving them (local files: policy::schedule::page_cache).
   /// Not in bytes_read or storage_bytes (its reads are in requests).
   std::uint64_t page_cache_bytes = 0;
+  /// Bytes of tensors it keeps that it handed out as views of the page
+  /// cache, never copied (load_options::map_above; reads and takes alike).
+  std::uint64_t mapped_bytes = 0;
   std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
   std::uint64_t bytes_uploaded = 0;       ///< device lane: bytes it copied from host to lane memory (its reads, cut parts)
   std::uint64_t device_views = 0;         ///< device lane: tensors (parts) delivered in device memory
@@ -122,7 +125,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"mapped_bytes", mapped_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
             {"overlapped", overlapped},

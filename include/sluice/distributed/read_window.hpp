@@ -44,9 +44,16 @@ class read_window : public pipeable {
   using output_type = window_state;
 
   /// `lane`: the load's device lane; null: none (every tensor in host memory).
+  /// `map_above`: a tensor (part) of at least this many bytes that this rank
+  /// keeps in host memory as it lies in the file, and whose bytes all come
+  /// to it through its source (its reads and takes: no message carries any
+  /// of them, to it or from it), is handed out as a view of the page cache
+  /// where the source can map it, not read into the window
+  /// (load_options::map_above; 0: never).
   read_window(const checkpoint& ck, const policy::load_plan& plan, const policy::schedule& schedule, policy::rank_t me,
-              any_device_lane* lane, window_buffers& buffers, slice_reader& reader)
-      : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(lane), buffers_(&buffers), reader_(&reader) {}
+              any_device_lane* lane, window_buffers& buffers, slice_reader& reader, std::uint64_t map_above = 0)
+      : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(lane), buffers_(&buffers), reader_(&reader),
+        map_above_(map_above) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     using clock = std::chrono::steady_clock;
@@ -60,8 +67,16 @@ class read_window : public pipeable {
       planned_reads reads;
       if (!failure_) {
         try {
-          reads = lay_out(t->window, ws);
-          co_await reader_->read(reads);  // one batch for every lane: adjacent slices still coalesce
+          std::vector<std::size_t> mapped;  // entries (i - begin) whose view is reads[k], k in views_at
+          reads = lay_out(t->window, ws, mapped);
+          std::vector<lease> views(mapped.empty() ? 0 : reads.size());
+          co_await reader_->read(reads, mapped.empty() ? nullptr : &views);  // one batch for every lane: adjacent slices still coalesce
+          for (std::size_t k = 0, m = 0; k < reads.size(); ++k)
+            if (reads[k].map) {
+              const auto at = mapped.at(m++);
+              ws.kept_at[at] = views[k].bytes();
+              ws.views[at] = std::move(views[k]);
+            }
           for (auto& L : ws.lanes) cut_and_list_uploads(L);
         } catch (...) {
           failure_ = std::current_exception();
@@ -84,8 +99,10 @@ class read_window : public pipeable {
   }
 
   // Lays window `w` out from the schedule: its entries, lanes, memory and
-  // messages; returns this rank's reads of it (into the window's host memory).
-  planned_reads lay_out(std::uint32_t w, window_state& ws) {
+  // messages; returns this rank's reads of it (into the window's host
+  // memory), and, one extent each, the entries it maps instead (`mapped`,
+  // in the order of their extents).
+  planned_reads lay_out(std::uint32_t w, window_state& ws, std::vector<std::size_t>& mapped) {
     const auto& plan = *plan_;
     const auto me = me_;
     const auto& sched = schedule_->windows.at(w);
@@ -93,6 +110,7 @@ class read_window : public pipeable {
     ws.begin = sched.begin;
     ws.end = sched.end;
     ws.kept_at.resize(ws.end - ws.begin);
+    ws.views.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);
     if (lane_) {
       ws.lanes.resize(2);
@@ -130,11 +148,21 @@ class read_window : public pipeable {
         const auto& m = scheduled.messages[i];
         L.recvs.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
       }
-      for (const auto& r : lay.reads) {
+      for (std::size_t x = 0; x < lay.reads.size(); ++x) {
+        const auto& r = lay.reads[x];
         const auto& e = plan.entries[r.entry];
         const auto& rd = e.reads[r.read];
-        reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
         (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
+        if (!dev && maps(e, L, x)) {  // this rank's reads of e are contiguous in lay.reads: one view for all of them
+          if (x == 0 || lay.reads[x - 1].entry != r.entry) {
+            const auto& t = ck_->tensors()[e.index];
+            reads.push_back({&t, plan.kept_begin(e, me), plan.kept_bytes(e), {}, true});
+            mapped.push_back(r.entry - ws.begin);
+            ws.stats.mapped += plan.kept_bytes(e);
+          }
+          continue;
+        }
+        reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
         // What a device-lane rank read travels or stays as read, except the
         // whole rows of a column split: its cut parts do.
         if (dev && rd.size && e.split != policy::tp_split::columns)
@@ -142,6 +170,27 @@ class read_window : public pipeable {
       }
     }
     return reads;
+  }
+
+  // Whether this rank's reads of e (lay.reads[x] among them) become one view
+  // of the page cache: see the constructor. Every byte it keeps of e then
+  // comes from its reads and takes, which land in kept as read.
+  bool maps(const policy::plan_entry& e, const lane_window& L, std::size_t x) const {
+    if (!map_above_ || !e.owners.contains(me_) || e.split == policy::tp_split::columns) return false;
+    const auto n = plan_->kept_bytes(e);
+    if (n < map_above_) return false;
+    const auto& lay = *L.layout;
+    for (std::size_t y = x; y-- > 0 && lay.reads[y].entry == lay.reads[x].entry;)
+      if (!lay.reads[y].at.kept) return false;
+    for (std::size_t y = x; y < lay.reads.size() && lay.reads[y].entry == lay.reads[x].entry; ++y)
+      if (!lay.reads[y].at.kept) return false;
+    for (const auto& m : plan_->messages_of(e)) {
+      const auto from = e.reads[m.read].reader;
+      const bool travels = !schedule_->page_cache || plan_->node_of(from) != plan_->node_of(m.to);
+      if (travels && (from == me_ || m.to == me_)) return false;
+    }
+    const auto& t = ck_->tensors()[e.index];
+    return reader_->source().can_map(t.shard, t.offset + plan_->kept_begin(e, me_), n);
   }
 
   // Column-split tensors: cuts each TP part out of the rows this rank read;
@@ -188,6 +237,7 @@ class read_window : public pipeable {
   any_device_lane* lane_;  // null: no device lane
   window_buffers* buffers_;
   slice_reader* reader_;
+  std::uint64_t map_above_;
   std::exception_ptr failure_;   // this rank's first failure (sticky)
 };
 

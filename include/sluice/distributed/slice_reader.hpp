@@ -37,7 +37,9 @@
 namespace sluice::inline v0 {
 
 /// A batch of planned reads: each an extent of a tensor (a plan slice) whose
-/// `direct` span is where its bytes go (a window buffer or the shared segment).
+/// `direct` span is where its bytes go (a window buffer or the shared segment),
+/// or, with `map` set, which comes back as a view of the page cache
+/// (slice_reader::read's `views`).
 using planned_reads = std::vector<byte_extent>;
 
 namespace detail {
@@ -47,8 +49,14 @@ namespace detail {
 struct destination_sink {
   // (tensor, extent offset) -> destination of the extent
   std::map<std::pair<const tensor_ref*, std::uint64_t>, std::span<std::byte>> dest;
+  // (tensor, extent offset) -> where a mapped extent's view goes
+  std::map<std::pair<const tensor_ref*, std::uint64_t>, lease*> views;
   bool accept(tensor_view v) {
     if (v.kind != view_kind::bytes || v.bytes.empty()) return true;
+    if (auto m = views.find({v.tensor, v.offset}); m != views.end()) {  // a mapped extent arrives whole, as one view
+      *m->second = std::move(v.hold);
+      return true;
+    }
     auto it = dest.upper_bound({v.tensor, v.offset});
     if (it == dest.begin() || std::prev(it)->first.first != v.tensor)
       throw usage_error(fmt::format("a slice reader got bytes at {} of tensor {} outside every planned extent", v.offset, v.tensor->name), {"", v.tensor->name});
@@ -95,14 +103,24 @@ class slice_reader {
   slice_reader(const slice_reader&) = delete;
   slice_reader& operator=(const slice_reader&) = delete;
 
-  /// Reads the batch (see above). `reads` must stay valid until it completes.
-  [[nodiscard]] task<void> read(const planned_reads& reads) {
+  /// Reads the batch (see above). `reads` must stay valid until it
+  /// completes. An extent with `map` set (the caller asked the source's
+  /// can_map) is not read but mapped: its view of the page cache lands in
+  /// (*views)[k], k its index in `reads` (`views` as long as `reads`).
+  [[nodiscard]] task<void> read(const planned_reads& reads, std::vector<lease>* views = nullptr) {
     detail::destination_sink sink;
     std::vector<byte_extent> jobs;
     jobs.reserve(reads.size());
     const auto stage_below = src_->stage_below();
-    for (auto x : reads) {
+    for (std::size_t k = 0; k < reads.size(); ++k) {
+      auto x = reads[k];
       if (!x.size) continue;
+      if (x.map) {
+        if (!views || views->size() != reads.size()) throw usage_error("slice_reader::read: a mapped extent and nowhere for its view");
+        sink.views.emplace(std::pair{x.tensor, x.offset}, &(*views)[k]);
+        jobs.push_back(x);
+        continue;
+      }
       sink.dest.emplace(std::pair{x.tensor, x.offset}, x.direct);
       if (x.size < stage_below) x.direct = {};
       jobs.push_back(x);
