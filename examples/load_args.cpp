@@ -71,6 +71,10 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "read the next window while this one's collective runs (default auto:\n"
                  "on with at least two hardware threads per local rank)")
       ->type_name("auto|on|off");
+  app.add_flag("--exchange-all", o.exchange_all,
+               "with --topology: send every byte a rank keeps but did not read over the\n"
+               "communicator, also between ranks of one node (default: they read local files'\n"
+               "bytes from the node's page cache themselves)");
   app.add_option_function<std::size_t>("--rank", index(o.rank), "override RANK")->type_name("N");
   app.add_option_function<std::size_t>("--world-size", index(o.world), "override WORLD_SIZE")->type_name("N");
   app.add_option_function<std::size_t>("--local-rank", index(o.local_rank), "override LOCAL_RANK")->type_name("N");

@@ -25,6 +25,7 @@ struct options {
   std::size_t connections_per_rank = 0;
   std::size_t connections = 0;  // 0: the S3 config's default
   bool digest = false, json = false, progress = true, probe = false, device = false;
+  bool exchange_all = false;  // --exchange-all: distributed_options::page_cache off
 };
 
 // Digests of what this rank holds: placeholders (tensors it does not own) are skipped.

@@ -134,7 +134,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // of a local file crosses a socket within a node. io_mode::direct keeps
   // the exchange (each rank's O_DIRECT reads would read from disk again).
   const bool with_lane = lane != nullptr;
-  const bool page_cache = catalog_source && plan.local_size > 1 && ck.storage().shares_page_cache() &&
+  const bool page_cache = opt.page_cache && catalog_source && plan.local_size > 1 && ck.storage().shares_page_cache() &&
                           opt.load.io != io_mode::direct;
   const auto schedule =
       policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, page_cache);
@@ -197,9 +197,46 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   const auto buffers = opt.buffers ? opt.buffers : std::make_shared<window_buffers>();
   std::uint64_t fetched = 0;  // tensor bytes this rank read (shared tables included)
 
+  // Shared tables as views of the page cache: with the node's page cache as
+  // its copy and views asked for (map_above), every local rank maps the
+  // tables' file ranges; no segment is made or filled, and the kernel reads
+  // each byte from disk once for the node.
+  const bool table_views = shared && page_cache && opt.load.map_above > 0;
+  std::vector<lease> tables;  // by entry, table_views only
+  std::uint64_t table_taken = 0, table_bytes = 0;
+  if (table_views) {
+    fault_point("tables", me);
+    const auto r0 = clock::now();
+    run_phase(c, "mapping shared tables", [&] {
+      planned_reads reads;
+      std::vector<std::size_t> of;  // the plan entry of each view
+      for (std::size_t j = 0; j < plan.entries.size(); ++j) {
+        const auto& e = plan.entries[j];
+        if (!e.shared() || e.info.size == 0) continue;
+        of.push_back(j);
+        table_bytes += e.info.size;
+        const auto& t = ck.tensors()[e.index];
+        if (!reader->source().can_map(t.shard, t.offset, e.info.size))
+          throw io_error("the page cache cannot serve a view of this table", {ck.shards()[t.shard].uri, t.name, t.range()});
+        reads.push_back({&t, 0, e.info.size, {}, true});
+        std::uint64_t mine = 0;  // the plan's share of the node's storage reads
+        for (const auto& r : e.reads)
+          if (r.reader == me) mine += r.size;
+        fetched += mine, table_taken += e.info.size - mine;
+      }
+      std::vector<lease> views(reads.size());
+      run_blocking(ioc, reader->read(reads, &views));
+      tables.resize(plan.entries.size());
+      for (std::size_t k = 0; k < reads.size(); ++k) tables[of[k]] = std::move(views[k]);
+      table_reader.reset();
+    });
+    st.table_seconds = since(r0);
+    st.read_seconds += st.table_seconds;
+  }
+
   // Shared segment: created by local rank 0 of each node, attached by the others.
-  st.shared_bytes = shared ? plan.shared_bytes : 0;
-  if (shared) {
+  st.shared_bytes = shared && !table_views ? plan.shared_bytes : 0;
+  if (shared && !table_views) {
     const auto setup0 = clock::now();
     constexpr std::size_t handle_bytes = 256;
     std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
@@ -253,7 +290,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   if (overlap) exchange_thread.emplace(1);
   auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above) |
                   exchange_window(c, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
-                  deliver_window(ck, plan, me, segment, s, opt.placeholders);
+                  deliver_window(ck, plan, me, segment, tables, s, opt.placeholders);
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
   const auto& w = done.stats;
   st.read_seconds += w.read_seconds, st.exchange_seconds += w.exchange_seconds, st.deliver_seconds += w.deliver_seconds;
@@ -265,9 +302,9 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   check_peers(c, done.failure, "delivering tensors to the sink");
   run_phase(c, "finishing the sink", [&] { s.finish(); });
   st.bytes_read = fetched;
-  st.page_cache_bytes = w.taken;
-  st.mapped_bytes = w.mapped;
-  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken;  // takes are read buffered: exact
+  st.page_cache_bytes = w.taken + table_taken;
+  st.mapped_bytes = w.mapped + table_bytes;
+  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken - table_taken;  // takes are read buffered: exact
   st.requests = reader->counters().requests.load() + table_requests;
   st.seconds = since(t0);
   return st;

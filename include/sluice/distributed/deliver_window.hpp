@@ -47,11 +47,12 @@ class deliver_window : public pipeable {
   using input_type = window_state;
   using output_type = window_ticket;  ///< the window delivered
 
-  /// `segment`: the node's shared segment (shared tables' views);
-  /// `placeholders`: distributed_options::placeholders.
+  /// `segment`: the node's shared segment (shared tables' views), or
+  /// `tables`: by plan entry, each shared table's view of the page cache
+  /// (empty: the segment's); `placeholders`: distributed_options::placeholders.
   deliver_window(const checkpoint& ck, const policy::load_plan& plan, policy::rank_t me, const memory::shared_host& segment,
-                 any_sink sink, bool placeholders)
-      : ck_(&ck), plan_(&plan), me_(me), segment_(&segment), sink_(sink), placeholders_(placeholders) {}
+                 const std::vector<lease>& tables, any_sink sink, bool placeholders)
+      : ck_(&ck), plan_(&plan), me_(me), segment_(&segment), tables_(&tables), sink_(sink), placeholders_(placeholders) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     for (;;) {
@@ -76,7 +77,13 @@ class deliver_window : public pipeable {
         const auto& e = plan.entries[i];
         tensor_view v;
         v.tensor = &ck_->tensors()[e.index];
-        if (e.shared()) {
+        if (e.shared() && !tables_->empty()) {  // the node's one copy is its page cache
+          v.kind = view_kind::shared;
+          v.bytes = (*tables_)[i].bytes();
+          v.hold = (*tables_)[i];
+          v.host_destined = true;
+          st.shared_views += 1;
+        } else if (e.shared()) {
           v.kind = view_kind::shared;
           v.bytes = segment_->bytes().subspan(e.shared_offset, e.info.size);
           v.hold = lease(segment_->keep(), segment_->bytes());  // the whole segment: a sink registers it once
@@ -113,6 +120,7 @@ class deliver_window : public pipeable {
   const policy::load_plan* plan_;
   policy::rank_t me_;
   const memory::shared_host* segment_;
+  const std::vector<lease>* tables_;
   any_sink sink_;
   bool placeholders_;
   bool failed_ = false;  // the sink threw: it is not called again

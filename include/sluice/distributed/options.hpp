@@ -55,6 +55,12 @@ struct distributed_options {
   /// per local rank (on 2 cores, 8 ranks load twice as fast serially: see
   /// bench/README.md, bench-distributed).
   enum class overlap_mode : std::uint8_t { automatic, on, off } overlap = overlap_mode::automatic;
+  /// Ranks of one node read the bytes they keep of a local file from the
+  /// node's page cache themselves instead of receiving them from the rank
+  /// that read them (policy::schedule::page_cache; the catalog's sources,
+  /// not io_mode::direct). false: every byte travels over the communicator,
+  /// within a node as across nodes. Every rank must pass the same.
+  bool page_cache = true;
   /// S3 sources only: connections (pool size) of this rank's client. 0: the
   /// S3 config's `max_connections` counts for the node, and each of its
   /// `local_size` ranks gets max(1, max_connections / local_size): ranks on one

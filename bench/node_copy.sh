@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One node, one copy: 8 ranks of one node against one process and against 8
+# independent processes, in one run, on the demo's sample checkpoint.
+#   bench/node_copy.sh [--repeat N] [--cold] [--ranks N]
+#   SLUICE_SAMPLE_SIZE=8GiB (default)
+# Rows (each the best of N runs, wall clock of the whole command, processes included):
+#   one process           sluice-load SAMPLE
+#   N ranks               sluice-launch -n N -- sluice-load SAMPLE --topology tp1,dpN,epN
+#                         --offload shared-cooperative (ranks of the node take what they keep
+#                         from its page cache)
+#   N ranks, Gloo         the same with --exchange-all (every byte a rank keeps but did not
+#                         read crosses TCP loopback: the behaviour before the page cache)
+#   N processes           N concurrent sluice-load SAMPLE --staging 512MiB, started together,
+#                         each reading everything (the baseline)
+# each with copies (the default sink path) and with page-cache views (--map-above 1MiB), hot
+# (the sample in the page cache) and, with --cold, cold (caches dropped before each run: root).
+# The ranks' start-up (processes, Gloo rendezvous) is the launcher's wall clock minus the
+# slowest rank's load, printed on its own.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+repeat=3 cold=0 ranks=8
+while (($#)); do
+  case $1 in
+    --repeat) repeat=$2; shift 2 ;;
+    --cold) cold=1; shift ;;
+    --ranks) ranks=$2; shift 2 ;;
+    *) echo "usage: $0 [--repeat N] [--cold] [--ranks N]" >&2; exit 2 ;;
+  esac
+done
+size=${SLUICE_SAMPLE_SIZE:-8GiB}
+sample="$here/.samples/deepseek-like-$size"
+B="$here/build/release/examples"
+export CCACHE_BASEDIR="$here" CCACHE_NOHASHDIR=1
+cmake --preset release >/dev/null
+cmake --build --preset release --target sluice-load sluice-launch gen-checkpoint -j "$(nproc)" >/dev/null
+if [[ ! -f "$sample/.complete" ]]; then
+  rm -rf "$sample"
+  "$B/gen-checkpoint" "$sample" --size "$size" >/dev/null
+  touch "$sample/.complete"
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+now() { date +%s.%N; }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+warm() { cat "$sample"/*.safetensors > /dev/null; }
+
+# run KIND TEMP OPTS...: prints the wall seconds of one run
+run() {
+  local kind=$1 temp=$2; shift 2
+  if [[ $temp == cold ]]; then drop; else warm; fi
+  local t0 t1
+  t0=$(now)
+  case $kind in
+    one) "$B/sluice-load" "$sample" --no-progress "$@" > /dev/null 2>&1 ;;
+    ranks|gloo)
+      local extra=()
+      [[ $kind == gloo ]] && extra=(--exchange-all)
+      "$B/sluice-launch" -n "$ranks" --json-out "$work/$kind.json" -- "$B/sluice-load" "$sample" \
+        --topology "tp1,dp$ranks,ep$ranks" --offload shared-cooperative --no-progress "${extra[@]}" "$@" > /dev/null 2>&1 ;;
+    procs)
+      local pids=()
+      for ((r = 0; r < ranks; r++)); do "$B/sluice-load" "$sample" --no-progress --staging 512MiB "$@" > /dev/null 2>&1 & pids+=($!); done
+      for p in "${pids[@]}"; do wait "$p"; done ;;
+  esac
+  t1=$(now)
+  echo "$t1 - $t0" | bc -l
+}
+
+best() {  # best KIND TEMP OPTS...
+  local b="" t
+  for ((i = 0; i < repeat; i++)); do
+    t=$(run "$@")
+    if [[ -z $b ]] || (( $(echo "$t < $b" | bc -l) )); then b=$t; fi
+  done
+  if [[ $1 == ranks ]]; then cp "$work/ranks.json" "$work/best-ranks.json"; fi
+  echo "$b"
+}
+
+temps=(hot)
+((cold)) && temps+=(cold)
+echo "# bench/node_copy.sh --repeat $repeat$( ((cold)) && echo ' --cold') --ranks $ranks  ($(date -u +%F), sample $size: $(du -sh "$sample" | cut -f1), $(nproc) cores)"
+printf "%-6s %-7s %-28s %9s %14s %14s\n" temp sink row seconds "vs 1 process" "vs N procs"
+for temp in "${temps[@]}"; do
+  for sink in copies views; do
+    opts=()
+    [[ $sink == views ]] && opts=(--map-above 1MiB)
+    one=$(best one "$temp" "${opts[@]}")
+    rk=$(best ranks "$temp" "${opts[@]}")
+    gl=$(best gloo "$temp" "${opts[@]}")
+    pr=$(best procs "$temp" "${opts[@]}")
+    for row in "one process:$one" "$ranks ranks:$rk" "$ranks ranks, Gloo loopback:$gl" "$ranks processes (baseline):$pr"; do
+      name=${row%:*} t=${row##*:}
+      printf "%-6s %-7s %-28s %9.2f %13.2fx %13.2fx\n" "$temp" "$sink" "$name" "$t" "$(echo "$t / $one" | bc -l)" "$(echo "$t / $pr" | bc -l)"
+    done
+    /usr/bin/python3 - "$work/best-ranks.json" "$rk" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+s = [r["summary"] for r in t["ranks"]]
+load = max(x["seconds"]["total"] for x in s)
+gib = 1 << 30
+print(f"       {'':7} start-up of the ranks {float(sys.argv[2]) - load:.2f} s (processes, rendezvous); in the load: setup "
+      f"{max(x['seconds']['setup'] for x in s):.2f} s, shared tables {max(x['seconds']['tables'] for x in s):.2f} s, "
+      f"windows {max(x['seconds']['read'] - x['seconds']['tables'] for x in s):.2f} s; per rank: received "
+      f"{max(x['bytes_received'] for x in s) / gib:.2f} GiB, from the page cache {max(x['page_cache_bytes'] for x in s) / gib:.2f} GiB, "
+      f"as views {max(x['mapped_bytes'] for x in s) / gib:.2f} GiB")
+PY
+  done
+done
