@@ -67,6 +67,10 @@ std::vector<nlohmann::json> run(const fs::path& dir, std::size_t n, const std::s
     o.load.staging_budget = 256u << 20;
     o.plan.window_bytes = window;
     o.plan.local_size = n;
+    // This bench measures the exchange against the transport: every byte a
+    // rank keeps but did not read travels over Gloo, as between nodes (on one
+    // node the page cache would carry it: bench/node_copy.sh measures that).
+    o.page_cache = false;
     o.overlap = overlap;
     o.buffers = std::make_shared<window_buffers>();
     const auto plan = plan_for(ck, fmt::format("tp1,dp{},ep{}", n, n), offload, o);
