@@ -60,8 +60,15 @@ ck="$work/ck"
 "$load" "$ck" --digest --no-progress 2>/dev/null | sort >"$work/reference.txt"
 [[ -s "$work/reference.txt" ]] || { echo "FAIL: no reference digests"; exit 1; }
 
+# The veth pair's byte counters at both ends (rx and tx), as JSON.
+link_bytes() {
+  { ip -n "$ns1" -s -j link show "$v1"; ip -n "$ns2" -s -j link show "$v2"; } |
+    /usr/bin/python3 -c 'import json, sys; d = [json.loads(l)[0]["stats64"] for l in sys.stdin if l.strip()]; print(json.dumps([[x["rx"]["bytes"], x["tx"]["bytes"]] for x in d]))'
+}
+
 # 1. Eight ranks started by hand (digests per rank).
 common=(--topology tp1,dp8,ep8 --offload shared-cooperative --no-progress)
+link_before=$(link_bytes)
 rpids=()
 for r in 0 1 2 3 4 5 6 7; do
   if ((r < 4)); then ns=$ns1 addr=$a1; else ns=$ns2 addr=$a2; fi
@@ -75,9 +82,11 @@ for r in 0 1 2 3 4 5 6 7; do
   wait "${rpids[$r]}" || { echo "FAIL: rank $r exited non-zero:"; cat "$work/rank$r.err"; failed=1; }
 done
 ((failed == 0)) || exit 1
-/usr/bin/python3 - "$work" <<'PY'
+link_after=$(link_bytes)
+/usr/bin/python3 - "$work" "$link_before" "$link_after" <<'PY'
 import json, sys
 w = sys.argv[1]
+before, after = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 ref = set(open(f"{w}/reference.txt").read().splitlines())
 held = set()
 for r in range(8):
@@ -111,6 +120,23 @@ if total != tensor_bytes + tables[1]:
     sys.exit(f"FAIL: {total} bytes read in all; expected {tensor_bytes} tensor bytes + {tables[1]} (host 2's copy of the tables)")
 print(f"ok: 8 ranks on 2 hosts hold {len(held)} tensors, digests equal the single-process load; "
       f"each host read its {tables[0]} table bytes once; {total} bytes read in all = tensors + one more copy of the tables")
+# The link carries what crosses between the hosts and nothing a host's ranks share: within a host
+# they read what they keep from its page cache (local files), so every byte a rank received came
+# over the veth pair. Both ends must count the same bytes (host 1's tx is host 2's rx).
+(rx1, tx1), (rx2, tx2) = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
+if abs(tx1 - rx2) > 64 << 10 or abs(tx2 - rx1) > 64 << 10:
+    sys.exit(f"FAIL: the veth ends disagree: host 1 sent {tx1}, host 2 got {rx2}; host 2 sent {tx2}, host 1 got {rx1}")
+link = tx1 + tx2
+received = sum(j["bytes_received"] for j in js)
+taken = sum(j["page_cache_bytes"] for j in js)
+if received == 0 or taken == 0:
+    sys.exit(f"FAIL: received {received}, taken from the page cache {taken}: expected both across 2 hosts of 4 ranks")
+# Overhead: TCP/IP and Ethernet headers (at most ~5 % at the veth's 1500-byte MTU), the store
+# (Redis), the peer watch and the status exchanges (bounded by a few MiB for this load).
+if not received <= link <= received * 1.10 + (8 << 20):
+    sys.exit(f"FAIL: {link} bytes crossed the link for {received} tensor bytes received across the hosts")
+print(f"ok: the link carried {link} bytes for {received} tensor bytes received across the hosts "
+      f"({link / received:.3f}x); {taken} bytes a host's ranks took from its page cache never crossed it")
 PY
 
 # 2. The same world through sluice-launch --nnodes 2 --node-rank K (one launcher per host).
