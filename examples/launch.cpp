@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
       try { f >> j; } catch (...) { j = nullptr; }
     }
     if (j.is_object())
-      for (const char* k : {"bytes_read", "header_bytes_read", "storage_bytes", "bytes_received", "page_cache_bytes", "bytes_sent", "shared_bytes_written", "tensors"})
+      for (const char* k : {"bytes_read", "header_bytes_read", "storage_bytes", "bytes_received", "page_cache_bytes", "node_copied_bytes", "bytes_sent", "shared_bytes_written", "tensors"})
         if (j.contains(k) && j[k].is_number()) totals[k] = totals.value(k, std::uint64_t{0}) + j[k].get<std::uint64_t>();
     merged["ranks"].push_back({{"rank", node_rank * n + r}, {"exit", codes[r]}, {"summary", j}});
   }

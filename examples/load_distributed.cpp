@@ -165,10 +165,11 @@ int run_distributed(const options& o) {
   if (o.json) std::printf("%s\n", j.dump(2).c_str());
   else
     std::fprintf(stderr, "rank %zu/%zu (%s, offload %s): %llu tensors delivered, read %s from storage, received %s, "
-                         "%s from the page cache, shared segment %s, %s%.2f s\n",
+                         "%s from the page cache, %s from the node window, shared segment %s, %s%.2f s\n",
                  who.rank, who.world_size, topo.c_str(), o.offload.c_str(), static_cast<unsigned long long>(st.tensors),
                  human_bytes(static_cast<double>(st.bytes_read)).c_str(), human_bytes(static_cast<double>(st.bytes_received)).c_str(),
                  human_bytes(static_cast<double>(st.page_cache_bytes)).c_str(),
+                 human_bytes(static_cast<double>(st.node_copied_bytes)).c_str(),
                  human_bytes(static_cast<double>(st.shared_bytes)).c_str(),
                  st.connections ? fmt::format("{} S3 connections, ", st.connections).c_str() : "", st.seconds);
   if (!o.json && !st.kept_whole.empty() && who.rank == 0)

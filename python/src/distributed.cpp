@@ -26,7 +26,7 @@ nlohmann::json run_distributed(const checkpoint& ck, const distributed_request& 
   auto j = st.to_json();
   j["tensor_bytes"] = ck.tensor_bytes();
   j["reused_open_world"] = reused;  // one Gloo world for the open and the load
-  const double gib = static_cast<double>(st.bytes_read + st.bytes_received + st.page_cache_bytes) / double(1ull << 30);
+  const double gib = static_cast<double>(st.bytes_read + st.bytes_received + st.page_cache_bytes + st.node_copied_bytes) / double(1ull << 30);
   j["gib_per_s"] = st.seconds > 0 ? gib / st.seconds : 0.0;
   return j;
 }

@@ -54,6 +54,33 @@ std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, polic
   return readers;
 }
 
+// Memory every rank of `me`'s node maps (memory::shared_host): created by
+// its local rank 0, whose handle the others get through one all-gather, and
+// attached by them; every rank fails if one cannot. Once all have attached,
+// only mappings hold it: nothing to clean up after a crash. `what` names it
+// in the phases ("shared segment", "node window").
+memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t me, std::size_t local_rank, std::size_t size,
+                                      const std::string& name, const std::string& what) {
+  memory::shared_host mem;
+  constexpr std::size_t handle_bytes = 256;
+  std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
+  run_phase(c, "creating the " + what, [&] {
+    if (local_rank != 0) return;
+    mem = memory::shared_host::create(size, name);
+    const auto h = mem.handle();
+    std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
+  });
+  in_phase("sharing the " + what + "'s handle", [&] { c.all_gather(mine, all); });
+  run_phase(c, "attaching the " + what, [&] {  // also: everyone attached
+    if (local_rank == 0) return;
+    const auto leader = me - local_rank;
+    const char* h = reinterpret_cast<const char*>(all.data() + leader * handle_bytes);
+    mem = memory::shared_host::attach(std::string(h, strnlen(h, handle_bytes)), size);
+  });
+  mem.close_handle();
+  return mem;
+}
+
 // Runs the window pipeline (window_ticket → window_ticket) over `windows`
 // windows with `credits` of them in flight at most: the first `credits`
 // tickets go in at once, and each window that comes out delivered lets the
@@ -133,11 +160,17 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // files read through the page cache) instead of receiving them: nothing
   // of a local file crosses a socket within a node. io_mode::direct keeps
   // the exchange (each rank's O_DIRECT reads would read from disk again).
+  // Otherwise (S3, O_DIRECT, a caller's source), through the node window: a
+  // memory region every local rank maps, which readers read into and keepers
+  // copy from.
   const bool with_lane = lane != nullptr;
   const bool page_cache = opt.page_cache && catalog_source && plan.local_size > 1 && ck.storage().shares_page_cache() &&
                           opt.load.io != io_mode::direct;
+  const auto node = page_cache                                    ? policy::node_copy::page_cache
+                    : opt.node_window && plan.local_size > 1 ? policy::node_copy::window
+                                                                  : policy::node_copy::none;
   const auto schedule =
-      policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, page_cache);
+      policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, node);
   fault_point("plan", me);
   {
     const std::uint64_t d = schedule.digest;
@@ -238,22 +271,8 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.shared_bytes = shared && !table_views ? plan.shared_bytes : 0;
   if (shared && !table_views) {
     const auto setup0 = clock::now();
-    constexpr std::size_t handle_bytes = 256;
-    std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
-    run_phase(c, "creating the shared segment", [&] {
-      if (st.local_rank != 0) return;
-      segment = memory::shared_host::create(plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me));
-      const auto h = segment.handle();
-      std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
-    });
-    in_phase("sharing the segment's handle", [&] { c.all_gather(mine, all); });
-    run_phase(c, "attaching the shared segment", [&] {  // also: everyone attached
-      if (st.local_rank == 0) return;
-      const auto leader = me - st.local_rank;
-      const char* h = reinterpret_cast<const char*>(all.data() + leader * handle_bytes);
-      segment = memory::shared_host::attach(std::string(h, strnlen(h, handle_bytes)), plan.shared_bytes);
-    });
-    segment.close_handle();  // only mappings hold it now: nothing to clean up after a crash
+    segment = share_node_memory(c, me, st.local_rank, plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me),
+                                "shared segment");
     st.setup_seconds += since(setup0);
     // This rank's slices of the shared tables, straight into the segment.
     fault_point("tables", me);
@@ -281,15 +300,28 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   }
   st.setup_seconds += since(t0) - st.read_seconds;
 
+  // The node window (node_copy::window): both parities in one memfd, made
+  // by local rank 0 and attached by the others, as the shared segment.
+  memory::shared_host node_window;
+  if (schedule.node_window_bytes > 0) {
+    const auto setup0 = clock::now();
+    node_window = share_node_memory(c, me, st.local_rank, 2 * schedule.node_window_bytes,
+                                    fmt::format("{}-window-rank{}", opt.segment_name, me - st.local_rank), "node window");
+    st.setup_seconds += since(setup0);
+    st.node_window_bytes = 2 * schedule.node_window_bytes;
+  }
+
   // The windows. Overlapped: window w's exchange runs on its own thread while
   // this one reads window w+1 (two credits: two windows' buffers); serial:
-  // one window at a time, the exchange inline.
-  const bool overlap = opt.overlaps(plan.local_size);
+  // one window at a time, the exchange inline. Through the node window,
+  // serial: a parity is read into again only after every local rank has
+  // copied from it (exchange_window).
+  const bool overlap = opt.overlaps(plan.local_size) && node != policy::node_copy::window;
   st.overlapped = overlap;
   std::optional<asio::thread_pool> exchange_thread;
   if (overlap) exchange_thread.emplace(1);
-  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above) |
-                  exchange_window(c, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
+  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above, node_window.bytes()) |
+                  exchange_window(c, plan, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
                   deliver_window(ck, plan, me, segment, tables, s, opt.placeholders);
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
   const auto& w = done.stats;
@@ -303,6 +335,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   run_phase(c, "finishing the sink", [&] { s.finish(); });
   st.bytes_read = fetched;
   st.page_cache_bytes = w.taken + table_taken;
+  st.node_copied_bytes = w.node;
   st.mapped_bytes = w.mapped + table_bytes;
   st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken - table_taken;  // takes are read buffered: exact
   st.requests = reader->counters().requests.load() + table_requests;

@@ -215,8 +215,14 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
   const auto plan = plan_for(ck, topology, offload, opt);
   // What travels over the communicator and what each rank takes from the
   // page cache, as the driver schedules it (local files, buffered).
+  // How the driver carries a node's messages (local files: the page cache,
+  // unless turned off; then the node window, unless turned off too).
+  const auto carrier = n / nodes == 1 ? policy::node_copy::none
+                       : dopt.page_cache ? policy::node_copy::page_cache
+                       : dopt.node_window ? policy::node_copy::window : policy::node_copy::none;
+  const bool by_node = carrier != policy::node_copy::none;
   const auto sched = policy::make_schedule(plan, mode == lane_mode::none ? policy::lane_split::one : policy::lane_split::host_and_device,
-                                           dopt.page_cache);
+                                           carrier);
   std::vector<std::uint64_t> gloo_in(n, 0), gloo_out(n, 0), taken(n, 0);
   for (const auto& w : sched.windows)
     for (const auto& L : w.lanes) {
@@ -227,9 +233,9 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
     }
   std::uint64_t all_taken = 0, all_in = 0;
   for (std::size_t r = 0; r < n; ++r) all_taken += taken[r], all_in += gloo_in[r];
-  if (nodes == 1 && dopt.page_cache) REQUIRE(all_in == 0);  // nothing of a local file crosses a socket within a node
-  if (n > 1 && nodes == 1 && dopt.page_cache) REQUIRE(all_taken > 0);
-  if (nodes == n || !dopt.page_cache) REQUIRE(all_taken == 0);  // one rank per node, or asked: every byte travels
+  if (nodes == 1 && by_node) REQUIRE(all_in == 0);  // nothing crosses a socket within a node
+  if (n > 1 && nodes == 1 && by_node) REQUIRE(all_taken > 0);
+  if (!by_node) REQUIRE(all_taken == 0);  // one rank per node, or asked: every byte travels
   const auto results = run_load(n, topology, offload, dopt, {}, {}, mode, nodes);
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0, mapped = 0;
   for (const auto& e : plan.entries) {
@@ -256,13 +262,16 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
     REQUIRE(j["stats"]["bytes_received"].get<std::uint64_t>() == gloo_in[r]);
     REQUIRE(j["stats"]["bytes_sent"].get<std::uint64_t>() == gloo_out[r]);
     std::uint64_t table_take = 0;  // tables as views: what its node's other ranks were to read
-    if (dopt.load.map_above && dopt.page_cache && n / nodes > 1)
+    if (dopt.load.map_above && carrier == policy::node_copy::page_cache)
       for (const auto& e : plan.entries)
         if (e.shared())
           for (const auto& rd : e.reads)
             if (rd.reader != r && plan.node_of(rd.reader) == plan.node_of(static_cast<policy::rank_t>(r))) table_take += rd.size;
-    REQUIRE(j["stats"]["page_cache_bytes"].get<std::uint64_t>() == taken[r] + table_take);
-    if (nodes == n || !dopt.page_cache) REQUIRE(gloo_in[r] == plan.received_bytes[r]);
+    const bool windowed = carrier == policy::node_copy::window;
+    REQUIRE(j["stats"]["page_cache_bytes"].get<std::uint64_t>() == (windowed ? 0 : taken[r] + table_take));
+    REQUIRE(j["stats"]["node_copied_bytes"].get<std::uint64_t>() == (windowed ? taken[r] : 0));
+    REQUIRE((j["stats"]["node_window_bytes"].get<std::uint64_t>() > 0) == (windowed && sched.node_window_bytes > 0));
+    if (!by_node) REQUIRE(gloo_in[r] == plan.received_bytes[r]);
     // Every rank's sink saw the same sequence of calls.
     std::vector<std::string> names, names0;
     for (auto& c : j["calls"]) names.push_back(c.get<std::string>());
@@ -320,7 +329,7 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
   // Each node's shared segment written once; or, with views of the page
   // cache asked for on a node that shares it, no segment: every local rank
   // maps the tables' file ranges.
-  const bool table_views = dopt.load.map_above && dopt.page_cache && n / nodes > 1;
+  const bool table_views = dopt.load.map_above && carrier == policy::node_copy::page_cache;
   REQUIRE(written == (table_views ? 0 : shared_table_bytes * nodes));
   if (table_views)
     for (const auto& j : results) REQUIRE(j["stats"]["shared_bytes"] == 0);
@@ -500,10 +509,28 @@ TEST_CASE("TP2 x DP2: each rank holds its TP part of split tensors and receives 
   check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);
 }
 
-TEST_CASE("page_cache off: every byte a rank keeps but did not read travels over Gloo, within a node too", "[comm][distributed][page_cache]") {
+TEST_CASE("page_cache and node_window off: every byte a rank keeps but did not read travels over Gloo, within a node too",
+          "[comm][distributed][page_cache]") {
   auto o = small_options();
   o.page_cache = false;
+  o.node_window = false;
   check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);
+}
+
+TEST_CASE("the node window: without the page cache, a node's ranks copy what they keep from the window its readers read into",
+          "[comm][distributed][node_window]") {
+  // What an S3 load does (its catalog shares no page cache), on local files
+  // with the page cache turned off: every topology shape of the tests above,
+  // one node and two, TP row and column parts, model parts, a device lane.
+  auto o = small_options();
+  o.page_cache = false;
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+  check_load(8, "tp1,dp8,ep8", "shared-cooperative", o);
+  o.plan.split_bytes = 4u << 10;  // column-split tensors read in blocks of rows by several ranks
+  check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);
+  check_load(4, "tp4,dp1,ep1", "per-rank", o);
+  check_load(4, "tp2,dp1,ep2,pp2", "shared-single", o);
+  check_load(4, "tp2,dp2,ep4", "shared-cooperative", o, lane_mode::emulated);
 }
 
 TEST_CASE("page-cache views (map_above): what a rank keeps and reads or takes itself comes as a view of the file, the same bytes",

@@ -45,6 +45,10 @@ import json, sys
 j, total, per_rank = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
 t = j["totals"]
 assert t["bytes_read"] == total and t["storage_bytes"] == total, f"read {t} over the ranks, the checkpoint holds {total}"
+# One node: what a rank keeps but did not read it copies from the node window its readers read
+# into; nothing crosses a socket between the ranks.
+assert t["bytes_received"] == 0 and t["bytes_sent"] == 0, f"over Gloo within one node: {t}"
+assert t["node_copied_bytes"] > 0, f"nothing copied from the node window: {t}"
 conns = [r["summary"]["connections"] for r in j["ranks"]]
 assert conns == [per_rank] * len(conns), f"connections per rank {conns}, expected {per_rank}"
 PY
@@ -52,7 +56,7 @@ PY
   if ! cmp -s "$work/local.txt" "$work/s3.txt"; then
     echo "FAIL: $n ranks over S3: owned digests differ from the local load"; diff "$work/local.txt" "$work/s3.txt" | head; exit 1
   fi
-  echo "ok: $n ranks read $total bytes from S3 in all (each byte once), $per_rank connections each, $(wc -l < "$work/s3.txt") digests equal the local load"
+  echo "ok: $n ranks read $total bytes from S3 in all (each byte once), $per_rank connections each, none over Gloo, $(wc -l < "$work/s3.txt") digests equal the local load"
 }
 check 2 8
 check 4 4

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <numeric>
+#include <tuple>
 #include <set>
 #include <string>
 #include <vector>
@@ -82,6 +84,7 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
       INFO("window " << w.window << " lane " << static_cast<int>(L.lane));
       REQUIRE(L.ranks.size() == p.world);
       std::vector<rank_memory> mem(p.world);
+      std::map<std::tuple<std::size_t, std::size_t, std::size_t>, std::uint64_t> landed;  // (node, entry, read) -> node window offset
       for (std::size_t r = 0; r < p.world; ++r) {
         const auto& lay = L.ranks[r];
         mem[r].kept.assign(lay.kept_bytes, 0);
@@ -90,8 +93,16 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
         for (const auto& x : lay.reads) {
           const auto& e = p.entries[x.entry];
           const auto& rd = e.reads.at(x.read);
-          if (x.taken) {  // a message within a node, read by its receiver from the page cache
-            REQUIRE(s.page_cache);
+          if (s.node == node_copy::window && x.node != rank_layout::read_at::none) {
+            // The bytes lie in the node window once: the reader's and every take's offsets agree.
+            REQUIRE(x.node + rd.size <= s.node_window_bytes);
+            const auto key = std::tuple{p.node_of(rd.reader), x.entry, x.read};
+            const auto [it, fresh] = landed.emplace(key, x.node);
+            REQUIRE(it->second == x.node);
+          }
+          if (x.taken) {  // a message within a node, which its receiver gets from the node
+            REQUIRE(s.node != node_copy::none);
+            if (s.node == node_copy::window) REQUIRE(x.node != rank_layout::read_at::none);
             REQUIRE(rd.reader != r);
             REQUIRE(p.node_of(rd.reader) == p.node_of(static_cast<rank_t>(r)));
             REQUIRE(e.owners.contains(static_cast<rank_t>(r)));
@@ -119,9 +130,19 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
         REQUIRE(tags.insert(m.tag).second);  // tags are unique in a window lane
         REQUIRE(m.from != m.to);
         REQUIRE(m.dst.kept);                 // a message lands in kept bytes
-        if (s.page_cache) REQUIRE(p.node_of(m.from) != p.node_of(m.to));  // within a node: a take instead
+        if (s.node != node_copy::none) REQUIRE(p.node_of(m.from) != p.node_of(m.to));  // within a node: a take instead
         std::memcpy(mem[m.to].at(m.dst, m.size), mem[m.from].at(m.src, m.size), m.size);
         mem[m.to].wrote(m.dst, m.size);
+      }
+      // Node window ranges of one node and window never overlap.
+      std::map<std::size_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> spans;
+      for (const auto& [key, off] : landed) {
+        const auto& e = p.entries[std::get<1>(key)];
+        spans[std::get<0>(key)].emplace_back(off, off + e.reads[std::get<2>(key)].size);
+      }
+      for (auto& [node, v] : spans) {
+        std::sort(v.begin(), v.end());
+        for (std::size_t k = 1; k < v.size(); ++k) REQUIRE(v[k - 1].second <= v[k].first);
       }
       for (std::size_t r = 0; r < p.world; ++r) {
         const auto& lay = L.ranks[r];
@@ -249,10 +270,10 @@ TEST_CASE("every byte a rank keeps arrives exactly once, and is its part of the 
         }
         const auto p = make_plan(tensors, classifier::deepseek(), parse_topology(topo), off, o);
         for (auto lanes : {lane_split::one, lane_split::host_and_device})
-          for (bool page_cache : {false, true}) {
+          for (auto node : {node_copy::none, node_copy::page_cache, node_copy::window}) {
             INFO(topo << " " << offload_name(off) << " variant " << variant << " lanes " << static_cast<int>(lanes)
-                      << " page cache " << page_cache);
-            const auto s = make_schedule(p, lanes, page_cache);
+                      << " node copy " << static_cast<int>(node));
+            const auto s = make_schedule(p, lanes, node);
             REQUIRE(s.windows.front().lanes.size() == (lanes == lane_split::one ? 1u : 2u));
             require_schedule_delivers(p, s);
             ++checked;
@@ -260,7 +281,7 @@ TEST_CASE("every byte a rank keeps arrives exactly once, and is its part of the 
       }
     }
   }
-  REQUIRE(checked == 7 * 4 * 2 * 2 * 2);
+  REQUIRE(checked == 7 * 4 * 2 * 2 * 3);
 }
 
 TEST_CASE("the schedule's messages carry what the plan's counters say", "[policy][schedule]") {
@@ -284,8 +305,11 @@ TEST_CASE("through the page cache, a node's messages become its receivers' takes
   o.window_bytes = 64u << 10;
   o.local_size = 2;  // two nodes of two
   const auto p = make_plan(tensors, classifier::deepseek(), 2, 2, 4, offload_kind::per_rank_host, o);
-  const auto s = make_schedule(p, lane_split::one, true);
-  REQUIRE(s.digest != make_schedule(p, lane_split::one, false).digest);  // ranks that disagree fail the plan check
+  const auto s = make_schedule(p, lane_split::one, node_copy::page_cache);
+  REQUIRE(s.digest != make_schedule(p, lane_split::one, node_copy::none).digest);  // ranks that disagree fail the plan check
+  REQUIRE(s.digest != make_schedule(p, lane_split::one, node_copy::window).digest);
+  REQUIRE(make_schedule(p, lane_split::one, node_copy::window).node_window_bytes > 0);
+  REQUIRE(s.node_window_bytes == 0);
   // Each planned message is a take of its receiver (same node) or travels (other node), never both.
   std::uint64_t within = 0, across = 0, taken_messages = 0;
   for (const auto& m : p.messages) {

@@ -22,6 +22,7 @@
 /// erased communicator and lane.
 
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <string>
 
@@ -36,6 +37,7 @@
 #include <sluice/core/channel.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/distributed/peers.hpp>
+#include <sluice/distributed/read_window.hpp>
 #include <sluice/distributed/window.hpp>
 #include <sluice/stages/concepts.hpp>
 
@@ -49,8 +51,9 @@ class exchange_window : public pipeable {
   /// `lane`: the load's device lane (null: none); `windows`: the plan's
   /// window count (for phase names); `thread`: where the exchange runs
   /// (null: inline, on the driver's thread).
-  exchange_window(comm::any_communicator& c, any_device_lane* lane, std::uint32_t windows, asio::thread_pool* thread)
-      : c_(&c), lane_(lane), windows_(windows), thread_(thread) {}
+  exchange_window(comm::any_communicator& c, const policy::load_plan& plan, any_device_lane* lane, std::uint32_t windows,
+                  asio::thread_pool* thread)
+      : c_(&c), plan_(&plan), lane_(lane), windows_(windows), thread_(thread) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     for (;;) {
@@ -79,6 +82,13 @@ class exchange_window : public pipeable {
   double travel(window_state& ws) {
     check_peers(*c_, ws.failure, fmt::format("reading window {} of {}", ws.window + 1, windows_));
     const auto x0 = std::chrono::steady_clock::now();
+    // Every rank has read the window: what lies in the node window is there
+    // to copy (node_copy::window). Nothing writes this parity of it again
+    // before every local rank has copied: the windows run one at a time
+    // then, and window w + 2's reads follow window w + 1's status exchange.
+    for (const auto& [dst, src] : ws.node_copies) std::memcpy(dst.data(), src.data(), src.size());
+    if (ws.cut_later)
+      for (auto& L : ws.lanes) cut_and_list_uploads(*plan_, L);
     in_phase(fmt::format("exchanging window {} of {}", ws.window + 1, windows_), [&] {
       for (auto& L : ws.lanes) {
         if (L.which != window_lane::device) {
@@ -93,6 +103,7 @@ class exchange_window : public pipeable {
   }
 
   comm::any_communicator* c_;
+  const policy::load_plan* plan_;
   any_device_lane* lane_;  // null: no device lane (no window has a device lane then)
   std::uint32_t windows_;
   asio::thread_pool* thread_;

@@ -61,6 +61,14 @@ struct distributed_options {
   /// not io_mode::direct). false: every byte travels over the communicator,
   /// within a node as across nodes. Every rank must pass the same.
   bool page_cache = true;
+  /// Where the page cache does not carry them (S3, io_mode::direct, a
+  /// caller's source, page_cache off), ranks of one node get the bytes they
+  /// keep but did not read through the node window: a memory region (a
+  /// sealed memfd) every local rank maps, which each reader reads into and
+  /// each keeper copies from after the window's status exchange; the windows
+  /// then run one at a time. false: over the communicator. Every rank must
+  /// pass the same.
+  bool node_window = true;
   /// S3 sources only: connections (pool size) of this rank's client. 0: the
   /// S3 config's `max_connections` counts for the node, and each of its
   /// `local_size` ranks gets max(1, max_connections / local_size): ranks on one
@@ -109,6 +117,10 @@ struct distributed_stats {
   /// Bytes of tensors it keeps that it handed out as views of the page
   /// cache, never copied (load_options::map_above; reads and takes alike).
   std::uint64_t mapped_bytes = 0;
+  /// Bytes of tensors it keeps that another rank of its node read into the
+  /// node window and this rank copied from there (distributed_options::node_window).
+  std::uint64_t node_copied_bytes = 0;
+  std::uint64_t node_window_bytes = 0;    ///< size of the node window this rank mapped (both parities)
   std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
   std::uint64_t bytes_uploaded = 0;       ///< device lane: bytes it copied from host to lane memory (its reads, cut parts)
   std::uint64_t device_views = 0;         ///< device lane: tensors (parts) delivered in device memory
@@ -131,7 +143,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"mapped_bytes", mapped_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
             {"overlapped", overlapped},

@@ -38,6 +38,43 @@
 
 namespace sluice::inline v0::detail {
 
+// Column-split tensors: cuts each TP part out of the rows this rank read;
+// then merges adjacent uploads into one copy.
+inline void cut_and_list_uploads(const policy::load_plan& plan, lane_window& L) {
+  const bool dev = L.which == window_lane::device;
+  const auto& mine = L.layout->reads;
+  for (const auto& cut : L.layout->cuts) {
+    const auto& e = plan.entries[mine[cut.from].entry];
+    const auto& rd = e.reads[mine[cut.from].read];
+    // The read covers whole runs (rows, or a model's runs): block
+    // `cut.part` of each, packed.
+    const auto n = plan.parts(e);
+    const std::byte* src = L.host_at(mine[cut.from].at, rd.size).data();
+    auto dst = L.host_at(cut.at, rd.size / n);
+    std::uint64_t out = 0;
+    for (auto at = rd.offset; at < rd.offset + rd.size;) {
+      const auto end = policy::load_plan::run_end_at(e, at), block = (end - at) / n;
+      std::memcpy(dst.data() + out, src + (at - rd.offset) + cut.part * block, block);
+      out += block;
+      at = end;
+    }
+    if (dev) L.uploads.emplace_back(L.data_at(cut.at, rd.size / n), dst);
+  }
+  std::sort(L.uploads.begin(), L.uploads.end(), [](const auto& a, const auto& b) { return a.first.data() < b.first.data(); });
+  std::size_t n = 0;
+  for (const auto& u : L.uploads) {
+    auto& prev = L.uploads[n ? n - 1 : 0];
+    if (n && prev.first.data() + prev.first.size() == u.first.data() &&
+        prev.second.data() + prev.second.size() == u.second.data())
+      prev = {{prev.first.data(), prev.first.size() + u.first.size()}, {prev.second.data(), prev.second.size() + u.second.size()}};
+    else
+      L.uploads[n++] = u;
+  }
+  L.uploads.resize(n);
+  for (const auto& u : L.uploads) L.uploaded += u.first.size();
+}
+
+
 class read_window : public pipeable {
  public:
   using input_type = window_ticket;  ///< the window to read, in plan order
@@ -50,10 +87,13 @@ class read_window : public pipeable {
   /// of them, to it or from it), is handed out as a view of the page cache
   /// where the source can map it, not read into the window
   /// (load_options::map_above; 0: never).
+  /// `node_window`: under node_copy::window, the node window (both
+  /// parities, schedule::node_window_bytes each), mapped by every local rank.
   read_window(const checkpoint& ck, const policy::load_plan& plan, const policy::schedule& schedule, policy::rank_t me,
-              any_device_lane* lane, window_buffers& buffers, slice_reader& reader, std::uint64_t map_above = 0)
+              any_device_lane* lane, window_buffers& buffers, slice_reader& reader, std::uint64_t map_above = 0,
+              std::span<std::byte> node_window = {})
       : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(lane), buffers_(&buffers), reader_(&reader),
-        map_above_(map_above) {}
+        map_above_(map_above), node_window_(node_window) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     using clock = std::chrono::steady_clock;
@@ -77,7 +117,13 @@ class read_window : public pipeable {
               ws.kept_at[at] = views[k].bytes();
               ws.views[at] = std::move(views[k]);
             }
-          for (auto& L : ws.lanes) cut_and_list_uploads(L);
+          // Bytes that come through the node window arrive after the status
+          // exchange (exchange_window copies them, then cuts): cut now only
+          // what this rank has.
+          if (ws.node_copies.empty())
+            for (auto& L : ws.lanes) cut_and_list_uploads(*plan_, L);
+          else
+            ws.cut_later = true;
         } catch (...) {
           failure_ = std::current_exception();
         }
@@ -152,6 +198,18 @@ class read_window : public pipeable {
         const auto& r = lay.reads[x];
         const auto& e = plan.entries[r.entry];
         const auto& rd = e.reads[r.read];
+        if (r.node != policy::rank_layout::read_at::none) {
+          // Through the node window: the reader reads there; it and every
+          // take copy to `at` once the status exchange says all have read.
+          const auto parity = static_cast<std::uint64_t>(w % 2) * schedule_->node_window_bytes;
+          const auto there = node_window_.subspan(parity + r.node, rd.size);
+          if (!r.taken) reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, there});
+          ws.node_copies.emplace_back(L.host_at(r.at, rd.size), there);
+          (r.taken ? ws.stats.node : ws.stats.fetched) += rd.size;
+          if (dev && rd.size && e.split != policy::tp_split::columns)
+            L.uploads.emplace_back(L.data_at(r.at, rd.size), L.host_at(r.at, rd.size));
+          continue;
+        }
         (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
         if (!dev && maps(e, L, x)) {  // this rank's reads of e are contiguous in lay.reads: one view for all of them
           if (x == 0 || lay.reads[x - 1].entry != r.entry) {
@@ -177,6 +235,7 @@ class read_window : public pipeable {
   // comes from its reads and takes, which land in kept as read.
   bool maps(const policy::plan_entry& e, const lane_window& L, std::size_t x) const {
     if (!map_above_ || !e.owners.contains(me_) || e.split == policy::tp_split::columns) return false;
+    if (schedule_->node == policy::node_copy::window) return false;  // its takes come from the node window
     const auto n = plan_->kept_bytes(e);
     if (n < map_above_) return false;
     const auto& lay = *L.layout;
@@ -186,48 +245,11 @@ class read_window : public pipeable {
       if (!lay.reads[y].at.kept) return false;
     for (const auto& m : plan_->messages_of(e)) {
       const auto from = e.reads[m.read].reader;
-      const bool travels = !schedule_->page_cache || plan_->node_of(from) != plan_->node_of(m.to);
+      const bool travels = schedule_->node == policy::node_copy::none || plan_->node_of(from) != plan_->node_of(m.to);
       if (travels && (from == me_ || m.to == me_)) return false;
     }
     const auto& t = ck_->tensors()[e.index];
     return reader_->source().can_map(t.shard, t.offset + plan_->kept_begin(e, me_), n);
-  }
-
-  // Column-split tensors: cuts each TP part out of the rows this rank read;
-  // then merges adjacent uploads into one copy.
-  void cut_and_list_uploads(lane_window& L) const {
-    const auto& plan = *plan_;
-    const bool dev = L.which == window_lane::device;
-    const auto& mine = L.layout->reads;
-    for (const auto& cut : L.layout->cuts) {
-      const auto& e = plan.entries[mine[cut.from].entry];
-      const auto& rd = e.reads[mine[cut.from].read];
-      // The read covers whole runs (rows, or a model's runs): block
-      // `cut.part` of each, packed.
-      const auto n = plan.parts(e);
-      const std::byte* src = L.host_at(mine[cut.from].at, rd.size).data();
-      auto dst = L.host_at(cut.at, rd.size / n);
-      std::uint64_t out = 0;
-      for (auto at = rd.offset; at < rd.offset + rd.size;) {
-        const auto end = policy::load_plan::run_end_at(e, at), block = (end - at) / n;
-        std::memcpy(dst.data() + out, src + (at - rd.offset) + cut.part * block, block);
-        out += block;
-        at = end;
-      }
-      if (dev) L.uploads.emplace_back(L.data_at(cut.at, rd.size / n), dst);
-    }
-    std::sort(L.uploads.begin(), L.uploads.end(), [](const auto& a, const auto& b) { return a.first.data() < b.first.data(); });
-    std::size_t n = 0;
-    for (const auto& u : L.uploads) {
-      auto& prev = L.uploads[n ? n - 1 : 0];
-      if (n && prev.first.data() + prev.first.size() == u.first.data() &&
-          prev.second.data() + prev.second.size() == u.second.data())
-        prev = {{prev.first.data(), prev.first.size() + u.first.size()}, {prev.second.data(), prev.second.size() + u.second.size()}};
-      else
-        L.uploads[n++] = u;
-    }
-    L.uploads.resize(n);
-    for (const auto& u : L.uploads) L.uploaded += u.first.size();
   }
 
   const checkpoint* ck_;
@@ -238,6 +260,7 @@ class read_window : public pipeable {
   window_buffers* buffers_;
   slice_reader* reader_;
   std::uint64_t map_above_;
+  std::span<std::byte> node_window_;
   std::exception_ptr failure_;   // this rank's first failure (sticky)
 };
 

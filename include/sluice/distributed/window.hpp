@@ -108,13 +108,14 @@ struct window_stats {
   std::uint64_t fetched = 0;  // tensor bytes this rank read for it
   std::uint64_t taken = 0;    // bytes it read from the node's page cache instead of receiving them (rank_layout::read_at::taken)
   std::uint64_t mapped = 0;   // bytes it keeps that it handed out as views of the page cache (read_window's map_above)
+  std::uint64_t node = 0;     // bytes it copied from the node window instead of receiving them (node_copy::window)
   std::uint64_t sent = 0, received = 0, uploaded = 0, messages = 0;
   std::uint64_t tensors = 0, accepted = 0, owned = 0, placeholders = 0, shared_views = 0, device_views = 0;
   std::uint64_t kept = 0;  // bytes of the tensors (parts) it delivered as its own
 
   window_stats& operator+=(const window_stats& o) noexcept {
     read_seconds += o.read_seconds, exchange_seconds += o.exchange_seconds, deliver_seconds += o.deliver_seconds;
-    fetched += o.fetched, taken += o.taken, mapped += o.mapped, sent += o.sent, received += o.received, uploaded += o.uploaded, messages += o.messages;
+    fetched += o.fetched, taken += o.taken, mapped += o.mapped, node += o.node, sent += o.sent, received += o.received, uploaded += o.uploaded, messages += o.messages;
     tensors += o.tensors, accepted += o.accepted, owned += o.owned, placeholders += o.placeholders;
     shared_views += o.shared_views, device_views += o.device_views, kept += o.kept;
     return *this;
@@ -148,6 +149,11 @@ struct window_state {
   std::vector<std::span<std::byte>> kept_at;  // by entry (i - begin): this rank's part of the tensor
   std::vector<lease> views;                   // by entry: the page-cache view kept_at lies in, if mapped (else the lane's kept)
   std::vector<std::uint8_t> lane_of;          // by entry: its lane (index into lanes)
+  // node_copy::window: (where in this rank's memory, from the node window),
+  // copied by exchange_window after the status exchange; then, `cut_later`,
+  // it cuts column parts and lists uploads (read_window did not).
+  std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> node_copies;
+  bool cut_later = false;
   std::exception_ptr failure;
   window_stats stats;
 };

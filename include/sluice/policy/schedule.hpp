@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -43,6 +44,15 @@ enum class window_lane : std::uint8_t { all, host, device };
   }
   return false;
 }
+
+/// How a planned message between two ranks of one node travels: over the
+/// communicator like any other (`none`), or as a take of its receiver, which
+/// gets the bytes from the node itself: from the page cache, reading the file
+/// (`page_cache`: local files), or from the node window, a memory region
+/// every local rank maps, which the reader reads into and every local rank
+/// that keeps the bytes copies from after the window's status exchange
+/// (`window`: S3, O_DIRECT, anything without a shared page cache).
+enum class node_copy : std::uint8_t { none, page_cache, window };
 
 /// The lanes of a load's windows: one (window_lane::all: everything travels
 /// over the host communicator) or two (host, then device: a load with a
@@ -79,9 +89,15 @@ struct rank_layout {
     region at;                        ///< where the bytes land as read
     /// Not this rank's read from storage but a take: another rank of its node
     /// reads these bytes (the plan's reader), and this rank, which keeps
-    /// them, reads them from the node's page cache itself instead of
-    /// receiving them (schedule::page_cache).
+    /// them, gets them from its node instead of receiving them
+    /// (schedule::node): from the page cache, reading the file, or copying
+    /// them from the node window at `node`.
     bool taken = false;
+    /// node_copy::window: where the bytes lie in the node window (of this
+    /// window's parity); the reader reads them there, and it and every take
+    /// copy them to `at` after the status exchange. `none`: not there.
+    static constexpr std::uint64_t none = ~std::uint64_t{0};
+    std::uint64_t node = none;
   };
   struct cut_at {
     std::size_t from = 0;     ///< index in `reads`: whole rows of a column-split tensor
@@ -113,12 +129,15 @@ struct window_schedule {
 /// Every window of a plan, for every rank.
 struct schedule {
   lane_split lanes = lane_split::one;
-  /// Whether a planned message between two ranks of one node is carried by
-  /// the node's page cache (its receiver reads the bytes from the file
-  /// itself: rank_layout::read_at::taken) instead of by the communicator.
-  /// Local files only, read buffered: the kernel then reads each byte from
-  /// disk once for the node, and nothing of it crosses a socket.
-  bool page_cache = false;
+  /// How a planned message between two ranks of one node travels (see
+  /// node_copy): the page cache (local files read buffered: the kernel reads
+  /// each byte from disk once for the node) or the node window carry it as
+  /// its receiver's take (rank_layout::read_at::taken), so nothing of it
+  /// crosses a socket; `none`: the communicator.
+  node_copy node = node_copy::none;
+  /// node_copy::window: bytes of the node window per parity (the most any
+  /// node lands in one window).
+  std::uint64_t node_window_bytes = 0;
   std::vector<window_schedule> windows;  ///< by window number
   std::uint64_t digest = 0;              ///< of the plan and of everything above
 };
@@ -163,7 +182,7 @@ inline void hash_window(schedule_hash& d, const window_schedule& w) {
     for (const auto& r : L.ranks) {
       d.mix(r.kept_bytes), d.mix(r.scratch_bytes);
       for (const auto& k : r.kept) d.mix(k.entry), d.mix(k.off);
-      for (const auto& x : r.reads) d.mix(x.entry), d.mix(x.read), d.mix(x.at), d.mix(x.taken);
+      for (const auto& x : r.reads) d.mix(x.entry), d.mix(x.read), d.mix(x.at), d.mix(x.taken), d.mix(x.node);
       for (const auto& c : r.cuts) d.mix(c.from), d.mix(c.part), d.mix(c.at);
       for (auto i : r.sends) d.mix(i);
       for (auto i : r.recvs) d.mix(i);
@@ -191,13 +210,19 @@ struct tagged_message {
 // then what one reader sends one receiver in a window lies back to back at
 // both ends and travels as one message.
 //
-// `takes`: the reads (entry, read) whose bytes this rank keeps and reads
-// from the node's page cache itself (schedule::page_cache), sorted.
+// `takes`: the reads (entry, read) whose bytes this rank keeps and gets
+// from its node itself (schedule::node), sorted; `landing`: under
+// node_copy::window, where each read with takes lies in the node window.
+using node_landing = std::map<std::pair<std::size_t, std::size_t>, std::uint64_t>;
 inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, std::size_t end, window_lane lane,
                          const std::vector<std::uint32_t>& mine, const std::vector<std::uint64_t>& receivers_key,
-                         const std::vector<std::pair<std::size_t, std::size_t>>& takes, std::vector<tagged_message>& msgs,
-                         rank_layout& out) {
+                         const std::vector<std::pair<std::size_t, std::size_t>>& takes, const node_landing& landing,
+                         std::vector<tagged_message>& msgs, rank_layout& out) {
   auto takes_it = [&takes](std::size_t i, std::size_t k) { return std::binary_search(takes.begin(), takes.end(), std::pair{i, k}); };
+  auto node_at = [&landing](std::size_t i, std::size_t k) {
+    const auto it = landing.find({i, k});
+    return it == landing.end() ? rank_layout::read_at::none : it->second;
+  };
   constexpr auto none = ~std::uint64_t{0};
   std::vector<std::uint64_t> kept_off(end - begin, none);
   struct keyed { rank_t reader; std::uint64_t receivers; std::size_t entry; };
@@ -231,9 +256,9 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
       // A take lands where the message would have: its bytes as read (whole,
       // or its row part), or whole runs cut below like its reader's.
       if (plan.keeps_as_read(e, rd, me)) {
-        out.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}, taken});
+        out.reads.push_back({i, k, {true, kept + rd.offset - plan.kept_begin(e, me)}, taken, node_at(i, k)});
       } else {
-        out.reads.push_back({i, k, {false, out.scratch_bytes}, taken});
+        out.reads.push_back({i, k, {false, out.scratch_bytes}, taken, node_at(i, k)});
         out.scratch_bytes += rd.size;
       }
       if (e.split == tp_split::columns && owned) {  // its own part of these rows
@@ -294,11 +319,13 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
 }  // namespace detail
 
 /// Lane `lane` of the window of plan entries [begin, end): every rank's
-/// layout and the lane's messages (`page_cache`: schedule::page_cache, so
-/// that a message between two ranks of one node is a take of its receiver
-/// instead).
+/// layout and the lane's messages (`node`: schedule::node, so that a message
+/// between two ranks of one node is a take of its receiver instead;
+/// `node_fill`, by node: bytes of the node window this window has landed so
+/// far, in its lanes before this one).
 [[nodiscard]] inline lane_schedule schedule_lane(const load_plan& plan, std::size_t begin, std::size_t end,
-                                                 window_lane lane, bool page_cache = false) {
+                                                 window_lane lane, node_copy node = node_copy::none,
+                                                 std::vector<std::uint64_t>* node_fill = nullptr) {
   lane_schedule L;
   L.lane = lane;
   // The window lane's messages, tagged in plan order (entry, then the
@@ -309,12 +336,19 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   std::vector<std::uint64_t> receivers_key(end - begin, 0);
   std::vector<std::vector<std::uint32_t>> by_rank(plan.world);
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> takes(plan.world);  // by receiver: (entry, read), sorted
+  detail::node_landing landing;
   for (std::size_t i = begin; i < end; ++i) {
     const auto& e = plan.entries[i];
     if (!travels_in(e, lane)) continue;
     for (const auto& m : plan.messages_of(e)) {
-      if (page_cache && plan.node_of(e.reads[m.read].reader) == plan.node_of(m.to)) {
+      const auto& rd = e.reads[m.read];
+      if (node != node_copy::none && plan.node_of(rd.reader) == plan.node_of(m.to)) {
         if (takes[m.to].empty() || takes[m.to].back() != std::pair{i, m.read}) takes[m.to].emplace_back(i, m.read);
+        if (node == node_copy::window && !landing.contains({i, m.read})) {
+          auto& fill = node_fill->at(plan.node_of(rd.reader));
+          landing.emplace(std::pair{i, m.read}, fill);
+          fill += (rd.size + 63) / 64 * 64;  // cache-line aligned: no two ranks' copies share a line
+        }
         continue;
       }
       const auto tag = static_cast<std::uint32_t>(msgs.size());
@@ -326,7 +360,8 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   }
   L.ranks.resize(plan.world);
   for (std::size_t r = 0; r < plan.world; ++r)
-    detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, takes[r], msgs, L.ranks[r]);
+    detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, takes[r], landing, msgs,
+                         L.ranks[r]);
   L.messages = detail::coalesce(msgs, plan);
   for (std::size_t k = 0; k < L.messages.size(); ++k) {
     L.ranks[L.messages[k].from].sends.push_back(k);
@@ -336,17 +371,17 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
 }
 
 /// The schedule of every window of `plan` for every rank, with the lanes of
-/// `lanes`, messages within a node carried by its page cache where
-/// `page_cache` (schedule::page_cache); digested whole. Pure: every rank
-/// computes the same one from the same plan and arguments.
+/// `lanes`, messages within a node carried by it as `node` says
+/// (schedule::node); digested whole. Pure: every rank computes the same one
+/// from the same plan and arguments.
 [[nodiscard]] inline schedule make_schedule(const load_plan& plan, lane_split lanes = lane_split::one,
-                                            bool page_cache = false) {
+                                            node_copy node = node_copy::none) {
   schedule s;
   s.lanes = lanes;
-  s.page_cache = page_cache;
+  s.node = node;
   detail::schedule_hash d;
   detail::hash_plan(d, plan);
-  d.mix(static_cast<std::uint64_t>(lanes)), d.mix(page_cache);
+  d.mix(static_cast<std::uint64_t>(lanes)), d.mix(static_cast<std::uint64_t>(node));
   std::size_t begin = 0;
   for (std::uint32_t w = 0; w < plan.windows; ++w) {
     window_schedule ws;
@@ -355,15 +390,18 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
     ws.end = begin;
     while (ws.end < plan.entries.size() && plan.entries[ws.end].window == w) ++ws.end;
     begin = ws.end;
+    std::vector<std::uint64_t> fill(plan.nodes(), 0);  // node window bytes landed in this window, by node
     if (lanes == lane_split::one) {
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::all, page_cache));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::all, node, &fill));
     } else {
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::host, page_cache));
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::device, page_cache));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::host, node, &fill));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::device, node, &fill));
     }
+    for (auto f : fill) s.node_window_bytes = std::max(s.node_window_bytes, f);
     detail::hash_window(d, ws);
     s.windows.push_back(std::move(ws));
   }
+  d.mix(s.node_window_bytes);
   s.digest = d.h;
   return s;
 }

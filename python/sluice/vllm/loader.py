@@ -337,9 +337,9 @@ class SluiceModelLoader(_vllm.base_loader()):
         seconds = max(time.perf_counter() - t0, 1e-9)
         read = self.last_stats.get("bytes_read", 0)
         received = self.last_stats.get("bytes_received", 0)
-        taken = self.last_stats.get("page_cache_bytes", 0)
+        taken = self.last_stats.get("page_cache_bytes", 0) + self.last_stats.get("node_copied_bytes", 0)
         self._log().info(
-            "sluice: %s%s: %d tensors, %.3f GiB read, %.3f GiB received, %.3f GiB from the page cache, "
+            "sluice: %s%s: %d tensors, %.3f GiB read, %.3f GiB received, %.3f GiB from the node (page cache or node window), "
             "%.2f GiB/s (%.2f s)", ck.location,
             f" (rank {distributed['world'].rank} of {distributed['world'].size} in sluice's order, {distributed['topology']})"
             if distributed else "", self.last_stats.get("tensors", 0), read / 2**30, received / 2**30, taken / 2**30,
