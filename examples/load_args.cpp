@@ -74,7 +74,8 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   app.add_flag("--exchange-all", o.exchange_all,
                "with --topology: send every byte a rank keeps but did not read over the\n"
                "communicator, also between ranks of one node (default: they read local files'\n"
-               "bytes from the node's page cache themselves)");
+               "bytes from the node's page cache themselves, and copy other bytes from the node\n"
+               "window their readers read into)");
   app.add_option_function<std::size_t>("--rank", index(o.rank), "override RANK")->type_name("N");
   app.add_option_function<std::size_t>("--world-size", index(o.world), "override WORLD_SIZE")->type_name("N");
   app.add_option_function<std::size_t>("--local-rank", index(o.local_rank), "override LOCAL_RANK")->type_name("N");

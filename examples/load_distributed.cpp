@@ -96,7 +96,7 @@ int run_distributed(const options& o) {
   distributed_options dopt;
   dopt.load = o.load;
   dopt.connections_per_rank = o.connections_per_rank;
-  dopt.page_cache = !o.exchange_all;
+  dopt.page_cache = dopt.node_window = !o.exchange_all;
   using om = distributed_options::overlap_mode;
   if (o.overlap == "auto") dopt.overlap = om::automatic;
   else if (o.overlap == "on") dopt.overlap = om::on;
