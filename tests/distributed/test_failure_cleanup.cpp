@@ -243,6 +243,27 @@ TEST_CASE("a rank killed mid-load: the others throw comm_error and leave nothing
   run(sc);
 }
 
+TEST_CASE("a rank killed mid-load through the node window: the others throw peer_lost naming it and leave no window behind",
+          "[distributed][cleanup][node_window]") {
+  // Without the page cache (as from S3), the node's ranks share a node
+  // window (a memfd named after the segment); a rank killed between its
+  // windows must not leave it mapped or open in any survivor.
+  scenario sc;
+  sc.tag = "killed-window";
+  sc.victim = 3;
+  sc.fail = [](std::size_t rank, const std::string& segment, const fs::path& store) {
+    failing_sink s{.n = 5, .rank = rank, .segment = segment};
+    if (rank == 3) s.at_call = [] { ::kill(::getpid(), SIGKILL); };
+    auto o = small_options(segment);
+    o.page_cache = false;
+    return expect<comm::peer_lost>(
+        s, [&] { (void)load_distributed(checkpoint_dir(), "tp1,dp4,ep4", "none", world(rank, 4, store), s, o); },
+        [](const comm::peer_lost& e) { return e.lost_rank() == 3; });
+  };
+  sc.reload = good_load;
+  run(sc);
+}
+
 TEST_CASE("a corrupt shard on one rank: every rank throws distributed_error naming it and leaves nothing behind",
           "[distributed][cleanup]") {
   const auto ck = checkpoint::open(checkpoint_dir());
