@@ -169,8 +169,12 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   const auto node = page_cache                                    ? policy::node_copy::page_cache
                     : opt.node_window && plan.local_size > 1 ? policy::node_copy::window
                                                                   : policy::node_copy::none;
+  // Between nodes, each byte goes once to each node that keeps it, to one of
+  // its keepers there (the relay), which the node's other keepers copy from
+  // through the node window.
+  const bool relay = opt.node_window && plan.local_size > 1 && plan.nodes() > 1;
   const auto schedule =
-      policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, node);
+      policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, node, relay);
   fault_point("plan", me);
   {
     const std::uint64_t d = schedule.digest;
@@ -316,7 +320,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // one window at a time, the exchange inline. Through the node window,
   // serial: a parity is read into again only after every local rank has
   // copied from it (exchange_window).
-  const bool overlap = opt.overlaps(plan.local_size) && node != policy::node_copy::window;
+  const bool overlap = opt.overlaps(plan.local_size) && schedule.node_window_bytes == 0;
   st.overlapped = overlap;
   std::optional<asio::thread_pool> exchange_thread;
   if (overlap) exchange_thread.emplace(1);

@@ -221,11 +221,14 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
                        : dopt.page_cache ? policy::node_copy::page_cache
                        : dopt.node_window ? policy::node_copy::window : policy::node_copy::none;
   const bool by_node = carrier != policy::node_copy::none;
+  const bool relay = dopt.node_window && n / nodes > 1 && nodes > 1;
   const auto sched = policy::make_schedule(plan, mode == lane_mode::none ? policy::lane_split::one : policy::lane_split::host_and_device,
-                                           carrier);
-  std::vector<std::uint64_t> gloo_in(n, 0), gloo_out(n, 0), taken(n, 0);
+                                           carrier, relay);
+  std::vector<std::uint64_t> gloo_in(n, 0), gloo_out(n, 0), taken(n, 0), copied(n, 0);
   for (const auto& w : sched.windows)
     for (const auto& L : w.lanes) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (const auto& c : L.ranks[r].copies) copied[r] += c.size;
       for (const auto& m : L.messages) gloo_in[m.to] += m.size, gloo_out[m.from] += m.size;
       for (std::size_t r = 0; r < n; ++r)
         for (const auto& x : L.ranks[r].reads)
@@ -269,9 +272,9 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
             if (rd.reader != r && plan.node_of(rd.reader) == plan.node_of(static_cast<policy::rank_t>(r))) table_take += rd.size;
     const bool windowed = carrier == policy::node_copy::window;
     REQUIRE(j["stats"]["page_cache_bytes"].get<std::uint64_t>() == (windowed ? 0 : taken[r] + table_take));
-    REQUIRE(j["stats"]["node_copied_bytes"].get<std::uint64_t>() == (windowed ? taken[r] : 0));
-    REQUIRE((j["stats"]["node_window_bytes"].get<std::uint64_t>() > 0) == (windowed && sched.node_window_bytes > 0));
-    if (!by_node) REQUIRE(gloo_in[r] == plan.received_bytes[r]);
+    REQUIRE(j["stats"]["node_copied_bytes"].get<std::uint64_t>() == (windowed ? taken[r] : 0) + copied[r]);
+    REQUIRE((j["stats"]["node_window_bytes"].get<std::uint64_t>() > 0) == (sched.node_window_bytes > 0));
+    if (!by_node && !relay) REQUIRE(gloo_in[r] == plan.received_bytes[r]);
     // Every rank's sink saw the same sequence of calls.
     std::vector<std::string> names, names0;
     for (auto& c : j["calls"]) names.push_back(c.get<std::string>());
@@ -845,15 +848,18 @@ TEST_CASE("a peer dead during a device-lane exchange: the others throw peer_lost
       [&](std::size_t rank) {
         comm::rank_info who;
         who.hostname = "127.0.0.1";  // every "node" of the test is this machine
-        // Two nodes of two: within a node ranks take their bytes from the
-        // page cache, so the lane's exchanges are between the nodes.
-        who.rank = rank, who.world_size = 4, who.local_rank = rank % 2, who.local_size = 2;
+        // One node, every byte over the lane and the host communicator (the
+        // page cache and the node window off), so that every rank has lane
+        // messages with the dying one.
+        who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
         who.store_dir = store.string();
         who.timeout = 300s;
         auto ck = checkpoint::open(checkpoint_dir());
         comm::gloo c(who);
         auto o = small_options();
-        o.plan.local_size = 2;
+        o.plan.local_size = 4;
+        o.page_cache = false;
+        o.node_window = false;
         const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", o);
         if (plan.windows < 3) return 13;
         dying_lane<comm::gloo> lane(c);

@@ -131,12 +131,19 @@ received = sum(j["bytes_received"] for j in js)
 taken = sum(j["page_cache_bytes"] for j in js)
 if received == 0 or taken == 0:
     sys.exit(f"FAIL: received {received}, taken from the page cache {taken}: expected both across 2 hosts of 4 ranks")
+# Each byte crosses to a host at most once (to one relay rank there, whose host's other ranks
+# copy it from their node window): with two hosts, what crossed is at most the tensor bytes.
+relayed = sum(j["node_copied_bytes"] for j in js)
+if received > tensor_bytes or relayed == 0:
+    sys.exit(f"FAIL: {received} bytes received across the hosts for {tensor_bytes} tensor bytes "
+             f"(each at most once per host), {relayed} copied from the node windows")
 # Overhead: TCP/IP and Ethernet headers (at most ~5 % at the veth's 1500-byte MTU), the store
 # (Redis), the peer watch and the status exchanges (bounded by a few MiB for this load).
 if not received <= link <= received * 1.10 + (8 << 20):
     sys.exit(f"FAIL: {link} bytes crossed the link for {received} tensor bytes received across the hosts")
 print(f"ok: the link carried {link} bytes for {received} tensor bytes received across the hosts "
-      f"({link / received:.3f}x); {taken} bytes a host's ranks took from its page cache never crossed it")
+      f"({link / received:.3f}x; at most once per host: {tensor_bytes} tensor bytes); {taken} bytes a host's ranks "
+      f"took from its page cache and {relayed} they copied from their node window never crossed it")
 PY
 
 # 2. The same world through sluice-launch --nnodes 2 --node-rank K (one launcher per host).

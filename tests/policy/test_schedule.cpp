@@ -126,14 +126,35 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
         }
       }
       std::set<std::uint32_t> tags;
+      std::vector<std::vector<std::uint8_t>> node_mem(p.nodes(), std::vector<std::uint8_t>(s.node_window_bytes, 0));
+      std::vector<std::vector<bool>> relayed(p.nodes(), std::vector<bool>(s.node_window_bytes, false));  // bytes a relay received
       for (const auto& m : L.messages) {
         REQUIRE(tags.insert(m.tag).second);  // tags are unique in a window lane
         REQUIRE(m.from != m.to);
-        REQUIRE(m.dst.kept);                 // a message lands in kept bytes
         if (s.node != node_copy::none) REQUIRE(p.node_of(m.from) != p.node_of(m.to));  // within a node: a take instead
+        if (m.dst.node) {  // a relay: into its node's window, copied out below by the node's keepers
+          REQUIRE(w.relayed);
+          REQUIRE(m.dst.off + m.size <= s.node_window_bytes);
+          for (std::uint64_t b = 0; b < m.size; ++b) {
+            REQUIRE_FALSE(relayed[p.node_of(m.to)][m.dst.off + b]);  // one relay per place (merged messages cover several)
+            relayed[p.node_of(m.to)][m.dst.off + b] = true;
+          }
+          std::memcpy(node_mem[p.node_of(m.to)].data() + m.dst.off, mem[m.from].at(m.src, m.size), m.size);
+          continue;
+        }
+        REQUIRE(m.dst.kept);                 // a message lands in kept bytes
         std::memcpy(mem[m.to].at(m.dst, m.size), mem[m.from].at(m.src, m.size), m.size);
         mem[m.to].wrote(m.dst, m.size);
       }
+      for (std::size_t r = 0; r < p.world; ++r)
+        for (const auto& c : L.ranks[r].copies) {
+          REQUIRE(c.to.kept);
+          const auto& got = relayed[p.node_of(static_cast<rank_t>(r))];
+          REQUIRE(c.from + c.size <= got.size());
+          for (std::uint64_t b = 0; b < c.size; ++b) REQUIRE(got[c.from + b]);  // a relay of its node received it
+          std::memcpy(mem[r].at(c.to, c.size), node_mem[p.node_of(static_cast<rank_t>(r))].data() + c.from, c.size);
+          mem[r].wrote(c.to, c.size);
+        }
       // Node window ranges of one node and window never overlap.
       std::map<std::size_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> spans;
       for (const auto& [key, off] : landed) {
@@ -270,10 +291,11 @@ TEST_CASE("every byte a rank keeps arrives exactly once, and is its part of the 
         }
         const auto p = make_plan(tensors, classifier::deepseek(), parse_topology(topo), off, o);
         for (auto lanes : {lane_split::one, lane_split::host_and_device})
-          for (auto node : {node_copy::none, node_copy::page_cache, node_copy::window}) {
+          for (auto node : {node_copy::none, node_copy::page_cache, node_copy::window})
+          for (bool relay : {false, true}) {
             INFO(topo << " " << offload_name(off) << " variant " << variant << " lanes " << static_cast<int>(lanes)
-                      << " node copy " << static_cast<int>(node));
-            const auto s = make_schedule(p, lanes, node);
+                      << " node copy " << static_cast<int>(node) << " relay " << relay);
+            const auto s = make_schedule(p, lanes, node, relay);
             REQUIRE(s.windows.front().lanes.size() == (lanes == lane_split::one ? 1u : 2u));
             require_schedule_delivers(p, s);
             ++checked;
@@ -281,7 +303,7 @@ TEST_CASE("every byte a rank keeps arrives exactly once, and is its part of the 
       }
     }
   }
-  REQUIRE(checked == 7 * 4 * 2 * 2 * 3);
+  REQUIRE(checked == 7 * 4 * 2 * 2 * 3 * 2);
 }
 
 TEST_CASE("the schedule's messages carry what the plan's counters say", "[policy][schedule]") {
@@ -332,6 +354,23 @@ TEST_CASE("through the page cache, a node's messages become its receivers' takes
   REQUIRE(taken_messages > 0);
   // A rank whose every byte it keeps but does not read comes from its own node receives nothing.
   for (std::size_t r = 0; r < p.world; ++r) CHECK(received[r] <= p.received_bytes[r]);
+  // With relays each byte crosses to a node once: less than the plan's own
+  // messages across nodes carried (two keepers per node here).
+  const auto rs = make_schedule(p, lane_split::one, node_copy::page_cache, true);
+  std::uint64_t relayed = 0;
+  for (const auto& w : rs.windows)
+    for (const auto& L : w.lanes)
+      for (const auto& m : L.messages) relayed += m.size;
+  CHECK(relayed <= across);
+  // Replicated weights kept by both ranks of the other node: half cross.
+  const auto q = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::none, o);
+  std::uint64_t plain = 0, once = 0;
+  for (const auto& w : make_schedule(q, lane_split::one, node_copy::page_cache, false).windows)
+    for (const auto& m : w.lanes[0].messages) plain += m.size;
+  for (const auto& w : make_schedule(q, lane_split::one, node_copy::page_cache, true).windows)
+    for (const auto& m : w.lanes[0].messages) once += m.size;
+  REQUIRE(plain > 0);
+  CHECK(once * 2 == plain);
 }
 
 TEST_CASE("the schedule's digest covers owners, split and destination, not just names and readers", "[policy][schedule]") {

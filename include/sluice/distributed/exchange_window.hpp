@@ -98,6 +98,17 @@ class exchange_window : public pipeable {
         for (const auto& [dst, src] : L.uploads) lane_->upload(dst, src);
         lane_->exchange(L.sends, L.recvs);
       }
+      // Bytes from other nodes that a relay of this node received into the
+      // node window: once every relay has (a barrier: every rank, since the
+      // window's schedule says so on every rank), each keeper copies its own.
+      if (ws.relayed) {
+        c_->barrier();
+        for (auto& L : ws.lanes)
+          for (const auto& cp : L.layout->copies) {
+            std::memcpy(L.host_at(cp.to, cp.size).data(), L.node.subspan(cp.from, cp.size).data(), cp.size);
+            ws.stats.node += cp.size;
+          }
+      }
     });
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - x0).count();
   }

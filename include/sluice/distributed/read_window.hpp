@@ -155,6 +155,7 @@ class read_window : public pipeable {
     ws.window = w;
     ws.begin = sched.begin;
     ws.end = sched.end;
+    ws.relayed = sched.relayed;
     ws.kept_at.resize(ws.end - ws.begin);
     ws.views.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);
@@ -175,6 +176,8 @@ class read_window : public pipeable {
       const auto& scheduled = sched.lanes.at(k);
       const auto& lay = scheduled.ranks.at(me);
       L.layout = &lay;
+      if (schedule_->node_window_bytes)
+        L.node = node_window_.subspan(static_cast<std::uint64_t>(w % 2) * schedule_->node_window_bytes, schedule_->node_window_bytes);
       const unsigned slot = (w % 2) * 2;
       L.kept = dev ? lane_->host_buffer(slot, lay.kept_bytes) : buffers_->at(w % 2, 0).get(lay.kept_bytes);
       L.scratch = dev ? lane_->host_buffer(slot + 1, lay.scratch_bytes) : buffers_->at(w % 2, 1).get(lay.scratch_bytes);

@@ -85,6 +85,7 @@ namespace sluice::inline v0::detail {
 struct lane_window {
   window_lane which = window_lane::all;
   lease kept, scratch;          // host memory: this rank's reads land here (and the host lane travels from/to it)
+  std::span<std::byte> node;    // this window's parity of the node window (relays receive there)
   lease dev_kept, dev_scratch;  // device lane: its memory (what travels, what the sink sees)
   const policy::rank_layout* layout = nullptr;
   std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> uploads;  // (lane memory, host bytes)
@@ -93,10 +94,11 @@ struct lane_window {
   std::uint64_t sent = 0, received = 0, uploaded = 0;
   // A layout region as host memory (where reads land), and as the memory that travels and the sink sees.
   [[nodiscard]] std::span<std::byte> host_at(policy::region at, std::size_t n) const {
+    if (at.node) return node.subspan(at.off, n);
     return (at.kept ? kept : scratch).bytes().subspan(at.off, n);
   }
   [[nodiscard]] std::span<std::byte> data_at(policy::region at, std::size_t n) const {
-    if (which != window_lane::device) return host_at(at, n);
+    if (which != window_lane::device || at.node) return host_at(at, n);
     return (at.kept ? dev_kept : dev_scratch).bytes().subspan(at.off, n);
   }
 };
@@ -154,6 +156,7 @@ struct window_state {
   // it cuts column parts and lists uploads (read_window did not).
   std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> node_copies;
   bool cut_later = false;
+  bool relayed = false;  // window_schedule::relayed: a barrier, then each lane's copies (rank_layout::copies)
   std::exception_ptr failure;
   window_stats stats;
 };

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -65,6 +66,9 @@ enum class lane_split : std::uint8_t { one, host_and_device };
 struct region {
   bool kept = true;
   std::uint64_t off = 0;
+  /// The node window instead (of this window's parity, at `off`): where a
+  /// relay receives what its node's ranks copy (rank_layout::copies).
+  bool node = false;
   friend bool operator==(const region&, const region&) = default;
 };
 
@@ -107,6 +111,15 @@ struct rank_layout {
   std::vector<kept_part> kept;        ///< plan order
   std::vector<read_at> reads;         ///< this rank's reads, plan order
   std::vector<cut_at> cuts;           ///< in the order they are cut
+  /// Bytes from another node that one rank of this node (the relay)
+  /// received into the node window, which this rank copies out after the
+  /// exchange: `size` bytes at node window offset `from` to `to`.
+  struct copy_at {
+    std::size_t entry = 0;
+    std::uint64_t from = 0, size = 0;
+    region to;
+  };
+  std::vector<copy_at> copies;
   std::vector<std::size_t> sends;     ///< indexes into lane_schedule::messages, tag order
   std::vector<std::size_t> recvs;     ///< likewise
   std::uint64_t kept_bytes = 0, scratch_bytes = 0;
@@ -123,6 +136,10 @@ struct lane_schedule {
 struct window_schedule {
   std::uint32_t window = 0;
   std::size_t begin = 0, end = 0;
+  /// Whether some rank copies relayed bytes out of the node window after
+  /// this window's exchange (rank_layout::copies): every rank then waits for
+  /// every relay (a barrier) before it copies.
+  bool relayed = false;
   std::vector<lane_schedule> lanes;
 };
 
@@ -151,7 +168,7 @@ struct schedule_hash {
     mix(s.size());
     for (char ch : s) mix(static_cast<unsigned char>(ch));
   }
-  void mix(const region& r) noexcept { mix(r.kept), mix(r.off); }
+  void mix(const region& r) noexcept { mix(r.kept), mix(r.off), mix(r.node); }
 };
 
 // What the window's layouts depend on, from the plan: the world, the
@@ -176,7 +193,7 @@ inline void hash_plan(schedule_hash& d, const load_plan& p) {
 }
 
 inline void hash_window(schedule_hash& d, const window_schedule& w) {
-  d.mix(w.window), d.mix(w.begin), d.mix(w.end);
+  d.mix(w.window), d.mix(w.begin), d.mix(w.end), d.mix(w.relayed);
   for (const auto& L : w.lanes) {
     d.mix(static_cast<std::uint64_t>(L.lane));
     for (const auto& r : L.ranks) {
@@ -184,6 +201,7 @@ inline void hash_window(schedule_hash& d, const window_schedule& w) {
       for (const auto& k : r.kept) d.mix(k.entry), d.mix(k.off);
       for (const auto& x : r.reads) d.mix(x.entry), d.mix(x.read), d.mix(x.at), d.mix(x.taken), d.mix(x.node);
       for (const auto& c : r.cuts) d.mix(c.from), d.mix(c.part), d.mix(c.at);
+      for (const auto& c : r.copies) d.mix(c.entry), d.mix(c.from), d.mix(c.size), d.mix(c.to);
       for (auto i : r.sends) d.mix(i);
       for (auto i : r.recvs) d.mix(i);
     }
@@ -198,6 +216,15 @@ struct tagged_message {
   const planned_message* m = nullptr;
   rank_t from = 0;
   region src, dst;
+  std::uint64_t relay_to = ~std::uint64_t{0};  // a relay's message: lands in the node window here
+};
+
+// A relayed byte range one rank copies out of its node window (see copy_at),
+// before its kept offset is known: entry, window offset, size, and where in
+// its part of the tensor (planned_message::at).
+struct pending_copy {
+  std::size_t entry = 0;
+  std::uint64_t from = 0, size = 0, at = 0;
 };
 
 // Rank `me`'s layout of entries [begin, end) in `lane`: fills `out` and its
@@ -217,7 +244,8 @@ using node_landing = std::map<std::pair<std::size_t, std::size_t>, std::uint64_t
 inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, std::size_t end, window_lane lane,
                          const std::vector<std::uint32_t>& mine, const std::vector<std::uint64_t>& receivers_key,
                          const std::vector<std::pair<std::size_t, std::size_t>>& takes, const node_landing& landing,
-                         std::vector<tagged_message>& msgs, rank_layout& out) {
+                         const std::vector<pending_copy>& copies, std::vector<tagged_message>& msgs, rank_layout& out) {
+  std::size_t next_copy = 0;  // in `copies` (entry order)
   auto takes_it = [&takes](std::size_t i, std::size_t k) { return std::binary_search(takes.begin(), takes.end(), std::pair{i, k}); };
   auto node_at = [&landing](std::size_t i, std::size_t k) {
     const auto it = landing.find({i, k});
@@ -288,7 +316,11 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
         }
         t.src = src;
       }
-      if (m.to == me) t.dst = {true, kept + m.at};
+      if (m.to == me) t.dst = t.relay_to == ~std::uint64_t{0} ? region{true, kept + m.at} : region{false, t.relay_to, true};
+    }
+    for (; next_copy < copies.size() && copies[next_copy].entry == i; ++next_copy) {
+      const auto& c = copies[next_copy];
+      out.copies.push_back({i, c.from, c.size, {true, kept + c.at}});
     }
   }
 }
@@ -299,7 +331,9 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
 inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>& msgs, const load_plan& plan) {
   std::vector<scheduled_message> out;
   std::unordered_map<std::uint64_t, std::size_t> last;  // pair (from * world + to): index in out
-  auto next_to = [](const region& a, std::uint64_t n, const region& b) { return a.kept == b.kept && a.off + n == b.off; };
+  auto next_to = [](const region& a, std::uint64_t n, const region& b) {
+    return a.kept == b.kept && a.node == b.node && a.off + n == b.off;
+  };
   for (std::size_t tag = 0; tag < msgs.size(); ++tag) {
     const auto& t = msgs[tag];
     const auto pair = static_cast<std::uint64_t>(t.from) * plan.world + t.m->to;
@@ -323,9 +357,13 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
 /// between two ranks of one node is a take of its receiver instead;
 /// `node_fill`, by node: bytes of the node window this window has landed so
 /// far, in its lanes before this one).
+/// `relay`: a message to another node goes, per (read, part) and node, to
+/// one of its keepers there only (the relay), into its node window; the
+/// node's other keepers copy it from there after the exchange, so each byte
+/// crosses to a node once (host lanes; needs `node_fill`).
 [[nodiscard]] inline lane_schedule schedule_lane(const load_plan& plan, std::size_t begin, std::size_t end,
                                                  window_lane lane, node_copy node = node_copy::none,
-                                                 std::vector<std::uint64_t>* node_fill = nullptr) {
+                                                 std::vector<std::uint64_t>* node_fill = nullptr, bool relay = false) {
   lane_schedule L;
   L.lane = lane;
   // The window lane's messages, tagged in plan order (entry, then the
@@ -337,11 +375,33 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   std::vector<std::vector<std::uint32_t>> by_rank(plan.world);
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> takes(plan.world);  // by receiver: (entry, read), sorted
   detail::node_landing landing;
+  std::vector<std::vector<detail::pending_copy>> copies(plan.world);  // by rank, entry order
+  std::map<std::tuple<std::size_t, std::size_t, std::uint32_t, std::size_t>, std::uint64_t> relayed;  // (entry, read, part, node) -> window offset
+  relay = relay && lane != window_lane::device && node_fill;
   for (std::size_t i = begin; i < end; ++i) {
     const auto& e = plan.entries[i];
     if (!travels_in(e, lane)) continue;
     for (const auto& m : plan.messages_of(e)) {
       const auto& rd = e.reads[m.read];
+      if (relay && plan.node_of(rd.reader) != plan.node_of(m.to)) {
+        const auto to_node = plan.node_of(m.to);
+        const auto key = std::tuple{i, m.read, m.part, to_node};
+        auto it = relayed.find(key);
+        const bool first = it == relayed.end();
+        if (first) {
+          auto& fill = node_fill->at(to_node);
+          it = relayed.emplace(key, fill).first;
+          fill += (m.size + 63) / 64 * 64;
+        }
+        copies[m.to].push_back({i, it->second, m.size, m.at});
+        if (!first) continue;  // the relay's message carries it to this node
+        const auto tag = static_cast<std::uint32_t>(msgs.size());
+        msgs.push_back({i, &m, rd.reader, {}, {}, it->second});
+        by_rank[msgs.back().from].push_back(tag);
+        by_rank[m.to].push_back(tag);
+        receivers_key[i - begin] = receivers_key[i - begin] * 1099511628211ull + m.to + 1;
+        continue;
+      }
       if (node != node_copy::none && plan.node_of(rd.reader) == plan.node_of(m.to)) {
         if (takes[m.to].empty() || takes[m.to].back() != std::pair{i, m.read}) takes[m.to].emplace_back(i, m.read);
         if (node == node_copy::window && !landing.contains({i, m.read})) {
@@ -360,8 +420,8 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   }
   L.ranks.resize(plan.world);
   for (std::size_t r = 0; r < plan.world; ++r)
-    detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, takes[r], landing, msgs,
-                         L.ranks[r]);
+    detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, takes[r], landing,
+                         copies[r], msgs, L.ranks[r]);
   L.messages = detail::coalesce(msgs, plan);
   for (std::size_t k = 0; k < L.messages.size(); ++k) {
     L.ranks[L.messages[k].from].sends.push_back(k);
@@ -374,14 +434,15 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
 /// `lanes`, messages within a node carried by it as `node` says
 /// (schedule::node); digested whole. Pure: every rank computes the same one
 /// from the same plan and arguments.
+/// `relay`: messages to other nodes through one relay per node (schedule_lane).
 [[nodiscard]] inline schedule make_schedule(const load_plan& plan, lane_split lanes = lane_split::one,
-                                            node_copy node = node_copy::none) {
+                                            node_copy node = node_copy::none, bool relay = false) {
   schedule s;
   s.lanes = lanes;
   s.node = node;
   detail::schedule_hash d;
   detail::hash_plan(d, plan);
-  d.mix(static_cast<std::uint64_t>(lanes)), d.mix(static_cast<std::uint64_t>(node));
+  d.mix(static_cast<std::uint64_t>(lanes)), d.mix(static_cast<std::uint64_t>(node)), d.mix(relay);
   std::size_t begin = 0;
   for (std::uint32_t w = 0; w < plan.windows; ++w) {
     window_schedule ws;
@@ -392,11 +453,13 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
     begin = ws.end;
     std::vector<std::uint64_t> fill(plan.nodes(), 0);  // node window bytes landed in this window, by node
     if (lanes == lane_split::one) {
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::all, node, &fill));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::all, node, &fill, relay));
     } else {
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::host, node, &fill));
-      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::device, node, &fill));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::host, node, &fill, relay));
+      ws.lanes.push_back(schedule_lane(plan, ws.begin, ws.end, window_lane::device, node, &fill, relay));
     }
+    for (const auto& L : ws.lanes)
+      for (const auto& r : L.ranks) ws.relayed = ws.relayed || !r.copies.empty();
     for (auto f : fill) s.node_window_bytes = std::max(s.node_window_bytes, f);
     detail::hash_window(d, ws);
     s.windows.push_back(std::move(ws));
