@@ -228,19 +228,29 @@ std::string expect(const failing_sink& s, const std::function<void()>& load, Che
 
 }  // namespace
 
-TEST_CASE("a rank killed mid-load: the others throw comm_error and leave nothing behind", "[distributed][cleanup]") {
+// Rank 3 of 4 SIGKILLed at its 5th sink call of a tp1,dp4,ep4 load
+// (`offload`, the options `tweak` changes); the others must throw `Expected`
+// passing `check`; then the survivors load again.
+template <class Expected, class Check>
+scenario killed(std::string tag, const char* offload, void (*tweak)(distributed_options&), Check check) {
   scenario sc;
-  sc.tag = "killed";
+  sc.tag = std::move(tag);
   sc.victim = 3;
-  sc.fail = [](std::size_t rank, const std::string& segment, const fs::path& store) {
+  sc.fail = [offload, tweak, check](std::size_t rank, const std::string& segment, const fs::path& store) {
     failing_sink s{.n = 5, .rank = rank, .segment = segment};
     if (rank == 3) s.at_call = [] { ::kill(::getpid(), SIGKILL); };
-    return expect<comm::comm_error>(
-        s, [&] { (void)load_distributed(checkpoint_dir(), "tp1,dp4,ep4", "shared-cooperative", world(rank, 4, store), s, small_options(segment)); },
-        [](const comm::comm_error&) { return true; });
+    auto o = small_options(segment);
+    tweak(o);
+    return expect<Expected>(
+        s, [&] { (void)load_distributed(checkpoint_dir(), "tp1,dp4,ep4", offload, world(rank, 4, store), s, o); }, check);
   };
   sc.reload = good_load;
-  run(sc);
+  return sc;
+}
+
+TEST_CASE("a rank killed mid-load: the others throw comm_error and leave nothing behind", "[distributed][cleanup]") {
+  run(killed<comm::comm_error>("killed", "shared-cooperative", [](distributed_options&) {},
+                               [](const comm::comm_error&) { return true; }));
 }
 
 TEST_CASE("a rank killed mid-load through the node window: the others throw peer_lost naming it and leave no window behind",
@@ -248,20 +258,8 @@ TEST_CASE("a rank killed mid-load through the node window: the others throw peer
   // Without the page cache (as from S3), the node's ranks share a node
   // window (a memfd named after the segment); a rank killed between its
   // windows must not leave it mapped or open in any survivor.
-  scenario sc;
-  sc.tag = "killed-window";
-  sc.victim = 3;
-  sc.fail = [](std::size_t rank, const std::string& segment, const fs::path& store) {
-    failing_sink s{.n = 5, .rank = rank, .segment = segment};
-    if (rank == 3) s.at_call = [] { ::kill(::getpid(), SIGKILL); };
-    auto o = small_options(segment);
-    o.page_cache = false;
-    return expect<comm::peer_lost>(
-        s, [&] { (void)load_distributed(checkpoint_dir(), "tp1,dp4,ep4", "none", world(rank, 4, store), s, o); },
-        [](const comm::peer_lost& e) { return e.lost_rank() == 3; });
-  };
-  sc.reload = good_load;
-  run(sc);
+  run(killed<comm::peer_lost>("killed-window", "none", [](distributed_options& o) { o.page_cache = false; },
+                              [](const comm::peer_lost& e) { return e.lost_rank() == 3; }));
 }
 
 TEST_CASE("a corrupt shard on one rank: every rank throws distributed_error naming it and leaves nothing behind",

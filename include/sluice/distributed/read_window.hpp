@@ -8,7 +8,9 @@
 /// driver's io_context: coalesce | fetch | stage | place, into the window's
 /// host memory), and, where the schedule carries a message through the
 /// node's page cache, the bytes it would have received (its takes: the same
-/// reader, the same batch), cuts column parts, and lists the device lane's uploads. A
+/// reader, the same batch), cuts column parts, and lists the device lane's
+/// uploads (through the node window, what it reads lands there, and
+/// exchange_window copies and cuts after the status exchange). A
 /// failure of this rank (a read of this window, or a delivery the ticket
 /// reports) does not throw: it travels in the window (window_state::failure)
 /// to its status exchange, so that every rank stops at the same point; from
@@ -107,7 +109,7 @@ class read_window : public pipeable {
       planned_reads reads;
       if (!failure_) {
         try {
-          std::vector<std::size_t> mapped;  // entries (i - begin) whose view is reads[k], k in views_at
+          std::vector<std::size_t> mapped;  // entries (i - begin) mapped, in the order of their extents in `reads`
           reads = lay_out(t->window, ws, mapped);
           std::vector<lease> views(mapped.empty() ? 0 : reads.size());
           co_await reader_->read(reads, mapped.empty() ? nullptr : &views);  // one batch for every lane: adjacent slices still coalesce
@@ -204,26 +206,23 @@ class read_window : public pipeable {
         if (r.node != policy::rank_layout::read_at::none) {
           // Through the node window: the reader reads there; it and every
           // take copy to `at` once the status exchange says all have read.
-          const auto parity = static_cast<std::uint64_t>(w % 2) * schedule_->node_window_bytes;
-          const auto there = node_window_.subspan(parity + r.node, rd.size);
+          const auto there = L.node.subspan(r.node, rd.size);
           if (!r.taken) reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, there});
           ws.node_copies.emplace_back(L.host_at(r.at, rd.size), there);
           (r.taken ? ws.stats.node : ws.stats.fetched) += rd.size;
-          if (dev && rd.size && e.split != policy::tp_split::columns)
-            L.uploads.emplace_back(L.data_at(r.at, rd.size), L.host_at(r.at, rd.size));
-          continue;
-        }
-        (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
-        if (!dev && maps(e, L, x)) {  // this rank's reads of e are contiguous in lay.reads: one view for all of them
-          if (x == 0 || lay.reads[x - 1].entry != r.entry) {
-            const auto& t = ck_->tensors()[e.index];
-            reads.push_back({&t, plan.kept_begin(e, me), plan.kept_bytes(e), {}, true});
-            mapped.push_back(r.entry - ws.begin);
-            ws.stats.mapped += plan.kept_bytes(e);
+        } else {
+          (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
+          if (!dev && maps(e, L, x)) {  // this rank's reads of e are contiguous in lay.reads: one view for all of them
+            if (x == 0 || lay.reads[x - 1].entry != r.entry) {
+              const auto& t = ck_->tensors()[e.index];
+              reads.push_back({&t, plan.kept_begin(e, me), plan.kept_bytes(e), {}, true});
+              mapped.push_back(r.entry - ws.begin);
+              ws.stats.mapped += plan.kept_bytes(e);
+            }
+            continue;
           }
-          continue;
+          reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
         }
-        reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
         // What a device-lane rank read travels or stays as read, except the
         // whole rows of a column split: its cut parts do.
         if (dev && rd.size && e.split != policy::tp_split::columns)

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <sluice/policy/concepts.hpp>
@@ -216,7 +217,7 @@ struct tagged_message {
   const planned_message* m = nullptr;
   rank_t from = 0;
   region src, dst;
-  std::uint64_t relay_to = ~std::uint64_t{0};  // a relay's message: lands in the node window here
+  std::uint64_t relay_to = rank_layout::read_at::none;  // a relay's message: lands in the node window here
 };
 
 // A relayed byte range one rank copies out of its node window (see copy_at),
@@ -316,7 +317,7 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
         }
         t.src = src;
       }
-      if (m.to == me) t.dst = t.relay_to == ~std::uint64_t{0} ? region{true, kept + m.at} : region{false, t.relay_to, true};
+      if (m.to == me) t.dst = t.relay_to == rank_layout::read_at::none ? region{true, kept + m.at} : region{false, t.relay_to, true};
     }
     for (; next_copy < copies.size() && copies[next_copy].entry == i; ++next_copy) {
       const auto& c = copies[next_copy];
@@ -378,6 +379,12 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   std::vector<std::vector<detail::pending_copy>> copies(plan.world);  // by rank, entry order
   std::map<std::tuple<std::size_t, std::size_t, std::uint32_t, std::size_t>, std::uint64_t> relayed;  // (entry, read, part, node) -> window offset
   relay = relay && lane != window_lane::device && node_fill;
+  // A place in node `n`'s window for `size` bytes, cache-line aligned (no
+  // two ranks' copies share a line).
+  auto land = [node_fill](std::size_t n, std::uint64_t size) {
+    auto& fill = node_fill->at(n);
+    return std::exchange(fill, fill + (size + 63) / 64 * 64);
+  };
   for (std::size_t i = begin; i < end; ++i) {
     const auto& e = plan.entries[i];
     if (!travels_in(e, lane)) continue;
@@ -388,11 +395,7 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
         const auto key = std::tuple{i, m.read, m.part, to_node};
         auto it = relayed.find(key);
         const bool first = it == relayed.end();
-        if (first) {
-          auto& fill = node_fill->at(to_node);
-          it = relayed.emplace(key, fill).first;
-          fill += (m.size + 63) / 64 * 64;
-        }
+        if (first) it = relayed.emplace(key, land(to_node, m.size)).first;
         copies[m.to].push_back({i, it->second, m.size, m.at});
         if (!first) continue;  // the relay's message carries it to this node
         const auto tag = static_cast<std::uint32_t>(msgs.size());
@@ -404,11 +407,8 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
       }
       if (node != node_copy::none && plan.node_of(rd.reader) == plan.node_of(m.to)) {
         if (takes[m.to].empty() || takes[m.to].back() != std::pair{i, m.read}) takes[m.to].emplace_back(i, m.read);
-        if (node == node_copy::window && !landing.contains({i, m.read})) {
-          auto& fill = node_fill->at(plan.node_of(rd.reader));
-          landing.emplace(std::pair{i, m.read}, fill);
-          fill += (rd.size + 63) / 64 * 64;  // cache-line aligned: no two ranks' copies share a line
-        }
+        if (node == node_copy::window && !landing.contains({i, m.read}))
+          landing.emplace(std::pair{i, m.read}, land(plan.node_of(rd.reader), rd.size));
         continue;
       }
       const auto tag = static_cast<std::uint32_t>(msgs.size());
