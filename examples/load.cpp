@@ -146,6 +146,8 @@ int main(int argc, char** argv) try {
     return 0;
   }
   if (!o.topology.empty() || std::getenv("WORLD_SIZE")) return sluice_load::run_distributed(o);
+  // A one-process load's views are staging slots: holding them all would stall it.
+  if (o.keep) return sluice_cli::fail("--keep holds a distributed load's tensors: use it with --topology");
   load_progress progress;
   o.load.progress = &progress;
   load_stats st;

@@ -76,6 +76,9 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                "communicator, also between ranks of one node (default: they read local files'\n"
                "bytes from the node's page cache themselves, and copy other bytes from the node\n"
                "window their readers read into)");
+  app.add_flag("--keep", o.keep,
+               "with --topology: hold every tensor the rank owns until the load ends (its view,\n"
+               "or a copy), as an engine holding its weights would: for measuring node memory");
   app.add_option_function<std::size_t>("--rank", index(o.rank), "override RANK")->type_name("N");
   app.add_option_function<std::size_t>("--world-size", index(o.world), "override WORLD_SIZE")->type_name("N");
   app.add_option_function<std::size_t>("--local-rank", index(o.local_rank), "override LOCAL_RANK")->type_name("N");

@@ -146,7 +146,8 @@ int run_distributed(const options& o) {
   } else {
     no_device_lane none;
     // One sink type for both (the driver is instantiated once for them, not twice).
-    any_sink host = o.digest ? any_sink(digests) : any_sink(discard);
+    keeping_sink keeper{o.digest ? &digests : nullptr, {}};
+    any_sink host = o.keep ? any_sink(keeper) : o.digest ? any_sink(digests) : any_sink(discard);
     st = run(host, none);
     if (o.digest)
       for (const auto& [name, d] : digests.d.digests()) digest_lines.push_back(d.line());

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/load.hpp>
@@ -26,12 +28,32 @@ struct options {
   std::size_t connections = 0;  // 0: the S3 config's default
   bool digest = false, json = false, progress = true, probe = false, device = false;
   bool exchange_all = false;  // --exchange-all: distributed_options::page_cache off
+  bool keep = false;          // --keep: hold every tensor until the load ends
 };
 
 // Digests of what this rank holds: placeholders (tensors it does not own) are skipped.
 struct owned_digests {
   sluice::digest_sink d;
   bool accept(sluice::tensor_view v) { return v.carries_data() ? d.accept(std::move(v)) : false; }
+};
+
+// --keep: holds every tensor this rank owns until the end (what an engine
+// holding its weights costs the node's memory): its view's lease where it
+// has one (window buffers, page-cache views, the shared segment), else a copy.
+struct keeping_sink {
+  owned_digests* digests = nullptr;  // --digest too
+  std::vector<sluice::lease> held;
+  bool accept(sluice::tensor_view v) {
+    if (!v.carries_data()) return false;
+    if (v.hold) {
+      held.push_back(v.hold);
+    } else {
+      auto copy = sluice::lease::allocate(v.bytes.size());
+      std::memcpy(copy.bytes().data(), v.bytes.data(), v.bytes.size());
+      held.push_back(std::move(copy));
+    }
+    return digests ? digests->accept(std::move(v)) : true;
+  }
 };
 
 // Fills `o` from the command line; an exit code when the tool stops there

@@ -31,8 +31,8 @@
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/core/channel.hpp>
-#include <sluice/core/prefaulter.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/prefaulter.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
 #include <sluice/sink/any_sink.hpp>

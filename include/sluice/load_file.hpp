@@ -14,7 +14,7 @@
 #include <utility>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/load.hpp>
 #include <sluice/sink/any_sink.hpp>
 #include <sluice/sink/concepts.hpp>

@@ -5,9 +5,9 @@
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/core/channel.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/core/run.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/error.hpp>

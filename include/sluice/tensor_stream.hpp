@@ -50,7 +50,7 @@
 
 #include <sluice/checkpoint.hpp>
 #include <sluice/load.hpp>
-#include <sluice/memory_cache.hpp>
+#include <sluice/memory/memory_cache.hpp>
 #include <sluice/sink/any_sink.hpp>
 #include <sluice/tensor_view.hpp>
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 
 namespace sluice::inline v0 {
 

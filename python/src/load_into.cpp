@@ -11,7 +11,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
-#include <sluice/core/prefaulter.hpp>
+#include <sluice/memory/prefaulter.hpp>
 #include <sluice/load_file.hpp>
 #include <sluice/sink/host_sink.hpp>
 

@@ -13,7 +13,7 @@
 
 #include <sluice/core/size.hpp>
 #include <sluice/distributed/options.hpp>
-#include <sluice/memory_cache.hpp>
+#include <sluice/memory/memory_cache.hpp>
 #include <sluice/policy/classify.hpp>
 #include <sluice/policy/plan.hpp>
 

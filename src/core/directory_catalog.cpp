@@ -11,7 +11,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/load.hpp>
 #include <sluice/source/any_source.hpp>

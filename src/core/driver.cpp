@@ -34,6 +34,7 @@
 #include <sluice/distributed/read_window.hpp>
 #include <sluice/distributed/slice_reader.hpp>
 #include <sluice/distributed/window.hpp>
+#include <sluice/memory/node_window.hpp>
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/schedule.hpp>
 #include <sluice/stages/pipeline.hpp>
@@ -306,14 +307,18 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
 
   // The node window (node_copy::window): both parities in one memfd, made
   // by local rank 0 and attached by the others, as the shared segment.
-  memory::shared_host node_window;
+  memory::node_window node_window;
   if (schedule.node_window_bytes > 0) {
     const auto setup0 = clock::now();
-    node_window = share_node_memory(c, me, st.local_rank, 2 * schedule.node_window_bytes,
-                                    fmt::format("{}-window-rank{}", opt.segment_name, me - st.local_rank), "node window");
+    node_window = {share_node_memory(c, me, st.local_rank, 2 * schedule.node_window_bytes,
+                                     fmt::format("{}-window-rank{}", opt.segment_name, me - st.local_rank), "node window"),
+                   schedule.node_window_bytes};
     st.setup_seconds += since(setup0);
     st.node_window_bytes = 2 * schedule.node_window_bytes;
   }
+  // The device lane uploads what it keeps of the node window from there:
+  // pinned once for the load (the lane's own host buffers are pinned already).
+  const lease node_window_pinned = lane && node_window ? lane->pin(node_window.bytes(), node_window.keep()) : lease{};
 
   // The windows. Overlapped: window w's exchange runs on its own thread while
   // this one reads window w+1 (two credits: two windows' buffers); serial:
@@ -324,7 +329,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.overlapped = overlap;
   std::optional<asio::thread_pool> exchange_thread;
   if (overlap) exchange_thread.emplace(1);
-  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above, node_window.bytes()) |
+  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above, node_window ? &node_window : nullptr) |
                   exchange_window(c, plan, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
                   deliver_window(ck, plan, me, segment, tables, s, opt.placeholders);
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));

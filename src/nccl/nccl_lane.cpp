@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include <sluice/cuda/error.hpp>
 #include <sluice/cuda/device_buffer.hpp>
 #include <sluice/cuda/pinned.hpp>
+#include <sluice/memory/recycler.hpp>
 
 namespace sluice::inline v0::comm {
 
@@ -24,119 +26,135 @@ std::size_t rounded(std::size_t n) { return (n + (std::size_t{2} << 20) - 1) / (
 // windows), whose current device is 0: bind it to the lane's device first.
 void bind(int device) { cuda::check(::cudaSetDevice(device), "cudaSetDevice", {fmt::format("device {} for nccl_lane", device)}); }
 
-// A slot's memory for `n` bytes: reused while nobody else holds it and it is
-// large enough, else `make(capacity)` -> (owner, data) gives fresh memory.
-template <class Slot, class Make>
-lease reuse_or_make(Slot& m, std::size_t n, std::uint64_t& allocations, Make make) {
-  if (n == 0) return {};
-  if (!m.mem || m.mem.use_count() > 1 || m.cap < n) {
-    const auto cap = rounded(std::max(n, m.cap));
-    auto [keep, data] = make(cap);
-    m = {std::move(keep), data, cap};
-    allocations += 1;
+// Memory the lane's recyclers make (memory/recycler.hpp): `make(capacity)`
+// -> (owner, data); the owner is kept until the recycler frees the buffer,
+// on the lane's device (a buffer may be freed on a sink's reaper thread).
+template <class Make>
+struct owned_memory {
+  struct owners {
+    std::mutex mu;
+    std::unordered_map<void*, std::shared_ptr<void>> of;
+  };
+  int device = 0;
+  Make make;
+  std::shared_ptr<owners> kept = std::make_shared<owners>();
+
+  std::size_t capacity_for(std::size_t n) const noexcept { return rounded(n); }
+  void* allocate(std::size_t cap) {
+    bind(device);  // cudaHostRegister/cudaMalloc run in the current device's context
+    auto [owner, data] = make(cap);
+    std::lock_guard g(kept->mu);
+    kept->of.emplace(data, std::move(owner));
+    return data;
   }
-  return lease(m.mem, {m.data, n});
-}
+  void free(void* p, std::size_t) noexcept {
+    std::shared_ptr<void> owner;
+    {
+      std::lock_guard g(kept->mu);
+      auto it = kept->of.find(p);
+      if (it == kept->of.end()) return;
+      owner = std::move(it->second);
+      kept->of.erase(it);
+    }
+    (void)::cudaSetDevice(device);
+    owner.reset();  // cudaHostUnregister + munmap, or cudaFree
+  }
+};
 
 void check_slot(unsigned slot) {
   if (slot >= 4) throw config_error(fmt::format("nccl_lane: slot {} (slots are 0..3)", slot));
 }
 }  // namespace
 
-// Device window buffers that were replaced while a sink still held them come
-// back here when the sink lets go (its reaper thread, once the copy out of
-// them completed), instead of going to cudaFree: cudaFree may synchronize the
-// device, stalling the exchange in flight. The lane takes them again before
-// it allocates; release() frees them all, and later returns are freed at once.
-struct nccl_lane::recycler {
+// The lane's pinned host buffers and device buffers, by the one reuse rule
+// (memory/recycler.hpp): a buffer a sink still holds comes back when the
+// sink lets go (its reaper thread, once the copy out of it completed),
+// instead of going to cudaFree, which may synchronize the device and stall
+// the exchange in flight. The recyclers keep what the lane's four slots
+// have needed at most; release() frees the idle ones, and later returns are
+// freed at once.
+namespace {
+auto make_pinned = [](std::size_t cap) {
+  auto p = memory::pinned::allocate(cap, memory::pin_mode::host_register);
+  return std::pair(p.keep(), p.data());
+};
+struct make_device {
   int device = 0;
-  std::mutex mu;
-  std::vector<memory::device_buffer> free;
-  bool closed = false;
+  std::pair<std::shared_ptr<void>, std::byte*> operator()(std::size_t cap) const {
+    auto b = std::make_shared<memory::device_buffer>(
+        memory::device_buffer::allocate(cap, device, "nccl_lane window buffer"));
+    std::byte* data = b->data();
+    return {std::shared_ptr<void>(std::move(b)), data};
+  }
+};
+}  // namespace
 
-  // The smallest free buffer of at least `n` bytes (empty if none).
-  memory::device_buffer take(std::size_t n) {
-    std::lock_guard g(mu);
-    auto best = free.end();
-    for (auto it = free.begin(); it != free.end(); ++it)
-      if (it->size() >= n && (best == free.end() || it->size() < best->size())) best = it;
-    if (best == free.end()) return {};
-    auto b = std::move(*best);
-    free.erase(best);
-    return b;
+struct nccl_lane::buffers {
+  explicit buffers(int device)
+      : host(owned_memory<decltype(make_pinned)>{device, make_pinned}),
+        dev(owned_memory<make_device>{device, make_device{device}}) {}
+  memory::recycler<owned_memory<decltype(make_pinned)>> host;
+  memory::recycler<owned_memory<make_device>> dev;
+  std::size_t largest[2][4] = {};  // capacity by slot: host, device
+  // Keeps what the four slots of `kind` need at most idle between windows.
+  void reserve(unsigned kind, unsigned slot, std::size_t n) {
+    auto& l = largest[kind];
+    l[slot] = std::max(l[slot], rounded(n));
+    (kind ? dev.reserve(l[0] + l[1] + l[2] + l[3]) : host.reserve(l[0] + l[1] + l[2] + l[3]));
   }
-  void give_back(memory::device_buffer* b) noexcept {
-    {
-      std::lock_guard g(mu);
-      if (!closed) {
-        try {
-          free.push_back(std::move(*b));
-        } catch (...) {  // no room to keep it: free it below
-        }
-      }
-    }
-    if (*b) (void)::cudaSetDevice(device);
-    delete b;  // frees it unless it was kept
-  }
-  void close() noexcept {
-    std::vector<memory::device_buffer> gone;
-    {
-      std::lock_guard g(mu);
-      closed = true;
-      gone.swap(free);
-    }
-    if (!gone.empty()) (void)::cudaSetDevice(device);
-  }  // `gone` frees them here
 };
 
-nccl_lane::nccl_lane(nccl& c) : c_(&c), recycle_(std::make_shared<recycler>()) { recycle_->device = c.device(); }
+nccl_lane::nccl_lane(nccl& c) : c_(&c), buffers_(std::make_unique<buffers>(c.device())) {}
 nccl_lane::nccl_lane(nccl&& c)
-    : owned_(std::make_unique<nccl>(std::move(c))), c_(owned_.get()), recycle_(std::make_shared<recycler>()) {
-  recycle_->device = c_->device();
-}
+    : owned_(std::make_unique<nccl>(std::move(c))), c_(owned_.get()), buffers_(std::make_unique<buffers>(c_->device())) {}
 nccl_lane::nccl_lane(nccl_lane&&) noexcept = default;
 nccl_lane& nccl_lane::operator=(nccl_lane&&) noexcept = default;
 
 nccl_lane::~nccl_lane() { release(); }
 
 void nccl_lane::release() noexcept {
-  if (!recycle_) return;  // moved from
+  if (!buffers_) return;  // moved from
   // No copy or NCCL kernel may still use the buffers when they go; the wait is
   // bounded (a stream stuck on a dead peer gets its communicator aborted).
   if (c_) (void)c_->drain(c_->stream());
-  for (auto& m : host_) m = {};
-  for (auto& m : dev_) m = {};
-  if (recycle_) recycle_->close();
+  buffers_->host.release();
+  buffers_->dev.release();
 }
 
 lease nccl_lane::host_buffer(unsigned slot, std::size_t n) {
   check_slot(slot);
-  // cudaHostRegister runs in the current device's context: on a helper
-  // thread (current device 0) it would make one on GPU 0 and pin there.
-  if (n) bind(c_->device());
-  return reuse_or_make(host_[slot], n, stats_.host_allocations, [](std::size_t cap) {
-    auto p = memory::pinned::allocate(cap, memory::pin_mode::host_register);
-    return std::pair(p.keep(), p.data());
-  });
+  if (n == 0) return {};
+  buffers_->reserve(0, slot, n);
+  return buffers_->host.get(n);
 }
 
 lease nccl_lane::device_buffer(unsigned slot, std::size_t n) {
   check_slot(slot);
-  std::uint64_t made = 0;
-  auto l = reuse_or_make(dev_[slot], n, made, [&](std::size_t cap) {
-    auto b = recycle_->take(cap);
-    if (b) {
-      stats_.device_recycled += 1;
-    } else {
-      b = memory::device_buffer::allocate(cap, c_->device(), fmt::format("nccl_lane window buffer {}", slot));
-      stats_.device_allocations += 1;
-    }
-    std::byte* data = b.data();
-    auto owner = std::shared_ptr<memory::device_buffer>(new memory::device_buffer(std::move(b)),
-                                                        [r = recycle_](memory::device_buffer* p) { r->give_back(p); });
-    return std::pair(std::shared_ptr<void>(std::move(owner)), data);
+  if (n == 0) return {};
+  buffers_->reserve(1, slot, n);
+  return buffers_->dev.get(n);
+}
+
+nccl_lane_stats nccl_lane::stats() const noexcept {
+  auto s = stats_;
+  if (buffers_) {
+    const auto h = buffers_->host.stats(), d = buffers_->dev.stats();
+    s.host_allocations = h.allocations, s.device_allocations = d.allocations, s.device_recycled = d.reused;
+  }
+  return s;
+}
+
+lease nccl_lane::pin(std::span<std::byte> host, std::shared_ptr<void> keep) {
+  if (host.empty()) return {};
+  bind(c_->device());
+  auto p = memory::pinned::register_existing(host, std::move(keep));
+  // Unregistered once no upload enqueued from it can still be running: the
+  // stream drains first (bounded, as in release()).
+  std::shared_ptr<void> done(host.data(), [c = c_, reg = p.keep()](void*) mutable noexcept {
+    (void)c->drain(c->stream());
+    reg.reset();
   });
-  return l;
+  return lease(std::move(done), host);
 }
 
 void nccl_lane::upload(std::span<std::byte> device_dst, std::span<const std::byte> host_src) {

@@ -178,7 +178,8 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
             } else {
               st = load_distributed(ck, c, plan, s, o, lane);
             }
-            j["lane"] = {{"uploaded_bytes", lane.uploaded_bytes()}, {"exchanges", lane.exchanges()}};
+            j["lane"] = {{"uploaded_bytes", lane.uploaded_bytes()}, {"exchanges", lane.exchanges()},
+                         {"unpinned_upload_bytes", lane.unpinned_upload_bytes()}, {"pins", lane.pins()}};
           }
           j["stats"] = st.to_json();
           for (auto& [name, d] : s.digests.digests()) j["digests"][name] = d.sha256;
@@ -294,6 +295,10 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
       REQUIRE(j["lane"]["exchanges"].get<std::uint32_t>() == plan.windows);
       REQUIRE(j["lane"]["uploaded_bytes"] == j["stats"]["bytes_uploaded"]);
       REQUIRE(j["stats"]["bytes_uploaded"].get<std::uint64_t>() > 0);
+      // Every upload reads pinned memory: the lane's host buffers, or the
+      // node window, pinned once for the load (and only where there is one).
+      REQUIRE(j["lane"]["unpinned_upload_bytes"] == 0);
+      REQUIRE(j["lane"]["pins"] == (j["stats"]["node_window_bytes"].get<std::uint64_t>() > 0 ? 1 : 0));
     }
     REQUIRE(device == want_device);
     // Offloaded tables (per-rank host memory, the shared segment) come as
@@ -676,22 +681,7 @@ TEST_CASE("one rank with a device lane: everything uploaded, nothing exchanged",
   REQUIRE(st.bytes_received == 0);
 }
 
-TEST_CASE("window_buffers: a buffer is reused while nobody holds it and large enough", "[comm][distributed]") {
-  window_buffers w;
-  const auto* first = w.at(0, 0).get(1000).bytes().data();
-  REQUIRE(w.at(0, 0).get(800).bytes().data() == first);  // released, large enough: reused
-  REQUIRE(w.at(1, 0).get(800).bytes().data() != first);  // another parity, another buffer
-  {
-    const auto held = w.at(0, 0).get(1000);  // a sink holds it...
-    REQUIRE(w.at(0, 0).get(1000).bytes().data() != held.bytes().data());  // ...so the next window gets fresh memory
-  }
-  const auto* small = w.at(0, 1).get(1u << 20).bytes().data();
-  const auto big = w.at(0, 1).get(64u << 20);  // too small: a larger buffer
-  REQUIRE(big.bytes().size() == 64u << 20);
-  REQUIRE((big.bytes().data() != small || small == nullptr));
-}
-
-TEST_CASE("window buffers kept between loads are reused and the loads deliver the same tensors", "[comm][distributed]") {
+TEST_CASE("window buffers kept between loads are reused, a sink holding every view bounds them, and the loads deliver the same tensors", "[comm][distributed]") {
   const auto store = sluice_test::fresh_dir("dist-reuse-store");
   constexpr std::size_t n = 4;
   const auto ref = reference_digests();
@@ -724,16 +714,43 @@ TEST_CASE("window buffers kept between loads are reused and the loads deliver th
         for (const auto& [name, d] : a.s.digests.digests())
           if (d.sha256 != ref.at(name) || b.s.digests.digests().at(name).sha256 != d.sha256) return 11;
         if (a.s.digests.digests().size() != b.s.digests.digests().size()) return 12;
-        // The first load grew its two buffers (kept, by window parity) to their
-        // largest window; the second reuses those two and allocates none.
+        // The first load's kept buffers (both window parities, each sized for
+        // the largest window) came back; the second reuses those and allocates none.
         if (b.at.size() > 2) return 13;
         for (const auto* p : b.at)
           if (!a.at.contains(p)) return 13;
+        // A sink that holds every view until the end (an engine keeping the
+        // window's bytes as its weights): each window then takes buffers of
+        // its own, and the load holds no more than those plus its reserve;
+        // once the sink lets go, only the reserve stays.
+        struct holding {
+          recording_sink s;
+          std::vector<lease> held;
+          bool accept(tensor_view v) {
+            if (v.hold) held.push_back(v.hold);
+            return s.accept(std::move(v));
+          }
+        } h;
+        (void)load_distributed(ck, c, plan, h, o);
+        for (const auto& [name, d] : h.s.digests.digests())
+          if (d.sha256 != ref.at(name)) return 11;
+        const auto sched = policy::make_schedule(plan, policy::lane_split::one, policy::node_copy::page_cache);
+        std::uint64_t kept = 0, scratch = 0, windows_kept = 0;
+        for (const auto& w : sched.windows) {
+          const auto& lay = w.lanes.at(0).ranks.at(rank);
+          kept = std::max(kept, lay.kept_bytes), scratch = std::max(scratch, lay.scratch_bytes);
+          windows_kept += lay.kept_bytes > 0;
+        }
+        const auto reserve = o.buffers->capacity_for(kept) + o.buffers->capacity_for(scratch);
+        if (o.buffers->stats().live_bytes > windows_kept * o.buffers->capacity_for(kept) + 2 * reserve) return 14;
+        h.held.clear();
+        if (o.buffers->stats().live_bytes > 2 * reserve) return 15;
         return 0;
       },
       120s);
   for (std::size_t r = 0; r < n; ++r) {
-    INFO("rank " << r << " (10: nothing held, 11: wrong bytes, 12: different tensors, 13: buffers not reused)");
+    INFO("rank " << r << " (10: nothing held, 11: wrong bytes, 12: different tensors, 13: buffers not reused, "
+                 "14: more memory than the held windows and the reserve, 15: more than the reserve once let go)");
     CHECK(res[r].code == 0);
   }
   fs::remove_all(store);

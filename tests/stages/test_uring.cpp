@@ -18,7 +18,7 @@
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/source/file_source.hpp>
 

@@ -9,10 +9,12 @@
 
 #include <concepts>
 #include <cstddef>
+#include <memory>
 #include <span>
+#include <utility>
 
 #include <sluice/comm/concepts.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 
 namespace sluice::inline v0 {
 
@@ -25,9 +27,16 @@ namespace sluice::inline v0 {
 ///   asynchronous, but ordered before the next `exchange`);
 /// - `exchange(sends, recvs)`: the window's point-to-point messages between
 ///   lane buffers; returns when every upload and message has completed.
-/// Slots: 0..3 (window parity x kept/scratch); a slot's memory is reused
-/// while nobody else holds its lease (a sink that keeps views gets fresh
-/// memory). Implementations: comm::nccl_lane (CUDA + NCCL),
+/// Slots: 0..3 (window parity x kept/scratch), which a lane may use to size
+/// what it keeps; memory is reused by the one rule of memory/recycler.hpp
+/// (never while anyone holds its lease: a sink that keeps views gets other
+/// memory). Optionally:
+/// - `pin(host, keep)`: makes host memory the load's uploads read from
+///   (the node window, which every local rank maps) fast to upload (the NCCL
+///   lane registers it with CUDA once per load and process) until the
+///   returned lease goes; `keep` keeps that memory alive meanwhile. A lane
+///   without it uploads from such memory as it is.
+/// Implementations: comm::nccl_lane (CUDA + NCCL),
 /// testing::emulated_device_lane (host memory, any host communicator: tests).
 ///
 /// Threads. A distributed load makes the calls from two threads, each pair
@@ -53,6 +62,12 @@ concept device_lane = requires(L& l, unsigned slot, std::size_t n, std::span<std
   l.exchange(sends, recvs);
 };
 
+/// Whether lane L has the optional `pin` (see device_lane).
+template <class L>
+concept pinning_lane = requires(L& l, std::span<std::byte> host, std::shared_ptr<void> keep) {
+  { l.pin(host, keep) } -> std::same_as<lease>;
+};
+
 /// No device lane: every tensor travels in host memory over the host communicator.
 struct no_device_lane {
   lease host_buffer(unsigned, std::size_t) { return {}; }
@@ -73,6 +88,11 @@ class any_device_lane {
   virtual lease device_buffer(unsigned slot, std::size_t n) = 0;
   virtual void upload(std::span<std::byte> dst, std::span<const std::byte> src) = 0;
   virtual void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) = 0;
+  /// device_lane's optional `pin`; by default nothing is pinned.
+  virtual lease pin(std::span<std::byte> host, std::shared_ptr<void> keep) {
+    (void)host, (void)keep;
+    return {};
+  }
 };
 static_assert(device_lane<any_device_lane>);
 
@@ -86,6 +106,12 @@ class device_lane_ref final : public any_device_lane {
   void upload(std::span<std::byte> dst, std::span<const std::byte> src) override { l_->upload(dst, src); }
   void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) override {
     l_->exchange(sends, recvs);
+  }
+  lease pin(std::span<std::byte> host, std::shared_ptr<void> keep) override {
+    if constexpr (pinning_lane<L>)
+      return l_->pin(host, std::move(keep));
+    else
+      return any_device_lane::pin(host, std::move(keep));
   }
 
  private:

@@ -7,7 +7,7 @@
 ///   auto pool = cuda::make_pinned_pool({.budget = 1ull << 30, .slot_size = slot_size_for(32 << 20)});
 ///   load(ck, device_sink, pool, opts);
 
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/cuda/pinned.hpp>
 
 namespace sluice::inline v0::cuda {

@@ -21,7 +21,7 @@
 #include <sluice/checkpoint.hpp>
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/window.hpp>

@@ -34,6 +34,7 @@
 #include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/slice_reader.hpp>
 #include <sluice/distributed/window.hpp>
+#include <sluice/memory/node_window.hpp>
 #include <sluice/policy/plan.hpp>
 #include <sluice/policy/schedule.hpp>
 #include <sluice/stages/concepts.hpp>
@@ -89,13 +90,28 @@ class read_window : public pipeable {
   /// of them, to it or from it), is handed out as a view of the page cache
   /// where the source can map it, not read into the window
   /// (load_options::map_above; 0: never).
-  /// `node_window`: under node_copy::window, the node window (both
-  /// parities, schedule::node_window_bytes each), mapped by every local rank.
+  /// `node_window`: under node_copy::window, the node window
+  /// (schedule::node_window_bytes per parity), mapped by every local rank.
   read_window(const checkpoint& ck, const policy::load_plan& plan, const policy::schedule& schedule, policy::rank_t me,
               any_device_lane* lane, window_buffers& buffers, slice_reader& reader, std::uint64_t map_above = 0,
-              std::span<std::byte> node_window = {})
+              const memory::node_window* node_window = nullptr)
       : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(lane), buffers_(&buffers), reader_(&reader),
-        map_above_(map_above), node_window_(node_window) {}
+        map_above_(map_above), node_window_(node_window) {
+    // Each lane's regions at the largest size they have in any window: every
+    // window then fits every buffer, which the next window of its kind
+    // takes again once free (memory/window_buffers.hpp); the host lane's
+    // buffers of both parities stay in reserve between windows and loads.
+    std::size_t host_lane = 0;
+    for (const auto& ws : schedule.windows)
+      for (std::size_t k = 0; k < ws.lanes.size() && k < 2; ++k) {
+        const auto& lay = ws.lanes[k].ranks.at(me);
+        largest_[k][0] = std::max(largest_[k][0], lay.kept_bytes);
+        largest_[k][1] = std::max(largest_[k][1], lay.scratch_bytes);
+      }
+    for (std::size_t k = 0; k < 2; ++k)
+      if (!(lane && k == 1)) host_lane += buffers.capacity_for(largest_[k][0]) + buffers.capacity_for(largest_[k][1]);
+    buffers.reserve(2 * host_lane);
+  }
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     using clock = std::chrono::steady_clock;
@@ -178,14 +194,14 @@ class read_window : public pipeable {
       const auto& scheduled = sched.lanes.at(k);
       const auto& lay = scheduled.ranks.at(me);
       L.layout = &lay;
-      if (schedule_->node_window_bytes)
-        L.node = node_window_.subspan(static_cast<std::uint64_t>(w % 2) * schedule_->node_window_bytes, schedule_->node_window_bytes);
+      if (node_window_) L.node = node_window_->parity(w);
       const unsigned slot = (w % 2) * 2;
-      L.kept = dev ? lane_->host_buffer(slot, lay.kept_bytes) : buffers_->at(w % 2, 0).get(lay.kept_bytes);
-      L.scratch = dev ? lane_->host_buffer(slot + 1, lay.scratch_bytes) : buffers_->at(w % 2, 1).get(lay.scratch_bytes);
+      const auto kept = lay.kept_bytes ? largest_[k][0] : 0, scratch = lay.scratch_bytes ? largest_[k][1] : 0;
+      L.kept = dev ? lane_->host_buffer(slot, kept) : buffers_->get(kept);
+      L.scratch = dev ? lane_->host_buffer(slot + 1, scratch) : buffers_->get(scratch);
       if (dev) {
-        L.dev_kept = lane_->device_buffer(slot, lay.kept_bytes);
-        L.dev_scratch = lane_->device_buffer(slot + 1, lay.scratch_bytes);
+        L.dev_kept = lane_->device_buffer(slot, kept);
+        L.dev_scratch = lane_->device_buffer(slot + 1, scratch);
       }
       for (const auto& part : lay.kept) {
         ws.kept_at[part.entry - ws.begin] = L.data_at({true, part.off}, plan.kept_bytes(plan.entries[part.entry]));
@@ -206,10 +222,17 @@ class read_window : public pipeable {
         if (r.node != policy::rank_layout::read_at::none) {
           // Through the node window: the reader reads there; it and every
           // take copy to `at` once the status exchange says all have read.
+          // The device lane uploads from there instead (the window is pinned
+          // once per load), except the whole rows of a column split, which
+          // are cut in host memory first.
           const auto there = L.node.subspan(r.node, rd.size);
           if (!r.taken) reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, there});
-          ws.node_copies.emplace_back(L.host_at(r.at, rd.size), there);
           (r.taken ? ws.stats.node : ws.stats.fetched) += rd.size;
+          if (dev && rd.size && e.split != policy::tp_split::columns) {
+            L.uploads.emplace_back(L.data_at(r.at, rd.size), there);
+            continue;
+          }
+          ws.node_copies.emplace_back(L.host_at(r.at, rd.size), there);
         } else {
           (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
           if (!dev && maps(e, L, x)) {  // this rank's reads of e are contiguous in lay.reads: one view for all of them
@@ -260,9 +283,10 @@ class read_window : public pipeable {
   policy::rank_t me_;
   any_device_lane* lane_;  // null: no device lane
   window_buffers* buffers_;
+  std::uint64_t largest_[2][2] = {};  // by lane: the largest kept and scratch region of any window
   slice_reader* reader_;
   std::uint64_t map_above_;
-  std::span<std::byte> node_window_;
+  const memory::node_window* node_window_;
   std::exception_ptr failure_;   // this rank's first failure (sticky)
 };
 

@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
 #include <sluice/load.hpp>

@@ -17,11 +17,10 @@
 #include <span>
 #include <vector>
 
-#include <sys/mman.h>
-
 #include <sluice/comm/concepts.hpp>
 #include <sluice/comm/device_lane.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
+#include <sluice/memory/window_buffers.hpp>
 #include <sluice/policy/plan.hpp>
 #include <sluice/policy/schedule.hpp>
 
@@ -29,52 +28,6 @@ namespace sluice::inline v0 {
 
 using policy::travels_in;
 using policy::window_lane;
-
-namespace detail {
-
-// A window buffer reused while no sink holds a view into it (a sink that
-// keeps views gets a fresh buffer next window): no first touch per window.
-// Not pre-faulted: populating a window's buffers up front (MADV_POPULATE_WRITE)
-// takes first touch out of the exchange but makes the whole load slower,
-// because faults taken while a rank waits on its peers cost less than faults
-// taken by every rank at once before reading (figures: bench/README.md).
-class window_buffer {
- public:
-  lease get(std::size_t n) {
-    if (n == 0) return {};
-    if (!mem_ || mem_.use_count() > 1 || cap_ < n) {
-      const std::size_t cap = (std::max(n, cap_) + 4095) / 4096 * 4096;
-      void* p = std::aligned_alloc(4096, cap);
-      if (!p) throw std::bad_alloc();
-      ::madvise(p, cap, MADV_HUGEPAGE);  // a hint
-      mem_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-      cap_ = cap;
-    }
-    return lease(mem_, {static_cast<std::byte*>(mem_.get()), n});
-  }
-
- private:
-  std::shared_ptr<void> mem_;
-  std::size_t cap_ = 0;
-};
-
-}  // namespace detail
-
-/// A distributed load's window buffers (host memory), kept between loads:
-/// give the same object to successive loads (`distributed_options::buffers`,
-/// e.g. weight reloads) and they reuse memory already faulted in, instead of
-/// paying first touch again (slow on hosts that reclaim freed pages, and paid
-/// inside the exchange for bytes that arrive; see bench/README.md). One load
-/// at a time; memory a sink still holds views into is replaced, not
-/// overwritten.
-class window_buffers {
- public:
-  /// The buffer of window parity `parity` (0, 1) and region `region` (0: kept, 1: scratch).
-  detail::window_buffer& at(unsigned parity, unsigned region) { return b_[parity % 2][region % 2]; }
-
- private:
-  detail::window_buffer b_[2][2];
-};
 
 }  // namespace sluice::inline v0
 

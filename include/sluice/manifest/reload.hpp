@@ -91,7 +91,7 @@
 #include <fmt/format.h>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/error.hpp>
 #include <sluice/format/dtype.hpp>
 #include <sluice/manifest/contract.hpp>

@@ -13,15 +13,15 @@
 /// communicator already aborted (its kernels stopped) and the stream drained,
 /// so unwinding frees the buffers without waiting on the peer.
 ///
-/// Memory: four pinned host buffers (the staging pool's pin mode: pages of an
+/// Memory: pinned host buffers (the staging pool's pin mode: pages of an
 /// ordinary mapping registered with cudaHostRegister, so O_DIRECT reads land
-/// in them on any driver) and four device buffers (window parity x
-/// kept/scratch), each as large as the largest window needs (about
+/// in them on any driver) and device buffers, a window's kept and scratch
+/// regions each as large as the largest window needs (about
 /// `plan_options::window_bytes` per rank for kept, its reads-for-others for
-/// scratch), reused from window to window; a buffer a sink still holds a view
-/// into is replaced, not overwritten, and comes back to the lane when the sink
-/// lets go (a free list, not cudaFree, which may synchronize the device
-/// while an exchange is in flight). Errors: cuda::cuda_error naming the call,
+/// scratch), lent by the one reuse rule (memory/recycler.hpp): a buffer a
+/// sink still holds a view into is not handed out again, and comes back to
+/// the lane when the sink lets go (not cudaFree, which may synchronize the
+/// device while an exchange is in flight). Errors: cuda::cuda_error naming the call,
 /// nccl_error / comm_error from the exchange.
 ///
 ///   const int device = cuda::device_for_local_rank(local_rank);
@@ -44,7 +44,7 @@
 #include <span>
 
 #include <sluice/nccl/communicator.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/comm/device_lane.hpp>
 
 namespace sluice::inline v0::comm {
@@ -55,7 +55,7 @@ struct nccl_lane_stats {
   std::uint64_t exchanges = 0;
   std::uint64_t host_allocations = 0;    ///< pinned buffers allocated (a reused one is not counted again)
   std::uint64_t device_allocations = 0;  ///< device buffers allocated (cudaMalloc)
-  std::uint64_t device_recycled = 0;     ///< device buffers taken back from a sink that had let go (no cudaMalloc)
+  std::uint64_t device_recycled = 0;     ///< device buffers handed out again once free (no cudaMalloc)
 };
 
 class nccl_lane {
@@ -81,27 +81,25 @@ class nccl_lane {
   [[nodiscard]] lease host_buffer(unsigned slot, std::size_t n);
   /// Device memory (the communicator's device) for slot `slot`, `n` bytes.
   [[nodiscard]] lease device_buffer(unsigned slot, std::size_t n);
+  /// Registers `host` with CUDA (cudaHostRegister, portable) until the
+  /// returned lease goes, `keep` keeping it alive meanwhile: uploads from it
+  /// then run at pinned speed (the node window, once per load).
+  [[nodiscard]] lease pin(std::span<std::byte> host, std::shared_ptr<void> keep);
   /// Enqueues the copy of `host_src` into `device_dst` (equal sizes) on the communicator's stream.
   void upload(std::span<std::byte> device_dst, std::span<const std::byte> host_src);
   /// The window's messages (device memory), after the uploads; returns when all completed.
   void exchange(std::span<const send_message> sends, std::span<const recv_message> recvs);
 
-  [[nodiscard]] nccl_lane_stats stats() const noexcept { return stats_; }
+  [[nodiscard]] nccl_lane_stats stats() const noexcept;
 
  private:
-  struct slot_memory {
-    std::shared_ptr<void> mem;
-    std::byte* data = nullptr;
-    std::size_t cap = 0;
-  };
-  struct recycler;
+  struct buffers;
   std::unique_ptr<nccl> owned_;  // first: destroyed after everything that uses it
   nccl* c_;
-  std::shared_ptr<recycler> recycle_;
-  slot_memory host_[4], dev_[4];
+  std::unique_ptr<buffers> buffers_;
   nccl_lane_stats stats_;
 };
 
-static_assert(device_lane<nccl_lane>);
+static_assert(device_lane<nccl_lane> && pinning_lane<nccl_lane>);
 
 }  // namespace sluice::inline v0::comm

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/error.hpp>
 #include <sluice/sink/concepts.hpp>
 

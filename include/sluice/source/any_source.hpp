@@ -15,7 +15,7 @@
 #include <string>
 #include <utility>
 
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
 #include <sluice/source/concepts.hpp>

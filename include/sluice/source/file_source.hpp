@@ -44,9 +44,9 @@
 #include <boost/system/system_error.hpp>
 #include <fmt/format.h>
 
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/core/task.hpp>
-#include <sluice/core/unmapper.hpp>
+#include <sluice/memory/unmapper.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/error.hpp>
 #include <sluice/source/concepts.hpp>

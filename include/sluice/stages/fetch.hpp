@@ -22,8 +22,8 @@
 #include <fmt/format.h>
 
 #include <sluice/core/channel.hpp>
-#include <sluice/core/lease.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/lease.hpp>
+#include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
 #include <sluice/source/concepts.hpp>

@@ -10,7 +10,7 @@
 #include <optional>
 
 #include <sluice/core/channel.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/stages/concepts.hpp>
 #include <sluice/stages/fetch.hpp>

@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <span>
 #include <utility>
@@ -35,7 +37,8 @@
 #include <fmt/format.h>
 
 #include <sluice/comm/concepts.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
+#include <sluice/memory/recycler.hpp>
 #include <sluice/error.hpp>
 #include <sluice/comm/device_lane.hpp>
 
@@ -47,21 +50,35 @@ class emulated_device_lane {
   /// The byte lane memory is filled with when handed out.
   static constexpr std::byte poison{0xa5};
 
-  explicit emulated_device_lane(Comm& c) : c_(&c) {}
+  explicit emulated_device_lane(Comm& c) : c_(&c), host_(heap{pinned_}) {}
   emulated_device_lane(const emulated_device_lane&) = delete;
   emulated_device_lane& operator=(const emulated_device_lane&) = delete;
   ~emulated_device_lane() { release(); }
 
-  lease host_buffer(unsigned slot, std::size_t n) { return host_.at(slot).get(n, live_); }
+  lease host_buffer(unsigned slot, std::size_t n) { return get(host_, host_largest_, slot, n); }
   lease device_buffer(unsigned slot, std::size_t n) {
-    auto l = device_.at(slot).get(n, live_);
+    auto l = get(device_, device_largest_, slot, n);
     if (n) std::memset(l.bytes().data(), static_cast<int>(poison), n);
     return l;
   }
   void upload(std::span<std::byte> dst, std::span<const std::byte> src) {
     if (dst.size() != src.size()) throw config_error(fmt::format("emulated lane upload: {} bytes into {}", src.size(), dst.size()));
     if (aborted_) throw comm::comm_error("emulated lane upload: the lane was aborted after an earlier failure");
-    if (!src.empty()) pending_.emplace_back(dst, src);
+    if (src.empty()) return;
+    if (!pinned_->holds(src)) unpinned_ += src.size();
+    pending_.emplace_back(dst, src);
+  }
+  /// As comm::nccl_lane's: `host` counts as pinned until the lease goes.
+  lease pin(std::span<std::byte> host, std::shared_ptr<void> keep) {
+    if (host.empty()) return {};
+    pinned_->add(host.data(), host.size());
+    pins_ += 1;
+    auto ranges = pinned_;
+    std::shared_ptr<void> unpin(host.data(), [ranges, keep = std::move(keep)](void* p) mutable noexcept {
+      ranges->remove(p);
+      keep.reset();
+    });
+    return lease(std::move(unpin), host);
   }
   void exchange(std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {
     if (aborted_) throw comm::comm_error("emulated lane exchange: the lane was aborted after an earlier failure");
@@ -79,46 +96,77 @@ class emulated_device_lane {
   /// Drops the lane's own references to its memory (what a sink still holds goes when it lets go).
   void release() noexcept {
     pending_.clear();
-    for (auto& b : host_) b = {};
-    for (auto& b : device_) b = {};
+    host_.release();
+    device_.release();
   }
 
   [[nodiscard]] std::uint64_t uploads() const noexcept { return uploads_; }
   [[nodiscard]] std::uint64_t uploaded_bytes() const noexcept { return uploaded_; }
   [[nodiscard]] std::uint64_t exchanges() const noexcept { return exchanges_; }
+  /// Bytes uploaded from host memory that was neither the lane's (pinned)
+  /// host buffers nor pinned with pin(): what would upload at pageable speed.
+  [[nodiscard]] std::uint64_t unpinned_upload_bytes() const noexcept { return unpinned_; }
+  /// Calls of pin() with memory.
+  [[nodiscard]] std::uint64_t pins() const noexcept { return pins_; }
   /// Whether an exchange failed (the lane then refuses further work).
   [[nodiscard]] bool aborted() const noexcept { return aborted_; }
-  /// Bytes of lane memory (host and device buffers) allocated right now.
-  [[nodiscard]] std::size_t live_bytes() const noexcept { return live_->load(); }
+  /// Bytes of lane memory (host and device buffers) allocated right now
+  /// (lent, or idle in the lane's recyclers).
+  [[nodiscard]] std::size_t live_bytes() const { return host_.stats().live_bytes + device_.stats().live_bytes; }
 
  private:
-  // detail::window_buffer's reuse rule (reused while nobody else holds it and
-  // large enough), with the memory counted in `live` until its last holder goes.
-  struct buffer {
-    std::shared_ptr<void> mem;
-    std::size_t cap = 0;
-    lease get(std::size_t n, const std::shared_ptr<std::atomic<std::size_t>>& live) {
-      if (n == 0) return {};
-      if (!mem || mem.use_count() > 1 || cap < n) {
-        const std::size_t c = (std::max(n, cap) + 4095) / 4096 * 4096;
-        void* p = std::aligned_alloc(4096, c);
-        if (!p) throw std::bad_alloc();
-        live->fetch_add(c);
-        mem = std::shared_ptr<void>(p, [live, c](void* q) {
-          std::free(q);
-          live->fetch_sub(c);
-        });
-        cap = c;
-      }
-      return lease(mem, {static_cast<std::byte*>(mem.get()), n});
+  // The host memory that counts as pinned: the lane's host buffers and what
+  // pin() was given (start -> size). Shared with the buffers' recycler, which
+  // frees on any thread.
+  struct pinned_ranges {
+    std::mutex mu;
+    std::map<const std::byte*, std::size_t> at;
+    void add(const void* p, std::size_t n) {
+      std::lock_guard g(mu);
+      at[static_cast<const std::byte*>(p)] = n;
+    }
+    void remove(const void* p) noexcept {
+      std::lock_guard g(mu);
+      at.erase(static_cast<const std::byte*>(p));
+    }
+    bool holds(std::span<const std::byte> b) {
+      std::lock_guard g(mu);
+      auto it = at.upper_bound(b.data());
+      if (it == at.begin()) return false;
+      --it;
+      return b.data() + b.size() <= it->first + it->second;
     }
   };
+  // Heap memory, by the one reuse rule (memory/recycler.hpp), as comm::nccl_lane's;
+  // `pinned`: where host buffers are noted as pinned (none for device memory).
+  struct heap {
+    std::shared_ptr<pinned_ranges> pinned;
+    std::size_t capacity_for(std::size_t n) const noexcept { return (n + 4095) / 4096 * 4096; }
+    void* allocate(std::size_t cap) const {
+      void* p = std::aligned_alloc(4096, cap);
+      if (!p) throw std::bad_alloc();
+      if (pinned) pinned->add(p, cap);
+      return p;
+    }
+    void free(void* p, std::size_t) const noexcept {
+      if (pinned) pinned->remove(p);
+      std::free(p);
+    }
+  };
+  // What the four slots have needed at most stays idle between windows.
+  static lease get(memory::recycler<heap>& r, std::array<std::size_t, 4>& largest, unsigned slot, std::size_t n) {
+    if (n == 0) return {};
+    largest.at(slot) = std::max(largest.at(slot), heap{}.capacity_for(n));
+    r.reserve(largest[0] + largest[1] + largest[2] + largest[3]);
+    return r.get(n);
+  }
 
   Comm* c_;
-  std::shared_ptr<std::atomic<std::size_t>> live_ = std::make_shared<std::atomic<std::size_t>>(0);
-  std::array<buffer, 4> host_, device_;
+  std::shared_ptr<pinned_ranges> pinned_ = std::make_shared<pinned_ranges>();
+  memory::recycler<heap> host_, device_;
+  std::array<std::size_t, 4> host_largest_{}, device_largest_{};
   std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> pending_;
-  std::uint64_t uploads_ = 0, uploaded_ = 0, exchanges_ = 0;
+  std::uint64_t uploads_ = 0, uploaded_ = 0, exchanges_ = 0, unpinned_ = 0, pins_ = 0;
   bool aborted_ = false;
 };
 

@@ -26,7 +26,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/core/detail/waiter.hpp>
-#include <sluice/core/lease.hpp>
+#include <sluice/memory/lease.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/error.hpp>
 

@@ -1,4 +1,4 @@
-// tests for <sluice/core/staging_pool.hpp> and <sluice/core/lease.hpp>
+// tests for <sluice/memory/staging_pool.hpp> and <sluice/memory/lease.hpp>
 #include <utility>
 
 #include <thread>
@@ -10,7 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/core/channel.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 
 #include "support/coro.hpp"
 

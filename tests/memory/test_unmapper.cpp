@@ -1,4 +1,4 @@
-// tests for <sluice/core/unmapper.hpp>: unmap_later unmaps, off the caller's
+// tests for <sluice/memory/unmapper.hpp>: unmap_later unmaps, off the caller's
 // thread, in the process that asked (also in a child forked after the first use).
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <sluice/core/unmapper.hpp>
+#include <sluice/memory/unmapper.hpp>
 
 using namespace sluice;
 

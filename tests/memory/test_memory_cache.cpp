@@ -1,4 +1,4 @@
-// tests for <sluice/memory_cache.hpp>: pools and buffers kept between loads.
+// tests for <sluice/memory/memory_cache.hpp>: pools and buffers kept between loads.
 #include <utility>
 
 #include <thread>
@@ -6,7 +6,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <sluice/memory_cache.hpp>
+#include <sluice/memory/memory_cache.hpp>
 
 using namespace sluice;
 

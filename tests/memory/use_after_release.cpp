@@ -2,7 +2,7 @@
 // reported (use-after-poison); without ASan the poison bytes must be visible.
 #include <cstdio>
 
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/staging_pool.hpp>
 
 int main() {
   sluice::staging_pool pool({.budget = 1 << 20, .slot_size = 1 << 20, .poison = true});

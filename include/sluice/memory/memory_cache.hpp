@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <memory>
 
-#include <sluice/core/lease.hpp>
-#include <sluice/core/staging_pool.hpp>
+#include <sluice/memory/lease.hpp>
+#include <sluice/memory/staging_pool.hpp>
 
 namespace sluice::inline v0 {
 
@@ -50,11 +50,11 @@ class memory_cache {
   /// load that used `p` has ended; `pool()` reuses it once its slots are free.
   void put_pool(std::shared_ptr<staging_pool> p);
 
-  /// A buffer of `size` bytes (the lease's span), drawn from the idle buffers
-  /// (one of exactly `size`, else the smallest of at most twice it) or newly
-  /// mapped (a mapping of its own, unmapped when freed: no heap keeps it
-  /// resident): 2 MiB-aligned and advised for transparent huge pages from
-  /// 2 MiB up, else 4096-aligned. `*capacity`, where given, receives the
+  /// A buffer of `size` bytes (the lease's span), by the reuse rule of
+  /// memory/recycler.hpp (an idle buffer that holds it, at most twice its
+  /// size, else a new mapping of its own, unmapped when freed: no heap keeps
+  /// it resident; 2 MiB-aligned and advised for transparent huge pages from
+  /// 2 MiB up, else 4096-aligned). `*capacity`, where given, receives the
   /// bytes the buffer really holds (what it counts against a budget). When
   /// the last copy of the lease goes, the buffer returns to the idle ones if
   /// they then stay within capacity(), else it is freed. Throws

@@ -1,4 +1,4 @@
-// tests for <sluice/core/prefaulter.hpp>: destinations faulted in from the
+// tests for <sluice/memory/prefaulter.hpp>: destinations faulted in from the
 // last backwards, nothing written, stopping where the load has reached, when
 // asked, or where the kernel declines; no thread for small destinations.
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <sluice/core/prefaulter.hpp>
+#include <sluice/memory/prefaulter.hpp>
 
 using namespace sluice;
 

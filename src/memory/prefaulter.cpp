@@ -1,7 +1,7 @@
-// prefaulter (core/prefaulter.hpp): MADV_POPULATE_WRITE from the last
+// prefaulter (memory/prefaulter.hpp): MADV_POPULATE_WRITE from the last
 // destination backwards, in 2 MiB pieces, until it meets the load.
 
-#include <sluice/core/prefaulter.hpp>
+#include <sluice/memory/prefaulter.hpp>
 
 #include <sys/mman.h>
 #include <unistd.h>

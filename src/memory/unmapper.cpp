@@ -1,6 +1,6 @@
-// unmap_later (core/unmapper.hpp): one thread that munmaps what it is given.
+// unmap_later (memory/unmapper.hpp): one thread that munmaps what it is given.
 
-#include <sluice/core/unmapper.hpp>
+#include <sluice/memory/unmapper.hpp>
 
 #include <pthread.h>
 #include <sys/mman.h>
