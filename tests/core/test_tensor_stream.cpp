@@ -208,7 +208,7 @@ TEST_CASE("a consumer that holds every tensor gets copies once the slots would r
   }
 }
 
-TEST_CASE("a stream dropped mid-way stops its load; the tensors still held keep their bytes", "[core][tensor_stream][cancel]") {
+TEST_CASE("a stream dropped mid-way stops its load, the tensors still held keep their bytes", "[core][tensor_stream][cancel]") {
   sluice_test::scratch_dir dir;
   auto ck = write_sized(dir.path, mixed_sizes());
   memory_cache cache;

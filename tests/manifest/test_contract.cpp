@@ -94,7 +94,7 @@ TEST_CASE("a declined tensor is not recorded and an accepted one is recorded aft
   CHECK(rec.applications()[0] == application_key{"a.weight", "a.weight.dst", {}});
 }
 
-TEST_CASE("a distributed placeholder never enters a contract; a probe view does", "[manifest][contract]") {
+TEST_CASE("a distributed placeholder never enters a contract, a probe view does", "[manifest][contract]") {
   tensor_ref a{"model.layers.0.a.weight", "a", 0, format::dtype::U8, {4}, 0, 4};
   int calls = 0;
   recorder rec([&calls](tensor_view) { ++calls; });  // cannot decline

@@ -812,7 +812,7 @@ TEST_CASE("two updates through load() in a row on one session, each ended twice"
   CHECK(o.warnings.empty());
 }
 
-TEST_CASE("an empty update claims nothing is missing; an update of placeholders is a real one", "[manifest][reload][finish]") {
+TEST_CASE("an empty update claims nothing is missing, an update of placeholders is a real one", "[manifest][reload][finish]") {
   engine e;
   const auto c = initial_load(e);
   observer o;

@@ -30,7 +30,7 @@ TEST_CASE("a dropped buffer is handed out again for the same size or one up to h
   CHECK(c.stats().idle_buffer_bytes == 4u << 20);
 }
 
-TEST_CASE("idle buffers stay within the capacity; trim and release free them", "[core][memory_cache]") {
+TEST_CASE("idle buffers stay within the capacity, trim and release free them", "[core][memory_cache]") {
   memory_cache c;
   c.reserve(8 << 20);
   std::vector<lease> live;

@@ -430,7 +430,7 @@ TEST_CASE("a TP that does not divide a split tensor is an error naming it, or ke
   CHECK(make_plan(tensors, classifier::deepseek(), 1, 2, 1, offload_kind::none).kept_whole.empty());
 }
 
-TEST_CASE("the engine's model owners override every name rule; a tensor no model takes is not read",
+TEST_CASE("the engine's model owners override every name rule, a tensor no model takes is not read",
           "[policy][plan][model_owners]") {
   // Names sluice's classifier does not know as experts (a Mixtral's), one it
   // does (mlp.experts.N) given other owners, a table nobody takes.

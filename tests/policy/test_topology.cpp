@@ -65,7 +65,7 @@ TEST_CASE("a size threshold makes any large tensor a table", "[policy][classify]
   REQUIRE_THROWS_AS(classifier(classify_options{"(", "", 0, ""}), config_error);
 }
 
-TEST_CASE("PP stages are contiguous blocks of TP x DP ranks; topology<TP, DP, EP> keeps PP = 1", "[policy][topology]") {
+TEST_CASE("PP stages are contiguous blocks of TP x DP ranks, topology<TP, DP, EP> keeps PP = 1", "[policy][topology]") {
   STATIC_REQUIRE(tp1_dp8_ep8::static_pp == 1);
   STATIC_REQUIRE(tp4_pp2::is_static);
   STATIC_REQUIRE(sizeof(tp4_pp2) == 1);

@@ -369,7 +369,7 @@ TEST_CASE("keys with XML special characters round-trip through a real listing", 
   CHECK(r.objects[0].size == 3);
 }
 
-TEST_CASE("error bodies: S3 documents give code and message; anything else falls back to the status, quoted",
+TEST_CASE("error bodies: S3 documents give code and message, anything else falls back to the status, quoted",
           "[source][s3][client][xml]") {
   REQUIRE_S3_SERVERS();
   asio::io_context ioc;

@@ -221,7 +221,7 @@ TEST_CASE("map fails with truncated_error naming the file and bytes when the fil
   REQUIRE(src.mapped_bytes() == 0);
 }
 
-TEST_CASE("io_mode::direct never maps; automatic maps what is cached", "[core][uring][map]") {
+TEST_CASE("io_mode::direct never maps, automatic maps what is cached", "[core][uring][map]") {
   sluice_test::scratch_dir dir;
   const auto path = dir.path / "f";
   write_file(path, pattern(1 << 20));
