@@ -38,6 +38,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sluice/comm/store.hpp>
+
 #include "common/args.hpp"
 
 namespace fs = std::filesystem;
@@ -76,7 +78,9 @@ int main(int argc, char** argv) {
   app.get_formatter()->column_width(32);
   app.footer("After the options: -- COMMAND ARGS...  (run once per local rank, e.g. -- sluice-load CKPT --topology ...)\n"
              "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-             "SLUICE_JSON_OUT, SLUICE_GLOO_HOST and SLUICE_STORE_DIR or SLUICE_STORE.");
+             "SLUICE_JSON_OUT, SLUICE_GLOO_HOST and SLUICE_STORE_DIR (made mode 0700) or SLUICE_STORE.\n"
+             "A Redis store that requires a password: set SLUICE_STORE_PASSWORD_FILE (a file of mode 0600)\n"
+             "or SLUICE_STORE_PASSWORD; the ranks inherit it.");
   app.add_option("-n,--nproc", n, "local ranks to run (default 1)")->type_name("N");
   app.add_option("--store", store,
                  "rendezvous: a Gloo file-store directory (default: a fresh one; with --nnodes,\n"
@@ -130,7 +134,7 @@ int main(int argc, char** argv) {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   if (store.empty()) store = (work / "store").string();
   if (!redis) {
-    fs::create_directories(store);
+    sluice::comm::make_private_dir(store);  // 0700 where it makes it: the ranks refuse a store others can read
     // Several nodes share the directory: only node 0 may require it empty.
     if (node_rank == 0 && !fs::is_empty(store)) {
       std::fprintf(stderr, "sluice-launch: store directory %s is not empty\n", store.c_str());

@@ -34,6 +34,7 @@
 #include <sluice/distributed/read_window.hpp>
 #include <sluice/distributed/slice_reader.hpp>
 #include <sluice/distributed/window.hpp>
+#include <sluice/memory/node_handoff.hpp>
 #include <sluice/memory/node_window.hpp>
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/schedule.hpp>
@@ -56,29 +57,40 @@ std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, polic
 }
 
 // Memory every rank of `me`'s node maps (memory::shared_host): created by
-// its local rank 0, whose handle the others get through one all-gather, and
-// attached by them; every rank fails if one cannot. Once all have attached,
-// only mappings hold it: nothing to clean up after a crash. `what` names it
-// in the phases ("shared segment", "node window").
-memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t me, std::size_t local_rank, std::size_t size,
-                                      const std::string& name, const std::string& what) {
+// its local rank 0, which hands the descriptor itself to the node's other
+// `local_size - 1` ranks (memory/node_handoff.hpp: a Unix socket, this user's
+// processes proving a token that travels in this communicator's all-gather,
+// never a path a peer chose); every rank fails if one cannot. Once all have
+// it, only mappings hold it: nothing to clean up after a crash. `what` names
+// it in the phases ("shared segment", "node window").
+memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t me, std::size_t local_rank,
+                                      std::size_t local_size, std::size_t size, const std::string& name, const std::string& what) {
   memory::shared_host mem;
-  constexpr std::size_t handle_bytes = 256;
-  std::vector<std::byte> mine(handle_bytes), all(handle_bytes * c.size());
+  std::optional<memory::handoff_server> server;
+  constexpr std::size_t ticket_bytes = 128;
+  std::vector<std::byte> mine(ticket_bytes), all(ticket_bytes * c.size());
+  const auto leader = me - local_rank;
+  const auto receivers = std::min<std::size_t>(local_size, c.size() - leader) - 1;
+  constexpr auto handoff_timeout = std::chrono::seconds(60);
   run_phase(c, "creating the " + what, [&] {
     if (local_rank != 0) return;
     mem = memory::shared_host::create(size, name);
-    const auto h = mem.handle();
-    std::memcpy(mine.data(), h.data(), std::min(h.size(), handle_bytes - 1));
+    if (receivers == 0) return;
+    server.emplace(mem, [](const std::string& m) { std::fprintf(stderr, "sluice: %s\n", m.c_str()); });
+    const auto t = server->ticket();
+    std::memcpy(mine.data(), t.data(), std::min(t.size(), ticket_bytes));
   });
-  in_phase("sharing the " + what + "'s handle", [&] { c.all_gather(mine, all); });
-  run_phase(c, "attaching the " + what, [&] {  // also: everyone attached
-    if (local_rank == 0) return;
-    const auto leader = me - local_rank;
-    const char* h = reinterpret_cast<const char*>(all.data() + leader * handle_bytes);
-    mem = memory::shared_host::attach(std::string(h, strnlen(h, handle_bytes)), size);
+  in_phase("sharing the " + what + "'s ticket", [&] { c.all_gather(mine, all); });
+  run_phase(c, "handing over the " + what, [&] {  // also: every local rank has it
+    if (local_rank == 0) {
+      if (server) server->serve(receivers, handoff_timeout, c.liveness());
+      return;
+    }
+    mem = memory::receive_handoff(std::span(all).subspan(leader * ticket_bytes, ticket_bytes), size, handoff_timeout);
   });
+  server.reset();
   mem.close_handle();
+  std::fill(all.begin(), all.end(), std::byte{0});  // the tickets' tokens
   return mem;
 }
 
@@ -276,7 +288,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.shared_bytes = shared && !table_views ? plan.shared_bytes : 0;
   if (shared && !table_views) {
     const auto setup0 = clock::now();
-    segment = share_node_memory(c, me, st.local_rank, plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me),
+    segment = share_node_memory(c, me, st.local_rank, plan.local_size, plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me),
                                 "shared segment");
     st.setup_seconds += since(setup0);
     // This rank's slices of the shared tables, straight into the segment.
@@ -310,7 +322,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   memory::node_window node_window;
   if (schedule.node_window_bytes > 0) {
     const auto setup0 = clock::now();
-    node_window = {share_node_memory(c, me, st.local_rank, 2 * schedule.node_window_bytes,
+    node_window = {share_node_memory(c, me, st.local_rank, plan.local_size, 2 * schedule.node_window_bytes,
                                      fmt::format("{}-window-rank{}", opt.segment_name, me - st.local_rank), "node window"),
                    schedule.node_window_bytes};
     st.setup_seconds += since(setup0);

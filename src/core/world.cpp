@@ -1,6 +1,15 @@
 // The registry of the communicator that joins multi-rank worlds.
 
 #include <sluice/comm/any_communicator.hpp>
+#include <sluice/comm/store.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include <mutex>
 
@@ -39,6 +48,56 @@ std::unique_ptr<any_communicator> join_world(const rank_info& who) {
     throw missing_component_error(
         "sluice::gloo", fmt::format("a {}-rank load needs a communicator: link sluice::gloo", who.world_size));
   return join(who);
+}
+
+void check_private_dir(const std::string& dir, std::string_view what) {
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0)
+    throw io_error(fmt::format("cannot examine the {} '{}': {}", what, dir, std::strerror(errno)), {dir}, errno);
+  if (!S_ISDIR(st.st_mode)) throw config_error(fmt::format("the {} '{}' is not a directory", what, dir));
+  const auto mode = st.st_mode & 07777;
+  if (st.st_uid != ::geteuid())
+    throw config_error(fmt::format("the {} '{}' belongs to uid {}, not to this user (uid {}): whoever owns it could read the "
+                                   "load's secret or pose as a rank; use a directory of your own, mode 0700",
+                                   what, dir, st.st_uid, ::geteuid()));
+  if (mode & 077)
+    throw config_error(fmt::format("the {} '{}' has mode {:04o}: others could read the load's secret or pose as a rank; "
+                                   "`chmod 700 {}`, or use a fresh directory of mode 0700",
+                                   what, dir, mode, dir));
+}
+
+void make_private_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> made;
+  for (fs::path p = fs::absolute(dir); !p.empty() && !fs::exists(p); p = p.parent_path()) made.push_back(p);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw io_error(fmt::format("cannot create the directory '{}': {}", dir, ec.message()), {dir}, ec.value());
+  for (const auto& p : made) ::chmod(p.c_str(), 0700);
+}
+
+std::string rank_info::read_password_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw config_error(fmt::format("cannot open the store's password file '{}': {}", path, std::strerror(errno)));
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } c{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw config_error(fmt::format("the store's password file '{}' is not a regular file", path));
+  if (st.st_uid != ::geteuid())
+    throw config_error(fmt::format("the store's password file '{}' belongs to uid {}, not to this user", path, st.st_uid));
+  if (st.st_mode & 077)
+    throw config_error(fmt::format("the store's password file '{}' has mode {:04o}: others could read it; `chmod 600 {}`", path,
+                                   st.st_mode & 07777, path));
+  if (st.st_size > 4096) throw config_error(fmt::format("the store's password file '{}' is over 4096 bytes", path));
+  std::string pw(static_cast<std::size_t>(st.st_size), '\0');
+  if (::read(fd, pw.data(), pw.size()) != static_cast<ssize_t>(pw.size()))
+    throw config_error(fmt::format("cannot read the store's password file '{}'", path));
+  if (!pw.empty() && pw.back() == '\n') pw.pop_back();
+  if (!pw.empty() && pw.back() == '\r') pw.pop_back();
+  return pw;
 }
 
 }  // namespace sluice::inline v0::comm

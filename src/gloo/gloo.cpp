@@ -5,6 +5,8 @@
 
 #include "peer_watch.hpp"
 
+#include <sluice/comm/secret.hpp>
+
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -39,6 +42,8 @@
 #include <gloo/transport/unbound_buffer.h>
 #if defined(SLUICE_GLOO_REDIS)
 #include <gloo/rendezvous/redis_store.h>
+
+#include "../core/redis_auth.hpp"
 #endif
 
 namespace sluice::inline v0::comm {
@@ -59,6 +64,7 @@ struct gloo::impl {
   std::chrono::milliseconds timeout{};
   std::uint64_t exchanges = 0;  // exchange() calls so far: the same count on every rank
   std::uint64_t calls = 0;      // collectives so far: the same count on every rank
+  bool proving = false;         // in the rendezvous's pair proof (prove_pairs)
 };
 
 namespace {
@@ -126,6 +132,7 @@ struct erasable_redis_store final : ::gloo::rendezvous::RedisStore {
   void erase(const std::string& key) {
     if (auto* r = static_cast<redisReply*>(::redisCommand(redis_, "DEL %b", key.data(), key.size()))) ::freeReplyObject(r);
   }
+  void login(const std::string& password, const std::string& where) { detail::redis_login(redis_, password, where); }
 };
 struct joined_prefix_store final : ::gloo::rendezvous::PrefixStore {
   using PrefixStore::PrefixStore;
@@ -215,6 +222,8 @@ void translated(const char* what, std::size_t rank, F&& f) {
   try {
     f();
   } catch (const comm_error&) {
+    throw;
+  } catch (const config_error&) {  // the caller's set-up (a store directory others can read): its own type
     throw;
   } catch (const std::exception& e) {
     throw comm_error(fmt::format("gloo {} failed on rank {}: {}", what, rank, e.what()));
@@ -352,19 +361,36 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
                   std::function<void(const std::string&)> erase) {
     key_tracking_store store(base, std::move(erase));
     try {
+      // The load's secret: drawn by rank 0, carried by the store (set before
+      // Gloo's keys, so it is there once the mesh is up), never printed.
+      std::optional<load_secret> secret;
+      if (rank == 0) {
+        secret = load_secret::draw();
+        const auto b = secret->bytes();
+        store.set("sluice-secret", std::vector<char>(reinterpret_cast<const char*>(b.data()),
+                                                     reinterpret_cast<const char*>(b.data()) + b.size()));
+      }
       // The peer watch meets through the same store: its address is set
       // before Gloo's keys, so every peer's is there once the mesh is up.
       auto watch = std::make_unique<detail::peer_watch>(rank, size, opt.hostname);
       const auto& a = watch->address();
       store.set(fmt::format("sluice-watch-{}", rank), std::vector<char>(a.begin(), a.end()));
       ctx->connectFullMesh(store, impl_->device);
+      if (!secret) {
+        const auto v = store.get("sluice-secret");
+        secret = load_secret::from(std::as_bytes(std::span(v)));
+      }
       std::vector<std::string> addresses(size);
       for (std::size_t p = 0; p < rank; ++p) {
         const auto v = store.get(fmt::format("sluice-watch-{}", p));
         addresses[p].assign(v.begin(), v.end());
       }
-      watch->connect(addresses, opt.timeout);
+      // The pairs prove the secret first (a stranger on a pair is named
+      // here, by every rank), then the watch's connections do.
       impl_->context = std::move(ctx);
+      prove_pairs(*secret);
+      auto warn = opt.warn ? opt.warn : [](const std::string& m) { std::fprintf(stderr, "sluice: %s\n", m.c_str()); };
+      watch->connect(addresses, opt.timeout, *secret, warn);
       impl_->watch = std::move(watch);
       barrier();
     } catch (...) {
@@ -390,6 +416,7 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
         throw comm_error(fmt::format("gloo rendezvous failed on rank {}: cannot reach the Redis store at {}:{}: {}", rank,
                                      opt.store.redis_host, opt.store.redis_port, why));
       auto base = std::make_unique<erasable_redis_store>(opt.store.redis_host, opt.store.redis_port);
+      base->login(opt.store.password, fmt::format("redis://{}:{}", opt.store.redis_host, opt.store.redis_port));
       joined_prefix_store store(opt.store.prefix, *base);
       meet(std::move(ctx), store, [&](const std::string& k) { base->erase(store.joined(k)); });
       return;
@@ -397,16 +424,61 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
 #endif
     // A prefix on a file store is a subdirectory (Gloo's FileStore makes no
     // directories for the '/' that PrefixStore would put in its keys).
+    // Only a directory of this user's own, closed to others: the load's
+    // secret passes through it (check_private_dir).
     std::string dir = opt.store.dir;
+    check_private_dir(dir);
     if (!opt.store.prefix.empty()) {
       dir = (std::filesystem::path(dir) / opt.store.prefix).string();
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      if (ec) throw comm_error(fmt::format("gloo rendezvous failed on rank {}: cannot create {}: {}", rank, dir, ec.message()));
+      try {
+        make_private_dir(dir);
+      } catch (const std::exception& e) {
+        throw comm_error(fmt::format("gloo rendezvous failed on rank {}: {}", rank, e.what()));
+      }
+      check_private_dir(dir);
     }
     erasable_file_store store(dir);
     meet(std::move(ctx), store, [&store](const std::string& k) { store.erase(k); });
   });
+}
+
+// Gloo's pairs take the first connection to their listener as the peer
+// (Debian's Gloo has no handshake hook and no TLS transport): before any byte
+// of the load, each pair proves the load's secret both ways, over fresh
+// nonces, so a stranger who got a pair fails the rendezvous here, named.
+void gloo::prove_pairs(const load_secret& secret) {
+  if (size_ == 1) return;
+  impl_->proving = true;
+  struct done_proving {
+    impl* m;
+    ~done_proving() { m->proving = false; }
+  } reset{impl_.get()};
+  std::vector<load_secret::nonce_t> mine(size_), theirs(size_);
+  std::vector<load_secret::proof_t> proofs(size_), answers(size_);
+  std::vector<send_message> sends;
+  std::vector<recv_message> recvs;
+  for (std::size_t p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    mine[p] = load_secret::nonce();
+    sends.push_back({p, 0, std::as_bytes(std::span(mine[p]))});
+    recvs.push_back({p, 0, std::as_writable_bytes(std::span(theirs[p]))});
+  }
+  exchange(sends, recvs);
+  sends.clear(), recvs.clear();
+  for (std::size_t p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    proofs[p] = secret.prove("sluice-gloo-pair", rank_, p, mine[p], theirs[p]);
+    sends.push_back({p, 1, std::as_bytes(std::span(proofs[p]))});
+    recvs.push_back({p, 1, std::as_writable_bytes(std::span(answers[p]))});
+  }
+  exchange(sends, recvs);
+  std::vector<std::size_t> failed;
+  for (std::size_t p = 0; p < size_; ++p)
+    if (p != rank_ && !secret.check(answers[p], "sluice-gloo-pair", p, rank_, theirs[p], mine[p])) failed.push_back(p);
+  if (!failed.empty())
+    throw comm_error(fmt::format("gloo rendezvous on rank {}: the Gloo pair with rank {} did not prove the load's secret: "
+                                 "whoever connected as that rank is not of this load (or its store gave it another secret)",
+                                 rank_, fmt::join(failed, ", rank ")));
 }
 
 std::optional<gloo> gloo::group(const rank_info& who, std::span<const std::size_t> members, std::string_view name) {
@@ -521,8 +593,9 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
         for (auto* v : {&rx, &tx})
           for (auto& b : *v) waited.push_back(b.get());
         arm(waited);
-        // The test fault of phase "exchange" lands here: with messages in flight.
-        ::sluice::detail::fault_point("exchange", rank_);
+        // The test fault of phase "exchange" lands here: with messages in
+        // flight (a load's, not the rendezvous's pair proof).
+        if (!impl_->proving) ::sluice::detail::fault_point("exchange", rank_);
         const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
         auto left = [&] {
           return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -41,6 +41,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -49,9 +50,11 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <gloo/transport/unbound_buffer.h>
 
+#include <sluice/comm/secret.hpp>
 #include <sluice/error.hpp>
 
 namespace sluice::inline v0::comm::detail {
@@ -80,7 +83,7 @@ class peer_watch {
     for (addrinfo* a = res; a && listen_ < 0; a = a->ai_next) {
       const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
-      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, static_cast<int>(size)) == 0) {
+      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
         listen_ = fd;
         break;
       }
@@ -123,12 +126,20 @@ class peer_watch {
   /// Connects to every peer (`addresses[r]` is rank r's address), then
   /// starts the thread. Lower ranks are connected to, higher ones accepted
   /// (their connections wait in the listen backlog: no rank waits for
-  /// another's order). Throws comm_error after `timeout`.
-  void connect(const std::vector<std::string>& addresses, std::chrono::milliseconds timeout) {
+  /// another's order). Each connection proves the load's secret both ways
+  /// before it counts (a greeting with the connector's rank and nonce; the
+  /// acceptor's nonce and proof; the connector's proof): a connection to this
+  /// rank that does not (a stranger on the port, a rank of another load) is
+  /// refused, closed and reported through `warn` (the first one; refused()
+  /// counts them), and the watch goes on waiting for its peers; a peer this
+  /// rank connects to that does not prove it fails the rendezvous. Throws
+  /// comm_error after `timeout`.
+  void connect(const std::vector<std::string>& addresses, std::chrono::milliseconds timeout, const load_secret& secret,
+               const std::function<void(const std::string&)>& warn) {
     const auto deadline = clock::now() + timeout;
-    auto left_ms = [&] {
+    auto left_ms = [&](clock::time_point until) {
       return static_cast<int>(std::max<long long>(
-          1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count()));
+          1, std::chrono::duration_cast<std::chrono::milliseconds>(std::min(until, deadline) - clock::now()).count()));
     };
     auto fail = [&](const std::string& what) -> void {
       throw comm_error(fmt::format("gloo peer watch on rank {}: {}", rank_, what));
@@ -153,7 +164,7 @@ class peer_watch {
           err = errno;
           if (err == EINPROGRESS) {
             pollfd pf{fd, POLLOUT, 0};
-            const int n = ::poll(&pf, 1, left_ms());
+            const int n = ::poll(&pf, 1, left_ms(deadline));
             socklen_t len = sizeof err;
             if (n == 1) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
             else err = ETIMEDOUT;
@@ -168,39 +179,65 @@ class peer_watch {
       ::freeaddrinfo(res);
       if (fd < 0) fail(fmt::format("cannot connect to rank {} at {}: {}", p, a, why));
       fds_[p] = fd;
-      const std::uint64_t me = rank_;
-      if (::send(fd, &me, sizeof me, MSG_NOSIGNAL) != sizeof me) fail(fmt::format("cannot greet rank {}: {}", p, std::strerror(errno)));
+      greeting g{rank_, load_secret::nonce()};
+      answer ans{};
+      if (!send_all(fd, &g, sizeof g, deadline) || !recv_all(fd, &ans, sizeof ans, deadline))
+        fail(fmt::format("rank {} at {} did not answer its greeting: {}", p, a, errno ? std::strerror(errno) : "closed"));
+      if (!secret.check(ans.proof, "sluice-watch", p, rank_, ans.nonce, g.nonce))
+        fail(fmt::format("whoever listens at rank {}'s address {} did not prove the load's secret", p, a));
+      const auto mine = secret.prove("sluice-watch", rank_, p, g.nonce, ans.nonce);
+      if (!send_all(fd, mine.data(), mine.size(), deadline)) fail(fmt::format("cannot answer rank {}: {}", p, std::strerror(errno)));
     }
-    for (std::size_t n = rank_ + 1; n < fds_.size(); ++n) {
+    for (std::size_t n = rank_ + 1; n < fds_.size();) {
       pollfd pf{listen_, POLLIN, 0};
-      if (::poll(&pf, 1, left_ms()) != 1) fail("timed out waiting for the higher ranks to connect");
-      const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (::poll(&pf, 1, left_ms(deadline)) != 1) {
+        std::vector<std::size_t> missing;
+        for (std::size_t q = rank_ + 1; q < fds_.size(); ++q)
+          if (fds_[q] < 0) missing.push_back(q);
+        fail(fmt::format("timed out waiting for rank {} to connect{}", fmt::join(missing, ", "),
+                         refused_ ? fmt::format(" ({} connection(s) refused: they did not prove the load's secret)", refused_)
+                                  : std::string()));
+      }
+      sockaddr_storage from{};
+      socklen_t from_len = sizeof from;
+      const int fd = ::accept4(listen_, reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) fail(fmt::format("accept: {}", std::strerror(errno)));
-      std::uint64_t who = 0;
-      std::size_t got = 0;
-      while (got < sizeof who) {
-        pollfd rf{fd, POLLIN, 0};
-        if (::poll(&rf, 1, left_ms()) != 1) {
-          ::close(fd);
-          fail("timed out waiting for a peer's greeting");
-        }
-        const auto r = ::recv(fd, reinterpret_cast<char*>(&who) + got, sizeof who - got, 0);
-        if (r <= 0) {
-          ::close(fd);
-          fail("a peer closed its connection before greeting");
-        }
-        got += static_cast<std::size_t>(r);
+      // A stranger that connects and stays silent holds the others back at
+      // most this long before it is refused.
+      const auto until = clock::now() + std::chrono::seconds(5);
+      greeting g{};
+      std::string refused;
+      if (!recv_all(fd, &g, sizeof g, until)) {
+        refused = "no greeting";
+      } else if (g.rank <= rank_ || g.rank >= fds_.size() || fds_[g.rank] >= 0) {
+        refused = fmt::format("a greeting as rank {}, which is not a peer still expected", g.rank);
+      } else {
+        answer ans{load_secret::nonce(), {}};
+        ans.proof = secret.prove("sluice-watch", rank_, g.rank, ans.nonce, g.nonce);
+        load_secret::proof_t theirs{};
+        if (!send_all(fd, &ans, sizeof ans, until) || !recv_all(fd, theirs.data(), theirs.size(), until))
+          refused = fmt::format("a greeting as rank {}, then no proof", g.rank);
+        else if (!secret.check(theirs, "sluice-watch", g.rank, rank_, g.nonce, ans.nonce))
+          refused = fmt::format("a greeting as rank {} with a wrong proof", g.rank);
       }
-      if (who <= rank_ || who >= fds_.size() || fds_[who] >= 0) {
+      if (!refused.empty()) {
         ::close(fd);
-        fail(fmt::format("unexpected greeting from rank {}", who));
+        if (refused_++ == 0 && warn)
+          warn(fmt::format("gloo peer watch on rank {}: refused a connection from {} that did not prove the load's secret "
+                           "({}); still waiting for its peers",
+                           rank_, peer_name(from), refused));
+        continue;
       }
-      fds_[who] = fd;
+      fds_[g.rank] = fd;
+      ++n;
     }
     ::close(listen_);
     listen_ = -1;
     thread_ = std::thread([this] { run(); });
   }
+
+  /// Connections refused for not proving the load's secret.
+  [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
 
   /// Tells the peers this rank starts its `seq`-th collective; fails the
   /// collective at once (throws peer_lost) if a peer is known lost, else
@@ -377,7 +414,68 @@ class peer_watch {
     cv_.notify_all();
   }
 
+  // The handshake's messages (fixed size, host byte order: the peers run the same build).
+  struct greeting {
+    std::uint64_t rank;
+    load_secret::nonce_t nonce;
+  };
+  struct answer {
+    load_secret::nonce_t nonce;
+    load_secret::proof_t proof;
+  };
+  // Blocking send/receive of exactly `n` bytes on a non-blocking socket until
+  // `until`; false on a timeout, an error or the peer closing (errno says
+  // which, 0 for closed).
+  static bool send_all(int fd, const void* p, std::size_t n, clock::time_point until) {
+    auto* b = static_cast<const char*>(p);
+    while (n) {
+      const auto r = ::send(fd, b, n, MSG_NOSIGNAL);
+      if (r > 0) {
+        b += r, n -= static_cast<std::size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno != EAGAIN && errno != EINTR) return false;
+      if (!wait_for(fd, POLLOUT, until)) return false;
+    }
+    return true;
+  }
+  static bool recv_all(int fd, void* p, std::size_t n, clock::time_point until) {
+    auto* b = static_cast<char*>(p);
+    while (n) {
+      const auto r = ::recv(fd, b, n, 0);
+      if (r > 0) {
+        b += r, n -= static_cast<std::size_t>(r);
+        continue;
+      }
+      if (r == 0) {
+        errno = 0;
+        return false;
+      }
+      if (errno != EAGAIN && errno != EINTR) return false;
+      if (!wait_for(fd, POLLIN, until)) return false;
+    }
+    return true;
+  }
+  static bool wait_for(int fd, short what, clock::time_point until) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
+    if (ms <= 0) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    pollfd pf{fd, what, 0};
+    const int n = ::poll(&pf, 1, static_cast<int>(ms));
+    if (n == 0) errno = ETIMEDOUT;
+    return n == 1;
+  }
+  static std::string peer_name(const sockaddr_storage& sa) {
+    char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+    (void)::getnameinfo(reinterpret_cast<const sockaddr*>(&sa), sizeof sa, host, sizeof host, port, sizeof port,
+                        NI_NUMERICHOST | NI_NUMERICSERV);
+    return fmt::format("{}:{}", host, port);
+  }
+
   static constexpr std::size_t max_line = 4096;
+  std::size_t refused_ = 0;
   std::size_t rank_;
   int listen_ = -1, wake_ = -1;
   std::string address_;

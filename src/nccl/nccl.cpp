@@ -4,6 +4,8 @@
 
 #if SLUICE_NCCL_REDIS
 #include <hiredis/hiredis.h>
+
+#include "../core/redis_auth.hpp"
 #endif
 #include <sys/time.h>
 #include <unistd.h>
@@ -67,6 +69,7 @@ class redis_client {
     }
     if (::redisSetTimeout(ctx_.get(), tv) != REDIS_OK)
       throw comm_error(fmt::format("NCCL rendezvous: cannot set a timeout on {}: {}", where_, ctx_->errstr));
+    detail::redis_login(ctx_.get(), a.password, where_);
   }
 
   void set(std::string_view key, std::string_view value) {
@@ -357,6 +360,8 @@ nccl::unique_id nccl::exchange_id(const rank_info& who) {
   }
   if (who.store_dir.empty())
     throw config_error("NCCL rendezvous: no store (SLUICE_STORE_DIR or SLUICE_STORE=redis://HOST:PORT/PREFIX)");
+  // The id lets whoever reads it join the communicator: a directory of this user's own only.
+  check_private_dir(who.store_dir);
   const std::filesystem::path path = id_path(who);
   unique_id id{};
   if (who.rank == 0) {

@@ -4,12 +4,14 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -385,6 +387,52 @@ TEST_CASE("8 gloo ranks meet through a Redis store, twice under different run pr
   }
 }
 
+TEST_CASE("a Redis store that requires a password: none or a wrong one is refused naming the store, the right one meets",
+          "[comm][gloo][redis][secret]") {
+  const std::string password = "a-store-password-7f3a";
+  redis_server redis(password);
+  if (!redis.ready()) {
+    WARN("redis-server not available (scripts/setup.sh installs it): Redis AUTH not tested");
+    return;
+  }
+  const auto where = fmt::format("redis://127.0.0.1:{}", redis.port());
+  auto join = [&](const std::string& pw, std::size_t n) {
+    return sluice_test::run_ranks(n, [&](std::size_t rank) {
+      comm::gloo_options o;
+      o.store = comm::store_address::parse(where + "/auth");
+      o.store.password = pw;
+      o.timeout = 10s;
+      try {
+        comm::gloo c(rank, n, o);
+        c.barrier();
+        return 0;
+      } catch (const config_error& e) {
+        const std::string w = e.what();
+        if (w.find(password) != std::string::npos) return 30;  // never echoed
+        if (w.find(where) == std::string::npos) return 31;
+        if (w.find("requires a password") != std::string::npos) return 20;
+        if (w.find("refused the password") != std::string::npos) return 21;
+        return 32;
+      }
+    });
+  };
+  for (const auto& r : join("", 1)) CHECK(r.code == 20);
+  for (const auto& r : join("wrong", 1)) CHECK(r.code == 21);
+  for (const auto& r : join(password, 3)) CHECK(r.code == 0);
+  // From the environment: a password file others can read is refused, naming it (never its contents).
+  const auto dir = sluice_test::fresh_dir("redis-pw");
+  const auto file = dir / "pw";
+  {
+    std::ofstream(file) << password << "\n";
+  }
+  REQUIRE(::chmod(file.c_str(), 0644) == 0);
+  CHECK_THROWS_WITH(comm::rank_info::read_password_file(file.string()),
+                    Catch::Contains("mode 0644") && Catch::Contains(file.string()) && !Catch::Contains(password));
+  REQUIRE(::chmod(file.c_str(), 0600) == 0);
+  CHECK(comm::rank_info::read_password_file(file.string()) == password);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("an unreachable Redis store is a comm_error naming it", "[comm][gloo][redis]") {
   comm::gloo_options o;
   o.store = comm::store_address::parse("redis://127.0.0.1:1/x");  // nothing listens on port 1
@@ -433,14 +481,10 @@ TEST_CASE("a dead peer cannot kill a rank with SIGPIPE, a process's own SIGPIPE 
   }
 }
 
-TEST_CASE("a peer-watch connection that sends an endless line is a lost peer, not unbounded memory",
-          "[comm][gloo][watch]") {
-  // Rank 0's watch, and a stranger in rank 1's place: it greets as rank 1,
-  // then sends bytes without a newline. The watch keeps at most a line's
-  // worth of them and calls rank 1 lost, naming why.
-  comm::detail::peer_watch watch(0, 2, "127.0.0.1");
-  const auto& a = watch.address();
-  const auto port = static_cast<std::uint16_t>(std::stoi(a.substr(a.rfind('|') + 1)));
+namespace {
+// A connection to rank 0's watch at `address` ("host|port") from the test.
+int connect_to_watch(const std::string& address) {
+  const auto port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind('|') + 1)));
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
   sockaddr_in sa{};
@@ -448,15 +492,139 @@ TEST_CASE("a peer-watch connection that sends an endless line is a lost peer, no
   sa.sin_port = htons(port);
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
-  const std::uint64_t one = 1;
-  REQUIRE(::send(fd, &one, sizeof one, MSG_NOSIGNAL) == sizeof one);
-  watch.connect({a, "127.0.0.1|1"}, std::chrono::seconds(10));
+  return fd;
+}
+// The connector's side of the watch's handshake, as rank `me` to rank
+// `peer`, proving `secret`; false if the watch closed on it.
+bool greet(int fd, std::uint64_t me, std::uint64_t peer, const comm::load_secret& secret) {
+  struct {
+    std::uint64_t rank;
+    comm::load_secret::nonce_t nonce;
+  } g{me, comm::load_secret::nonce()};
+  struct {
+    comm::load_secret::nonce_t nonce;
+    comm::load_secret::proof_t proof;
+  } ans{};
+  if (::send(fd, &g, sizeof g, MSG_NOSIGNAL) != sizeof g) return false;
+  if (::recv(fd, &ans, sizeof ans, MSG_WAITALL) != sizeof ans) return false;
+  const auto mine = secret.prove("sluice-watch", me, peer, g.nonce, ans.nonce);
+  return ::send(fd, mine.data(), mine.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(mine.size());
+}
+}  // namespace
+
+TEST_CASE("a peer-watch connection that sends an endless line is a lost peer, not unbounded memory",
+          "[comm][gloo][watch]") {
+  // Rank 0's watch, and in rank 1's place one that knows the load's secret:
+  // it greets as rank 1, then sends bytes without a newline. The watch keeps
+  // at most a line's worth of them and calls rank 1 lost, naming why.
+  const auto secret = comm::load_secret::draw();
+  comm::detail::peer_watch watch(0, 2, "127.0.0.1");
+  const auto& a = watch.address();
+  const int fd = connect_to_watch(a);
+  std::thread peer([&] { REQUIRE(greet(fd, 1, 0, secret)); });
+  watch.connect({a, "127.0.0.1|1"}, std::chrono::seconds(10), secret, {});
+  peer.join();
   const std::string flood(64 * 1024, 'x');
   (void)::send(fd, flood.data(), flood.size(), MSG_NOSIGNAL);
   const auto v = watch.settle(std::chrono::seconds(20));
   REQUIRE(v.lost == std::optional<std::size_t>(1));
   CHECK_THAT(v.how, Catch::Contains("without a newline"));
   ::close(fd);
+}
+
+TEST_CASE("a connection to the peer watch that does not prove the load's secret is refused, and the watch goes on",
+          "[comm][gloo][watch][secret]") {
+  // Before rank 1 connects: a stranger greeting as rank 1 with another
+  // secret, one greeting as a rank that is no peer, and one that says nothing
+  // (refused after its 5 s). Each is closed; the real rank 1 is then accepted.
+  const auto secret = comm::load_secret::draw(), other = comm::load_secret::draw();
+  comm::detail::peer_watch watch(0, 2, "127.0.0.1");
+  const auto& a = watch.address();
+  const int wrong = connect_to_watch(a), nobody = connect_to_watch(a), silent = connect_to_watch(a), real = connect_to_watch(a);
+  std::vector<std::string> warned;
+  bool wrong_answered = true, nobody_answered = true, real_answered = false;
+  std::thread peers([&] {
+    wrong_answered = greet(wrong, 1, 0, other);  // its proof is checked last: the watch answers, then closes
+    nobody_answered = greet(nobody, 7, 0, secret);
+    real_answered = greet(real, 1, 0, secret);
+  });
+  watch.connect({a, "127.0.0.1|1"}, std::chrono::seconds(30), secret, [&](const std::string& m) { warned.push_back(m); });
+  peers.join();
+  CHECK(watch.refused() == 3);
+  REQUIRE(warned.size() == 1);  // reported once
+  CHECK_THAT(warned[0], Catch::Contains("refused a connection from 127.0.0.1:") && Catch::Contains("did not prove the load's secret"));
+  CHECK_FALSE(nobody_answered);
+  CHECK(real_answered);
+  (void)wrong_answered;
+  char b;
+  for (int fd : {wrong, nobody, silent}) {
+    CHECK(::recv(fd, &b, 1, 0) <= 0);  // closed by the watch
+    ::close(fd);
+  }
+  // The real rank 1 is rank 0's peer: its last word reaches the watch.
+  const std::string done = "done\n";
+  REQUIRE(::send(real, done.data(), done.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(done.size()));
+  ::shutdown(real, SHUT_WR);
+  const auto v = watch.settle(std::chrono::seconds(20));
+  CHECK_FALSE(v.lost.has_value());
+  ::close(real);
+}
+
+namespace {
+// A view of a shared kv_store that gives its rank another secret than the
+// one rank 0 set: a process that joined the rendezvous (it knows every
+// address) but is not of the load.
+class lying_store final : public comm::kv_store {
+ public:
+  explicit lying_store(std::shared_ptr<comm::kv_store> s) : s_(std::move(s)) {}
+  void set(const std::string& key, const std::vector<char>& value) override { s_->set(key, value); }
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    auto v = s_->get(key, timeout);
+    if (key.ends_with("sluice-secret"))
+      for (auto& c : v) c = static_cast<char>(c ^ 0x5a);
+    return v;
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override { s_->wait(keys, timeout); }
+  void erase(const std::string& key) override { s_->erase(key); }
+
+ private:
+  std::shared_ptr<comm::kv_store> s_;
+};
+}  // namespace
+
+TEST_CASE("a rank that does not know the load's secret makes the rendezvous fail naming its pair, before any byte",
+          "[comm][gloo][secret]") {
+  auto store = std::make_shared<memory_store>();
+  std::vector<std::string> errors(3);
+  std::vector<int> collectives(3, 0);
+  std::vector<std::thread> ranks;
+  for (std::size_t rank = 0; rank < 3; ++rank)
+    ranks.emplace_back([&, rank] {
+      try {
+        comm::rank_info who;
+        who.hostname = "127.0.0.1";
+        who.rank = rank;
+        who.world_size = 3;
+        who.timeout = 10s;
+        who.kv = rank == 2 ? std::make_shared<lying_store>(store) : std::shared_ptr<comm::kv_store>(store);
+        comm::gloo c(who);
+        collectives[rank] = 1;  // never: the proof is part of the rendezvous
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(collectives[r] == 0);
+    REQUIRE_FALSE(errors[r].empty());
+  }
+  // Every rank names the pairs that failed: the others name the impostor,
+  // the impostor names them.
+  CHECK_THAT(errors[0], Catch::Contains("the Gloo pair with rank 2 did not prove the load's secret"));
+  CHECK_THAT(errors[1], Catch::Contains("the Gloo pair with rank 2 did not prove the load's secret"));
+  CHECK_THAT(errors[2], Catch::Contains("the Gloo pair with rank 0, rank 1 did not prove the load's secret"));
+  CHECK(store->keys_left() == 0);
 }
 
 TEST_CASE("a world across nodes with no address set is refused before it listens", "[comm][gloo][address]") {
@@ -476,4 +644,43 @@ TEST_CASE("a world across nodes with no address set is refused before it listens
   who.local_size = 4;
   who.hostname = "127.0.0.1";   // said on purpose: nodes simulated on one machine
   CHECK(comm::gloo_options::from(who).hostname == "127.0.0.1");
+}
+
+TEST_CASE("a store directory others can read or write, or another user's, is refused, naming it", "[comm][gloo][secret]") {
+  const auto dir = sluice_test::fresh_dir("store-perms");  // mkdtemp: 0700, this user's
+  auto join = [&] { (void)connect(0, 1, dir, 5s); };
+  REQUIRE_NOTHROW(join());
+  for (auto mode : {0755, 0770, 0701}) {
+    INFO("mode " << std::oct << mode);
+    REQUIRE(::chmod(dir.c_str(), static_cast<mode_t>(mode)) == 0);
+    try {
+      join();
+      FAIL("a store directory of mode " << std::oct << mode << " was accepted");
+    } catch (const config_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(dir.string()) && Catch::Contains(fmt::format("mode {:04o}", mode)) &&
+                               Catch::Contains("chmod 700"));
+    }
+  }
+  REQUIRE(::chmod(dir.c_str(), 0700) == 0);
+  if (::geteuid() == 0) {  // another owner (root can hand it to nobody)
+    REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);
+    try {
+      join();
+      FAIL("another user's store directory was accepted");
+    } catch (const config_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(dir.string()) && Catch::Contains("belongs to uid 65534"));
+    }
+    REQUIRE(::chown(dir.c_str(), 0, 0) == 0);
+  }
+  // sluice-launch's own store, and a prefix's subdirectory: made 0700 whatever the umask.
+  const auto made = dir / "a" / "b";
+  const auto old = ::umask(0);
+  comm::make_private_dir(made.string());
+  ::umask(old);
+  for (const auto& p : {dir / "a", made}) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0700);
+  }
+  std::filesystem::remove_all(dir);
 }

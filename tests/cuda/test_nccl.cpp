@@ -28,7 +28,7 @@ struct temp_store {
     static int n = 0;
     dir = std::filesystem::temp_directory_path() / ("sluice-nccl-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
     std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
+    comm::make_private_dir(dir.string());  // 0700: the rendezvous refuses a store others can read
   }
   ~temp_store() {
     std::error_code ec;

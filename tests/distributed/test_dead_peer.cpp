@@ -124,7 +124,7 @@ std::vector<int> run_world(std::size_t n, const std::function<int(std::size_t)>&
 std::vector<std::string> phases_seen(const std::string& phase) {
   if (phase == "open") return {"joining the world", "opening the checkpoint"};
   if (phase == "plan") return {"opening the checkpoint", "comparing load plans"};
-  if (phase == "tables") return {"attaching the shared segment", "reading shared tables"};
+  if (phase == "tables") return {"handing over the shared segment", "reading shared tables"};
   if (phase == "reads") return {"reading shared tables", "reading window"};
   if (phase == "exchange") return {"exchanging window", "reading window"};
   return {"reading window", "exchanging window", "delivering tensors"};  // delivery
@@ -155,7 +155,7 @@ void kill_entering(const std::string& phase, std::size_t victim) {
   constexpr auto timeout = 300s;
   const auto base = sluice_test::fresh_dir("deadpeer-" + phase);
   const auto store = base / "store", out = base / "out";
-  fs::create_directories(store), fs::create_directories(out);
+  comm::make_private_dir(store.string()), fs::create_directories(out);
   const auto& ck = checkpoint_dir();
   const auto segment = fmt::format("sluice-deadpeer-{}-{}-{}", ::getpid(), phase, victim);
   const auto codes = run_world(4, [&](std::size_t rank) {
@@ -229,7 +229,7 @@ void kill_in_device_exchange(std::size_t victim) {
   constexpr int not_in_lane = 27;
   const auto base = sluice_test::fresh_dir(fmt::format("deadpeer-lane-{}", victim));
   const auto store = base / "store", out = base / "out", marks = base / "marks";
-  fs::create_directories(store), fs::create_directories(out), fs::create_directories(marks);
+  comm::make_private_dir(store.string()), fs::create_directories(out), fs::create_directories(marks);
   const auto& ck = checkpoint_dir();
   const auto segment = fmt::format("sluice-deadpeer-{}-lane-{}", ::getpid(), victim);
   const auto codes = run_world(4, [&](std::size_t rank) {
@@ -300,7 +300,7 @@ TEST_CASE("a stopped rank is not dead: the survivors time out naming it, and not
   constexpr std::size_t stopped = 2;
   const auto base = sluice_test::fresh_dir("deadpeer-stop");
   const auto store = base / "store", out = base / "out";
-  fs::create_directories(store), fs::create_directories(out);
+  comm::make_private_dir(store.string()), fs::create_directories(out);
   const auto& ck = checkpoint_dir();
   const auto segment = fmt::format("sluice-deadpeer-{}-stop", ::getpid());
   const auto codes = run_world(

@@ -148,7 +148,7 @@ struct scenario {
 void run(const scenario& sc) {
   const auto base = sluice_test::fresh_dir("cleanup-" + sc.tag);
   const auto store1 = base / "load-1", store2 = base / "load-2", out = base / "out";
-  fs::create_directories(store1), fs::create_directories(store2), fs::create_directories(out);
+  comm::make_private_dir(store1.string()), comm::make_private_dir(store2.string()), fs::create_directories(out);
   const auto name = fmt::format("sluice-cleanup-{}-{}", ::getpid(), sc.tag);
   const std::size_t survivors = sc.n - (sc.victim >= 0 ? 1 : 0);
   out_dir() = out;

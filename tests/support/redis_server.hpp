@@ -20,7 +20,8 @@ namespace sluice_test {
 // installed by scripts/setup.sh), stopped with the object.
 class redis_server {
  public:
-  redis_server() {
+  /// `password`: the server requires it (--requirepass); empty: none.
+  explicit redis_server(const std::string& password = {}) {
     if (::access("/usr/bin/redis-server", X_OK) != 0) return;
     const int s = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -36,8 +37,13 @@ class redis_server {
     pid_ = ::fork();
     if (pid_ == 0) {
       const std::string port = std::to_string(port_);
-      ::execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
-              "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
+      if (password.empty())
+        ::execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
+      else
+        ::execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", "--requirepass", password.c_str(),
+                static_cast<char*>(nullptr));
       ::_exit(127);
     }
     // Ready when it accepts a connection (at most ~5 s).

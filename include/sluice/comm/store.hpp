@@ -59,6 +59,8 @@ struct store_address {
   int redis_port = 6379;
   std::string prefix;       ///< per-run key prefix (Redis, key-value store; a subdirectory of a file store)
   std::shared_ptr<kv_store> kv;  ///< a store the program supplies (takes precedence over the others)
+  /// The Redis store's password (AUTH), never printed; empty: none.
+  std::string password;
 
   [[nodiscard]] bool redis() const noexcept { return !kv && !redis_host.empty(); }
   [[nodiscard]] bool empty() const noexcept { return !kv && dir.empty() && redis_host.empty(); }
@@ -91,6 +93,19 @@ struct store_address {
   }
 };
 
+/// Refuses a directory the ranks meet or share through (a file store, a
+/// cache) that others could read or write: one this user does not own, or
+/// with any group or other permission bit. Through it pass the load's secret
+/// and the ranks' addresses: a co-tenant who could read it could pose as a
+/// rank, one who could write it could point the ranks elsewhere. Throws
+/// config_error naming the directory, its mode and owner, and the fix; an
+/// io_error if it cannot be examined.
+void check_private_dir(const std::string& dir, std::string_view what = "store directory");
+
+/// Creates `dir` (and its missing parents) for check_private_dir: mode 0700
+/// where it makes one (whatever the umask). An existing one is left as it is.
+void make_private_dir(const std::string& dir);
+
 /// Who this process is and how it meets its peers.
 struct rank_info {
   std::size_t rank = 0;
@@ -107,6 +122,10 @@ struct rank_info {
   std::chrono::milliseconds timeout{60000};  ///< per collective and for rendezvous
   std::shared_ptr<kv_store> kv;  ///< a store the program supplies (takes precedence over store and store_dir)
   std::string kv_prefix;         ///< key prefix within `kv` (one per load)
+  /// The Redis store's password: SLUICE_STORE_PASSWORD, or the contents of
+  /// SLUICE_STORE_PASSWORD_FILE (this user's, mode 0600 or 0400; one trailing
+  /// newline dropped). Never printed.
+  std::string store_password;
 
   /// Reads the variables above (missing: a one-rank world). Throws config_error for malformed values.
   [[nodiscard]] static rank_info from_env() {
@@ -130,6 +149,10 @@ struct rank_info {
       r.store = u;
     }
     if (const char* h = std::getenv("SLUICE_GLOO_HOST"); h && *h) r.hostname = h;
+    if (const char* p = std::getenv("SLUICE_STORE_PASSWORD"); p && *p)
+      r.store_password = p;
+    else if (const char* f = std::getenv("SLUICE_STORE_PASSWORD_FILE"); f && *f)
+      r.store_password = read_password_file(f);
     if (r.rank >= r.world_size) throw config_error(fmt::format("RANK={} is not below WORLD_SIZE={}", r.rank, r.world_size));
     return r;
   }
@@ -154,8 +177,15 @@ struct rank_info {
   /// The rendezvous: `store` when set, else the file store in `store_dir`.
   [[nodiscard]] store_address rendezvous() const {
     if (kv) return store_address{{}, {}, 6379, kv_prefix, kv};
-    return store.empty() ? store_address{store_dir, {}, 6379, {}} : store_address::parse(store);
+    auto a = store.empty() ? store_address{store_dir, {}, 6379, {}} : store_address::parse(store);
+    a.password = store_password;
+    return a;
   }
+
+  /// A password file's contents (see store_password). Throws config_error
+  /// naming the file (never its contents) if others can read it or it is
+  /// not this user's.
+  [[nodiscard]] static std::string read_password_file(const std::string& path);
 };
 
 }  // namespace sluice::inline v0::comm

@@ -21,6 +21,7 @@
 
 #include <sluice/comm/any_communicator.hpp>
 #include <sluice/comm/concepts.hpp>
+#include <sluice/comm/secret.hpp>
 #include <sluice/comm/store.hpp>
 
 namespace sluice::inline v0::comm {
@@ -30,13 +31,16 @@ struct gloo_options {
   store_address store;                        ///< a Redis store, or a FileStore directory (exists, empty per run)
   std::string hostname = "127.0.0.1";         ///< address this rank listens on
   std::chrono::milliseconds timeout{60000};   ///< rendezvous and every collective
+  /// Where a refused connection is reported (a stranger on the peer watch's
+  /// port); default: a line on stderr. Never given the load's secret.
+  std::function<void(const std::string&)> warn;
 
   /// From rank_info: its rendezvous, listening address and timeout. Throws
   /// config_error for a world across nodes whose address is loopback
   /// (rank_info::check_reachable).
   [[nodiscard]] static gloo_options from(const rank_info& who) {
     who.check_reachable();
-    return {who.rendezvous(), who.address(), who.timeout};
+    return {who.rendezvous(), who.address(), who.timeout, {}};
   }
 };
 
@@ -90,6 +94,7 @@ class gloo {
   [[nodiscard]] std::function<void()> liveness() const;
 
  private:
+  void prove_pairs(const load_secret& secret);
   struct impl;
   std::unique_ptr<impl> impl_;
   std::size_t rank_ = 0;

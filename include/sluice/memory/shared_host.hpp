@@ -5,9 +5,10 @@
 ///
 /// The segment is a memfd: it has no name in /dev/shm, so nothing is left
 /// behind when ranks crash — the memory is freed when the last mapping goes.
-/// The creator publishes `handle()` ("/proc/<pid>/fd/<fd>"); the other local
-/// ranks `attach` it while the creator still holds the fd (the driver puts a
-/// barrier between attach and `close_handle()`). Page-aligned; the mapping
+/// The creator hands its descriptor to the other local ranks
+/// (memory/node_handoff.hpp: SCM_RIGHTS over a Unix socket, to processes that
+/// prove the load's token), which `adopt` it; or publishes `handle()`
+/// ("/proc/<pid>/fd/<fd>") for them to `attach` while it still holds the fd. Page-aligned; the mapping
 /// is MAP_SHARED, so a byte written by any rank is seen by all.
 ///
 /// Sealed once sized (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL): no process
@@ -62,9 +63,16 @@ class shared_host {
     const std::string path(handle);
     const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw io_error(fmt::format("cannot open the shared segment: {}", std::strerror(errno)), {path}, errno);
+    return adopt(fd, size, path);
+  }
+
+  /// Maps the segment open as `fd` (which it takes: closed in any case),
+  /// after the same checks as attach (a sealed memory file of this user,
+  /// `size` bytes); `what` names it in errors. Throws io_error.
+  [[nodiscard]] static shared_host adopt(int fd, std::size_t size, const std::string& what = "the shared segment") {
     auto refuse = [&](const std::string& why) {
       ::close(fd);
-      throw io_error(fmt::format("refusing the shared segment: {}", why), {path});
+      throw io_error(fmt::format("refusing the shared segment: {}", why), {what});
     };
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) refuse("not a memory file");
@@ -78,6 +86,9 @@ class shared_host {
     s.map_->close_fd();  // the mapping keeps the memory; the fd is not needed
     return s;
   }
+
+  /// The creator's descriptor (-1 once closed or where not the creator): what the node handoff passes.
+  [[nodiscard]] int fd() const noexcept { return map_ ? map_->fd : -1; }
 
   /// "/proc/<pid>/fd/<fd>": how other local processes attach (while the creator holds the fd).
   [[nodiscard]] std::string handle() const {

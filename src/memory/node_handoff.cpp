@@ -1,0 +1,220 @@
+// The node's memory handoff (memory/node_handoff.hpp): SCM_RIGHTS over an
+// abstract Unix socket, to this user's processes that prove the token.
+
+#include <sluice/memory/node_handoff.hpp>
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include <sluice/comm/concepts.hpp>
+#include <sluice/error.hpp>
+
+namespace sluice::inline v0::memory {
+
+namespace {
+using clock = std::chrono::steady_clock;
+constexpr std::size_t name_bytes = 32;  // hex of 16 random bytes
+constexpr std::size_t ticket_bytes = name_bytes + comm::load_secret::size;
+
+sockaddr_un address_of(const std::string& name, socklen_t& len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  a.sun_path[0] = '\0';  // the abstract namespace: no file to leave behind or to be swapped
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
+bool wait_for(int fd, short what, clock::time_point until) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
+  if (ms <= 0) return errno = ETIMEDOUT, false;
+  pollfd pf{fd, what, 0};
+  const int n = ::poll(&pf, 1, static_cast<int>(ms));
+  if (n == 0) errno = ETIMEDOUT;
+  return n == 1;
+}
+bool send_all(int fd, const void* p, std::size_t n, clock::time_point until) {
+  auto* b = static_cast<const char*>(p);
+  while (n) {
+    const auto r = ::send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r > 0) {
+      b += r, n -= static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (!wait_for(fd, POLLOUT, until)) return false;
+  }
+  return true;
+}
+bool recv_all(int fd, void* p, std::size_t n, clock::time_point until) {
+  auto* b = static_cast<char*>(p);
+  while (n) {
+    const auto r = ::recv(fd, b, n, MSG_DONTWAIT);
+    if (r > 0) {
+      b += r, n -= static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r == 0) return errno = ECONNRESET, false;
+    if (errno != EAGAIN && errno != EINTR) return false;
+    if (!wait_for(fd, POLLIN, until)) return false;
+  }
+  return true;
+}
+// The peer's uid and pid (SO_PEERCRED), or nullopt.
+std::optional<ucred> peer_of(int fd) {
+  ucred c{};
+  socklen_t len = sizeof c;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0) return std::nullopt;
+  return c;
+}
+
+// The handshake's messages.
+struct answer {
+  comm::load_secret::nonce_t nonce;
+  comm::load_secret::proof_t proof;
+};
+}  // namespace
+
+handoff_server::handoff_server(shared_host mem, std::function<void(const std::string&)> warn)
+    : mem_(std::move(mem)), warn_(std::move(warn)) {
+  if (mem_.fd() < 0) throw config_error("node handoff: the memory has no descriptor (not its creator, or closed)");
+  token_ = comm::load_secret::draw();
+  const auto n = comm::load_secret::nonce();
+  for (auto b : n) name_ += fmt::format("{:02x}", static_cast<unsigned>(b));
+  listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listen_ < 0) throw io_error(fmt::format("node handoff: socket: {}", std::strerror(errno)), {}, errno);
+  socklen_t len = 0;
+  const auto a = address_of(name_, len);
+  if (::bind(listen_, reinterpret_cast<const sockaddr*>(&a), len) != 0 || ::listen(listen_, SOMAXCONN) != 0) {
+    const int e = errno;
+    ::close(listen_);
+    throw io_error(fmt::format("node handoff: cannot listen on a Unix socket: {}", std::strerror(e)), {}, e);
+  }
+}
+
+handoff_server::~handoff_server() {
+  if (listen_ >= 0) ::close(listen_);
+}
+
+std::vector<std::byte> handoff_server::ticket() const {
+  std::vector<std::byte> t(ticket_bytes);
+  std::memcpy(t.data(), name_.data(), name_bytes);
+  const auto k = token_->bytes();
+  std::memcpy(t.data() + name_bytes, k.data(), k.size());
+  return t;
+}
+
+void handoff_server::serve(std::size_t receivers, std::chrono::milliseconds timeout, const std::function<void()>& alive) {
+  const auto deadline = clock::now() + timeout;
+  for (std::size_t served = 0; served < receivers;) {
+    if (alive) alive();
+    if (clock::now() > deadline)
+      throw comm::comm_error(fmt::format("node handoff: {} of {} local ranks took the node's memory within {} ms{}", served, receivers,
+                                   timeout.count(),
+                                   refused_ ? fmt::format(" ({} connection(s) refused)", refused_) : std::string()));
+    if (!wait_for(listen_, POLLIN, std::min(deadline, clock::now() + std::chrono::milliseconds(100)))) continue;
+    const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    const auto until = std::min(deadline, clock::now() + std::chrono::seconds(5));  // a silent stranger, at most this
+    std::string why;
+    const auto who = peer_of(fd);
+    comm::load_secret::nonce_t theirs{};
+    answer mine{comm::load_secret::nonce(), {}};
+    comm::load_secret::proof_t proof{};
+    if (!who || who->uid != ::geteuid()) {
+      why = who ? fmt::format("it runs as uid {}, not this user", who->uid) : std::string("no peer credentials");
+    } else if (!recv_all(fd, theirs.data(), theirs.size(), until)) {
+      why = "no greeting";
+    } else {
+      mine.proof = token_->prove("sluice-handoff-server", 0, 1, mine.nonce, theirs);
+      if (!send_all(fd, &mine, sizeof mine, until) || !recv_all(fd, proof.data(), proof.size(), until))
+        why = "no proof";
+      else if (!token_->check(proof, "sluice-handoff-receiver", 1, 0, theirs, mine.nonce))
+        why = "a wrong proof";
+    }
+    if (why.empty()) {
+      // The descriptor itself, with its size: the receiver checks both.
+      const std::uint64_t size = mem_.size();
+      iovec iov{const_cast<std::uint64_t*>(&size), sizeof size};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov, msg.msg_iovlen = 1;
+      msg.msg_control = control, msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+      const int memfd = mem_.fd();
+      std::memcpy(CMSG_DATA(c), &memfd, sizeof memfd);
+      if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof size)) why = fmt::format("sendmsg: {}", std::strerror(errno));
+    }
+    ::close(fd);
+    if (!why.empty()) {
+      if (refused_++ == 0 && warn_)
+        warn_(fmt::format("node handoff: refused a connection from pid {} ({}); still waiting for the node's ranks",
+                          who ? std::to_string(who->pid) : std::string("?"), why));
+      continue;
+    }
+    ++served;
+  }
+}
+
+shared_host receive_handoff(std::span<const std::byte> ticket, std::size_t size, std::chrono::milliseconds timeout) {
+  auto fail = [](const std::string& why) -> void { throw io_error(fmt::format("node handoff: {}", why)); };
+  if (ticket.size() < ticket_bytes) fail(fmt::format("a ticket of {} bytes, expected {}", ticket.size(), ticket_bytes));
+  const std::string name(reinterpret_cast<const char*>(ticket.data()), name_bytes);
+  const auto token = comm::load_secret::from(ticket.subspan(name_bytes, comm::load_secret::size));
+  const auto until = clock::now() + timeout;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) fail(fmt::format("socket: {}", std::strerror(errno)));
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_fd{fd};
+  socklen_t len = 0;
+  const auto a = address_of(name, len);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0 && errno != EINPROGRESS)
+    fail(fmt::format("cannot reach the local rank that made the memory: {}", std::strerror(errno)));
+  if (!wait_for(fd, POLLOUT, until)) fail(fmt::format("cannot reach the local rank that made the memory: {}", std::strerror(errno)));
+  const auto who = peer_of(fd);
+  if (!who || who->uid != ::geteuid())
+    fail(who ? fmt::format("the handoff's socket belongs to uid {}, not this user", who->uid) : "no peer credentials");
+  const auto mine = comm::load_secret::nonce();
+  answer theirs{};
+  if (!send_all(fd, mine.data(), mine.size(), until) || !recv_all(fd, &theirs, sizeof theirs, until))
+    fail(fmt::format("the local rank that made the memory did not answer: {}", std::strerror(errno)));
+  if (!token.check(theirs.proof, "sluice-handoff-server", 0, 1, theirs.nonce, mine))
+    fail("whoever holds the handoff's socket did not prove the load's token: refusing its memory");
+  const auto proof = token.prove("sluice-handoff-receiver", 1, 0, mine, theirs.nonce);
+  if (!send_all(fd, proof.data(), proof.size(), until)) fail(fmt::format("cannot answer: {}", std::strerror(errno)));
+  std::uint64_t got_size = 0;
+  iovec iov{&got_size, sizeof got_size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov, msg.msg_iovlen = 1;
+  msg.msg_control = control, msg.msg_controllen = sizeof control;
+  ssize_t n = -1;
+  while ((n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EINTR))
+    if (!wait_for(fd, POLLIN, until)) fail(fmt::format("no memory came: {}", std::strerror(errno)));
+  int memfd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+      std::memcpy(&memfd, CMSG_DATA(c), sizeof memfd);
+  if (n != static_cast<ssize_t>(sizeof got_size) || memfd < 0 || (msg.msg_flags & MSG_CTRUNC)) {
+    if (memfd >= 0) ::close(memfd);
+    fail("the local rank that made the memory sent no descriptor");
+  }
+  if (got_size != size) {
+    ::close(memfd);
+    fail(fmt::format("the memory handed over has {} bytes, the plan says {}", got_size, size));
+  }
+  return shared_host::adopt(memfd, size, "the node's memory (handed over)");
+}
+
+}  // namespace sluice::inline v0::memory
