@@ -54,6 +54,8 @@
 
 #include <gloo/transport/unbound_buffer.h>
 
+#include "../core/socket_io.hpp"
+
 #include <sluice/comm/secret.hpp>
 #include <sluice/error.hpp>
 
@@ -181,12 +183,12 @@ class peer_watch {
       fds_[p] = fd;
       greeting g{rank_, load_secret::nonce()};
       answer ans{};
-      if (!send_all(fd, &g, sizeof g, deadline) || !recv_all(fd, &ans, sizeof ans, deadline))
+      if (!::sluice::detail::send_all(fd, &g, sizeof g, deadline) || !::sluice::detail::recv_all(fd, &ans, sizeof ans, deadline))
         fail(fmt::format("rank {} at {} did not answer its greeting: {}", p, a, errno ? std::strerror(errno) : "closed"));
       if (!secret.check(ans.proof, "sluice-watch", p, rank_, ans.nonce, g.nonce))
         fail(fmt::format("whoever listens at rank {}'s address {} did not prove the load's secret", p, a));
       const auto mine = secret.prove("sluice-watch", rank_, p, g.nonce, ans.nonce);
-      if (!send_all(fd, mine.data(), mine.size(), deadline)) fail(fmt::format("cannot answer rank {}: {}", p, std::strerror(errno)));
+      if (!::sluice::detail::send_all(fd, mine.data(), mine.size(), deadline)) fail(fmt::format("cannot answer rank {}: {}", p, std::strerror(errno)));
     }
     for (std::size_t n = rank_ + 1; n < fds_.size();) {
       pollfd pf{listen_, POLLIN, 0};
@@ -207,7 +209,7 @@ class peer_watch {
       const auto until = clock::now() + std::chrono::seconds(5);
       greeting g{};
       std::string refused;
-      if (!recv_all(fd, &g, sizeof g, until)) {
+      if (!::sluice::detail::recv_all(fd, &g, sizeof g, until)) {
         refused = "no greeting";
       } else if (g.rank <= rank_ || g.rank >= fds_.size() || fds_[g.rank] >= 0) {
         refused = fmt::format("a greeting as rank {}, which is not a peer still expected", g.rank);
@@ -215,7 +217,7 @@ class peer_watch {
         answer ans{load_secret::nonce(), {}};
         ans.proof = secret.prove("sluice-watch", rank_, g.rank, ans.nonce, g.nonce);
         load_secret::proof_t theirs{};
-        if (!send_all(fd, &ans, sizeof ans, until) || !recv_all(fd, theirs.data(), theirs.size(), until))
+        if (!::sluice::detail::send_all(fd, &ans, sizeof ans, until) || !::sluice::detail::recv_all(fd, theirs.data(), theirs.size(), until))
           refused = fmt::format("a greeting as rank {}, then no proof", g.rank);
         else if (!secret.check(theirs, "sluice-watch", g.rank, rank_, g.nonce, ans.nonce))
           refused = fmt::format("a greeting as rank {} with a wrong proof", g.rank);
@@ -423,50 +425,6 @@ class peer_watch {
     load_secret::nonce_t nonce;
     load_secret::proof_t proof;
   };
-  // Blocking send/receive of exactly `n` bytes on a non-blocking socket until
-  // `until`; false on a timeout, an error or the peer closing (errno says
-  // which, 0 for closed).
-  static bool send_all(int fd, const void* p, std::size_t n, clock::time_point until) {
-    auto* b = static_cast<const char*>(p);
-    while (n) {
-      const auto r = ::send(fd, b, n, MSG_NOSIGNAL);
-      if (r > 0) {
-        b += r, n -= static_cast<std::size_t>(r);
-        continue;
-      }
-      if (r < 0 && errno != EAGAIN && errno != EINTR) return false;
-      if (!wait_for(fd, POLLOUT, until)) return false;
-    }
-    return true;
-  }
-  static bool recv_all(int fd, void* p, std::size_t n, clock::time_point until) {
-    auto* b = static_cast<char*>(p);
-    while (n) {
-      const auto r = ::recv(fd, b, n, 0);
-      if (r > 0) {
-        b += r, n -= static_cast<std::size_t>(r);
-        continue;
-      }
-      if (r == 0) {
-        errno = 0;
-        return false;
-      }
-      if (errno != EAGAIN && errno != EINTR) return false;
-      if (!wait_for(fd, POLLIN, until)) return false;
-    }
-    return true;
-  }
-  static bool wait_for(int fd, short what, clock::time_point until) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
-    if (ms <= 0) {
-      errno = ETIMEDOUT;
-      return false;
-    }
-    pollfd pf{fd, what, 0};
-    const int n = ::poll(&pf, 1, static_cast<int>(ms));
-    if (n == 0) errno = ETIMEDOUT;
-    return n == 1;
-  }
   static std::string peer_name(const sockaddr_storage& sa) {
     char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
     (void)::getnameinfo(reinterpret_cast<const sockaddr*>(&sa), sizeof sa, host, sizeof host, port, sizeof port,

@@ -17,7 +17,13 @@
 #include <sluice/comm/concepts.hpp>
 #include <sluice/error.hpp>
 
+#include "../core/socket_io.hpp"
+
 namespace sluice::inline v0::memory {
+
+using detail::recv_all;
+using detail::send_all;
+using detail::wait_for;
 
 namespace {
 using clock = std::chrono::steady_clock;
@@ -33,41 +39,6 @@ sockaddr_un address_of(const std::string& name, socklen_t& len) {
   return a;
 }
 
-bool wait_for(int fd, short what, clock::time_point until) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
-  if (ms <= 0) return errno = ETIMEDOUT, false;
-  pollfd pf{fd, what, 0};
-  const int n = ::poll(&pf, 1, static_cast<int>(ms));
-  if (n == 0) errno = ETIMEDOUT;
-  return n == 1;
-}
-bool send_all(int fd, const void* p, std::size_t n, clock::time_point until) {
-  auto* b = static_cast<const char*>(p);
-  while (n) {
-    const auto r = ::send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (r > 0) {
-      b += r, n -= static_cast<std::size_t>(r);
-      continue;
-    }
-    if (r < 0 && errno != EAGAIN && errno != EINTR) return false;
-    if (!wait_for(fd, POLLOUT, until)) return false;
-  }
-  return true;
-}
-bool recv_all(int fd, void* p, std::size_t n, clock::time_point until) {
-  auto* b = static_cast<char*>(p);
-  while (n) {
-    const auto r = ::recv(fd, b, n, MSG_DONTWAIT);
-    if (r > 0) {
-      b += r, n -= static_cast<std::size_t>(r);
-      continue;
-    }
-    if (r == 0) return errno = ECONNRESET, false;
-    if (errno != EAGAIN && errno != EINTR) return false;
-    if (!wait_for(fd, POLLIN, until)) return false;
-  }
-  return true;
-}
 // The peer's uid and pid (SO_PEERCRED), or nullopt.
 std::optional<ucred> peer_of(int fd) {
   ucred c{};
