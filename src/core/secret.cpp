@@ -7,6 +7,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include <sluice/comm/concepts.hpp>
