@@ -76,7 +76,7 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
     if (local_rank != 0) return;
     mem = memory::shared_host::create(size, name);
     if (receivers == 0) return;
-    server.emplace(mem, [](const std::string& m) { std::fprintf(stderr, "sluice: %s\n", m.c_str()); });
+    server.emplace(mem);
     const auto t = server->ticket();
     std::memcpy(mine.data(), t.data(), std::min(t.size(), ticket_bytes));
   });
@@ -90,7 +90,7 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
   });
   server.reset();
   mem.close_handle();
-  std::fill(all.begin(), all.end(), std::byte{0});  // the tickets' tokens
+  for (auto* v : {&mine, &all}) std::fill(v->begin(), v->end(), std::byte{0});  // the tickets' tokens
   return mem;
 }
 

@@ -6,10 +6,6 @@
 #include <mutex>
 #include <utility>
 
-#include <fmt/format.h>
-
-#include <sluice/error.hpp>
-
 namespace sluice::inline v0 {
 
 struct memory_cache::state {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
@@ -55,7 +56,7 @@ struct answer {
 }  // namespace
 
 handoff_server::handoff_server(shared_host mem, std::function<void(const std::string&)> warn)
-    : mem_(std::move(mem)), warn_(std::move(warn)) {
+    : mem_(std::move(mem)), warn_(warn ? std::move(warn) : [](const std::string& m) { std::fprintf(stderr, "sluice: %s\n", m.c_str()); }) {
   if (mem_.fd() < 0) throw config_error("node handoff: the memory has no descriptor (not its creator, or closed)");
   token_ = comm::load_secret::draw();
   const auto n = comm::load_secret::nonce();
@@ -127,7 +128,7 @@ void handoff_server::serve(std::size_t receivers, std::chrono::milliseconds time
     }
     ::close(fd);
     if (!why.empty()) {
-      if (refused_++ == 0 && warn_)
+      if (refused_++ == 0)
         warn_(fmt::format("node handoff: refused a connection from pid {} ({}); still waiting for the node's ranks",
                           who ? std::to_string(who->pid) : std::string("?"), why));
       continue;

@@ -93,15 +93,8 @@ struct nccl_lane::buffers {
   explicit buffers(int device)
       : host(owned_memory<decltype(make_pinned)>{device, make_pinned}),
         dev(owned_memory<make_device>{device, make_device{device}}) {}
-  memory::recycler<owned_memory<decltype(make_pinned)>> host;
-  memory::recycler<owned_memory<make_device>> dev;
-  std::size_t largest[2][4] = {};  // capacity by slot: host, device
-  // Keeps what the four slots of `kind` need at most idle between windows.
-  void reserve(unsigned kind, unsigned slot, std::size_t n) {
-    auto& l = largest[kind];
-    l[slot] = std::max(l[slot], rounded(n));
-    (kind ? dev.reserve(l[0] + l[1] + l[2] + l[3]) : host.reserve(l[0] + l[1] + l[2] + l[3]));
-  }
+  memory::slot_recycler<owned_memory<decltype(make_pinned)>, 4> host;
+  memory::slot_recycler<owned_memory<make_device>, 4> dev;
 };
 
 nccl_lane::nccl_lane(nccl& c) : c_(&c), buffers_(std::make_unique<buffers>(c.device())) {}
@@ -117,28 +110,24 @@ void nccl_lane::release() noexcept {
   // No copy or NCCL kernel may still use the buffers when they go; the wait is
   // bounded (a stream stuck on a dead peer gets its communicator aborted).
   if (c_) (void)c_->drain(c_->stream());
-  buffers_->host.release();
-  buffers_->dev.release();
+  buffers_->host.all().release();
+  buffers_->dev.all().release();
 }
 
 lease nccl_lane::host_buffer(unsigned slot, std::size_t n) {
   check_slot(slot);
-  if (n == 0) return {};
-  buffers_->reserve(0, slot, n);
-  return buffers_->host.get(n);
+  return buffers_->host.get(slot, n);
 }
 
 lease nccl_lane::device_buffer(unsigned slot, std::size_t n) {
   check_slot(slot);
-  if (n == 0) return {};
-  buffers_->reserve(1, slot, n);
-  return buffers_->dev.get(n);
+  return buffers_->dev.get(slot, n);
 }
 
 nccl_lane_stats nccl_lane::stats() const noexcept {
   auto s = stats_;
   if (buffers_) {
-    const auto h = buffers_->host.stats(), d = buffers_->dev.stats();
+    const auto h = buffers_->host.all().stats(), d = buffers_->dev.all().stats();
     s.host_allocations = h.allocations, s.device_allocations = d.allocations, s.device_recycled = d.reused;
   }
   return s;

@@ -50,9 +50,10 @@ namespace sluice::inline v0 {
 /// window w travels (slots of parity w % 2), the driver lays out window w+1
 /// (the other parity's slots); a window's buffers are allocated before any
 /// of its uploads. So an implementation keeps each slot's state apart and
-/// makes what the pairs share thread-safe (the emulated lane: a byte count,
-/// atomic; comm::nccl_lane: its recycled device buffers, under a mutex, and
-/// the device bound on each thread that calls it).
+/// makes what the pairs share thread-safe (both lanes: their recyclers, whose
+/// buffers come back on whichever thread lets go, under a mutex; the emulated
+/// lane: its pinned ranges too; comm::nccl_lane: the device bound on each
+/// thread that calls it).
 template <class L>
 concept device_lane = requires(L& l, unsigned slot, std::size_t n, std::span<std::byte> dst, std::span<const std::byte> src,
                                std::span<const comm::send_message> sends, std::span<const comm::recv_message> recvs) {

@@ -100,17 +100,15 @@ class read_window : public pipeable {
     // Each lane's regions at the largest size they have in any window: every
     // window then fits every buffer, which the next window of its kind
     // takes again once free (memory/window_buffers.hpp); the host lane's
-    // buffers of both parities stay in reserve between windows and loads.
-    std::size_t host_lane = 0;
+    // buffers of both parities (lane 0) stay in reserve between windows and
+    // loads (a device lane's are its own).
     for (const auto& ws : schedule.windows)
       for (std::size_t k = 0; k < ws.lanes.size() && k < 2; ++k) {
         const auto& lay = ws.lanes[k].ranks.at(me);
         largest_[k][0] = std::max(largest_[k][0], lay.kept_bytes);
         largest_[k][1] = std::max(largest_[k][1], lay.scratch_bytes);
       }
-    for (std::size_t k = 0; k < 2; ++k)
-      if (!(lane && k == 1)) host_lane += buffers.capacity_for(largest_[k][0]) + buffers.capacity_for(largest_[k][1]);
-    buffers.reserve(2 * host_lane);
+    buffers.reserve(2 * (buffers.capacity_for(largest_[0][0]) + buffers.capacity_for(largest_[0][1])));
   }
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {

@@ -31,7 +31,8 @@ namespace sluice::inline v0::memory {
 
 class handoff_server {
  public:
-  /// Listens for `mem`'s receivers. Throws io_error if it cannot.
+  /// Listens for `mem`'s receivers; refusals are reported through `warn`
+  /// (default: a line on stderr). Throws io_error if it cannot.
   explicit handoff_server(shared_host mem, std::function<void(const std::string&)> warn = {});
   handoff_server(const handoff_server&) = delete;
   handoff_server& operator=(const handoff_server&) = delete;

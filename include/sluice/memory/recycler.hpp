@@ -28,6 +28,8 @@
 /// Thread-safe; the recycler's state outlives the recycler object while
 /// leases of its buffers live.
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -161,6 +163,34 @@ class recycler {
     std::uint64_t allocations = 0, reused = 0;
   };
   std::shared_ptr<state> state_;
+};
+
+/// A recycler for at most `Slots` buffers in use at once, each asked for by
+/// its slot (a device lane's window buffers: parity x kept/scratch): between
+/// windows it keeps idle what the slots have needed at most, so the next
+/// window finds its buffers. Its `get` is called from one thread.
+template <class Memory, std::size_t Slots>
+class slot_recycler {
+ public:
+  explicit slot_recycler(Memory m = {}) : r_(std::move(m)) {}
+
+  /// A buffer of `n` bytes for slot `slot` (< Slots; empty for 0).
+  [[nodiscard]] lease get(std::size_t slot, std::size_t n) {
+    if (n == 0) return {};
+    auto& l = largest_.at(slot);
+    l = std::max(l, r_.memory().capacity_for(n));
+    std::size_t all = 0;
+    for (auto x : largest_) all += x;
+    r_.reserve(all);
+    return r_.get(n);
+  }
+  /// The recycler itself (stats, release).
+  [[nodiscard]] recycler<Memory>& all() noexcept { return r_; }
+  [[nodiscard]] const recycler<Memory>& all() const noexcept { return r_; }
+
+ private:
+  recycler<Memory> r_;
+  std::array<std::size_t, Slots> largest_{};
 };
 
 /// Anonymous host memory, a mapping per buffer (not malloc's: a freed buffer

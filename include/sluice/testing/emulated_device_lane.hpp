@@ -20,8 +20,6 @@
 /// let go of everything.
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -55,9 +53,9 @@ class emulated_device_lane {
   emulated_device_lane& operator=(const emulated_device_lane&) = delete;
   ~emulated_device_lane() { release(); }
 
-  lease host_buffer(unsigned slot, std::size_t n) { return get(host_, host_largest_, slot, n); }
+  lease host_buffer(unsigned slot, std::size_t n) { return host_.get(slot, n); }
   lease device_buffer(unsigned slot, std::size_t n) {
-    auto l = get(device_, device_largest_, slot, n);
+    auto l = device_.get(slot, n);
     if (n) std::memset(l.bytes().data(), static_cast<int>(poison), n);
     return l;
   }
@@ -96,8 +94,8 @@ class emulated_device_lane {
   /// Drops the lane's own references to its memory (what a sink still holds goes when it lets go).
   void release() noexcept {
     pending_.clear();
-    host_.release();
-    device_.release();
+    host_.all().release();
+    device_.all().release();
   }
 
   [[nodiscard]] std::uint64_t uploads() const noexcept { return uploads_; }
@@ -112,7 +110,7 @@ class emulated_device_lane {
   [[nodiscard]] bool aborted() const noexcept { return aborted_; }
   /// Bytes of lane memory (host and device buffers) allocated right now
   /// (lent, or idle in the lane's recyclers).
-  [[nodiscard]] std::size_t live_bytes() const { return host_.stats().live_bytes + device_.stats().live_bytes; }
+  [[nodiscard]] std::size_t live_bytes() const { return host_.all().stats().live_bytes + device_.all().stats().live_bytes; }
 
  private:
   // The host memory that counts as pinned: the lane's host buffers and what
@@ -153,18 +151,9 @@ class emulated_device_lane {
       std::free(p);
     }
   };
-  // What the four slots have needed at most stays idle between windows.
-  static lease get(memory::recycler<heap>& r, std::array<std::size_t, 4>& largest, unsigned slot, std::size_t n) {
-    if (n == 0) return {};
-    largest.at(slot) = std::max(largest.at(slot), heap{}.capacity_for(n));
-    r.reserve(largest[0] + largest[1] + largest[2] + largest[3]);
-    return r.get(n);
-  }
-
   Comm* c_;
   std::shared_ptr<pinned_ranges> pinned_ = std::make_shared<pinned_ranges>();
-  memory::recycler<heap> host_, device_;
-  std::array<std::size_t, 4> host_largest_{}, device_largest_{};
+  memory::slot_recycler<heap, 4> host_, device_;
   std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> pending_;
   std::uint64_t uploads_ = 0, uploaded_ = 0, exchanges_ = 0, unpinned_ = 0, pins_ = 0;
   bool aborted_ = false;
