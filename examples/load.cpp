@@ -167,6 +167,7 @@ int main(int argc, char** argv) try {
   j["cpu_seconds"] = cpu;
   j["cpu_seconds_per_gib"] = gib > 0 ? cpu / gib : 0;
   j["peak_rss_bytes"] = sluice_cli::peak_rss();
+  if (auto cj = sluice_load::cache_json(); !cj.is_null()) j["cache"].update(cj);
   if (o.digest)
     for (const auto& [name, d] : digests.digests()) std::printf("%s\n", d.line().c_str());
   if (!o.json_out.empty()) {
@@ -184,6 +185,9 @@ int main(int argc, char** argv) try {
                  static_cast<unsigned long long>(st.requests), cpu, gib > 0 ? cpu / gib : 0.0,
                  human_bytes(static_cast<double>(sluice_cli::peak_rss())).c_str(),
                  human_bytes(static_cast<double>(o.load.staging_budget)).c_str(), st.slots_used, st.slots);
+    if (auto line = sluice_load::cache_summary(st.cache_hit_bytes, st.cache_fetched_bytes, st.cache_refetched_bytes);
+        !line.empty())
+      std::fprintf(stderr, "%s\n", line.c_str());
   }
   return 0;
 } catch (const std::exception& e) {

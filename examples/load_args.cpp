@@ -97,12 +97,23 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "s3:// with --topology: connections of each rank's S3 client (default: the\n"
                  "per-node pool size, 16, divided among the node's ranks, LOCAL_WORLD_SIZE)")
       ->type_name("N");
+  std::string cache_max;
+  app.add_option("--cache", o.cache_dir,
+                 "s3://: read through the node-local cache in DIR (made 0700 if missing; one that\n"
+                 "is not yours or has group/other bits is refused): blocks it has are read from\n"
+                 "local disk and verified, the others fetched once and written (default:\n"
+                 "SLUICE_CACHE_DIR, else no cache)")
+      ->type_name("DIR");
+  app.add_option("--cache-max", cache_max, "with --cache: cap on its size, least recently used blocks evicted (default:\n"
+                                           "SLUICE_CACHE_MAX, else none)")
+      ->type_name("SIZE");
   app.add_flag("--probe", o.probe, "read headers only: print the per-layer plan (keys, tensors, bytes)");
   app.add_option("--contract-out", o.contract_out, "with --probe: write the load contract (JSON) to FILE")
       ->type_name("FILE");
   if (auto rc = sluice_cli::parse_args(app, argc, argv, 1)) return rc;
   if (!staging.empty()) o.load.staging_budget = sluice_cli::parse_size(staging);
   if (!max_read.empty()) o.load.max_read = sluice_cli::parse_size(max_read);
+  if (!cache_max.empty()) o.cache_max = sluice_cli::parse_size(cache_max);
   if (!map_above.empty()) o.load.map_above = std::max<std::uint64_t>(1, sluice_cli::parse_size(map_above));
   if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
   if (direct) o.load.io = io_mode::direct;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,9 +51,28 @@ namespace {
 s3::config s3_config_for(const options& o) {
   auto cfg = s3::config::from_environment();
   if (o.connections) cfg.max_connections = o.connections;
+  if (!o.cache_dir.empty()) cfg.cache.dir = o.cache_dir;
+  if (o.cache_max) cfg.cache.max_bytes = o.cache_max;
   return cfg;
 }
 #endif
+
+// The process's cache counters (the last cache it used), if any.
+struct cache_figures {
+  std::uint64_t bad_blocks = 0, hashed_bytes = 0, hash_ns = 0, written = 0, unwritten = 0, evicted = 0;
+  std::string dir;
+};
+std::optional<cache_figures> process_cache() {
+#if SLUICE_HAS_S3
+  auto c = cache::block_cache::last_used();
+  if (!c) return std::nullopt;
+  const auto& s = c->stats();
+  return cache_figures{s.bad_blocks.load(), s.hashed_bytes.load(), s.hash_ns.load(), s.written_blocks.load(),
+                       s.unwritten_blocks.load(), s.evicted_blocks.load(), c->opts().dir};
+#else
+  return std::nullopt;
+#endif
+}
 
 #if SLUICE_HAS_NCCL
 // The device sink of --device, recording what this rank holds (for --digest).
@@ -71,6 +91,28 @@ struct device_recording : forwarding_sink<cuda::device_sink> {
 #endif
 
 }  // namespace
+
+std::string cache_summary(std::uint64_t hit, std::uint64_t fetched, std::uint64_t refetched) {
+  const auto c = process_cache();
+  if (!c) return {};
+  const double gib = static_cast<double>(c->hashed_bytes) / double(1ull << 30);
+  return fmt::format("cache {}: {} served from it, {} fetched ({} again: {} bad blocks), {} blocks written{}{}; "
+                     "XXH3 {:.3f} s/GiB",
+                     c->dir, human_bytes(static_cast<double>(hit)), human_bytes(static_cast<double>(fetched)),
+                     human_bytes(static_cast<double>(refetched)), c->bad_blocks, c->written,
+                     c->unwritten ? fmt::format(", {} not written", c->unwritten) : "",
+                     c->evicted ? fmt::format(", {} evicted", c->evicted) : "",
+                     gib > 0 ? static_cast<double>(c->hash_ns) / 1e9 / gib : 0.0);
+}
+
+nlohmann::ordered_json cache_json() {
+  const auto c = process_cache();
+  if (!c) return nullptr;
+  const double gib = static_cast<double>(c->hashed_bytes) / double(1ull << 30);
+  return {{"dir", c->dir},           {"bad_blocks", c->bad_blocks},   {"written_blocks", c->written},
+          {"unwritten_blocks", c->unwritten}, {"evicted_blocks", c->evicted}, {"hashed_bytes", c->hashed_bytes},
+          {"hash_seconds_per_gib", gib > 0 ? static_cast<double>(c->hash_ns) / 1e9 / gib : 0.0}};
+}
 
 // The checkpoint's location: a path, or an S3 URI whose catalog (and its
 // config, from the environment) is made only when the location is opened —
@@ -154,6 +196,7 @@ int run_distributed(const options& o) {
   }
   auto j = st.to_json();
   j["peak_rss_bytes"] = sluice_cli::peak_rss();
+  if (auto cj = cache_json(); !cj.is_null()) j["cache"].update(cj);
   for (const auto& line : digest_lines) std::printf("%s\n", line.c_str());
   std::string out = o.json_out;
   if (out.empty())
@@ -173,6 +216,9 @@ int run_distributed(const options& o) {
                  human_bytes(static_cast<double>(st.node_copied_bytes)).c_str(),
                  human_bytes(static_cast<double>(st.shared_bytes)).c_str(),
                  st.connections ? fmt::format("{} S3 connections, ", st.connections).c_str() : "", st.seconds);
+  if (!o.json)
+    if (auto line = cache_summary(st.cache_hit_bytes, st.cache_fetched_bytes, st.cache_refetched_bytes); !line.empty())
+      std::fprintf(stderr, "rank %zu: %s\n", who.rank, line.c_str());
   if (!o.json && !st.kept_whole.empty() && who.rank == 0)
     std::fprintf(stderr, "kept whole (TP %s does not divide them, --uneven keep-whole): %s\n", topo.c_str(),
                  fmt::format("{}", fmt::join(st.kept_whole, ", ")).c_str());

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <sluice/checkpoint.hpp>
 #include <sluice/load.hpp>
 #include <sluice/location.hpp>
@@ -26,6 +28,8 @@ struct options {
   std::optional<std::size_t> rank, world, local_rank, local_world;
   std::size_t connections_per_rank = 0;
   std::size_t connections = 0;  // 0: the S3 config's default
+  std::string cache_dir;        // --cache (else SLUICE_CACHE_DIR)
+  std::uint64_t cache_max = 0;  // --cache-max (else SLUICE_CACHE_MAX)
   bool digest = false, json = false, progress = true, probe = false, device = false;
   bool exchange_all = false;  // --exchange-all: distributed_options::page_cache off
   bool keep = false;          // --keep: hold every tensor until the load ends
@@ -63,6 +67,11 @@ std::optional<int> parse(options& o, int argc, char** argv);
 // The checkpoint's location: a path, or an S3 URI whose catalog (and its
 // config, from the environment) is made only when the location is opened.
 sluice::location where_of(const options& o);
+
+// What the node-local cache did in this process ("" without one): bytes
+// served, fetched, fetched again, and XXH3's time per GiB; and the same as JSON.
+std::string cache_summary(std::uint64_t hit, std::uint64_t fetched, std::uint64_t refetched);
+nlohmann::ordered_json cache_json();
 
 // --select (a regular expression over tensor names) and --index.
 sluice::open_options open_options_of(const options& o);

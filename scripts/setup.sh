@@ -9,7 +9,7 @@ apt_pkgs=(build-essential cmake ninja-build ccache pkg-config
           liburing-dev libboost-dev libssl-dev libfmt-dev catch2 nlohmann-json3-dev
           libgloo-dev libhiredis-dev redis-server iproute2 nodejs openssl fio nginx-light
           libpugixml-dev libcli11-dev clang-14 libclang-rt-14-dev curl procps util-linux
-          python3-dev python3-venv libdlpack-dev libre2-dev)
+          python3-dev python3-venv libdlpack-dev libre2-dev libxxhash-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

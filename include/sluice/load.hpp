@@ -109,6 +109,9 @@ struct load_stats {
   std::uint64_t mapped_tensors = 0;     ///< tensors handed out as page-cache views (load_options::map_above)
   std::uint64_t mapped_bytes = 0;
   std::uint64_t prefaulted_bytes = 0;   ///< direct destinations faulted in ahead (load_options::prefault_above)
+  /// The node-local cache (s3::config::cache): bytes of blocks served from
+  /// it, fetched from the remote, and of those fetched again (bad blocks).
+  std::uint64_t cache_hit_bytes = 0, cache_fetched_bytes = 0, cache_refetched_bytes = 0;
   double seconds = 0;                   ///< wall time of the data path
   step_counters fetch;                 ///< reads in flight (busy time)
   step_counters place;                 ///< time in the sink
@@ -191,7 +194,9 @@ template <source Source, sink Sink>
   auto placer = place<Sink>(s);
   const auto& fetch_counters = fetcher.counters();
   const auto& place_counters = placer.counters();
-  auto pipeline = coalesce({request_bytes_for(opt.max_read, pool.slot_size())}) | std::move(fetcher) | stage({whole_tensors_of(s)}) |
+  std::uint64_t align = 0;
+  if constexpr (requires { src.read_alignment(); }) align = src.read_alignment();
+  auto pipeline = coalesce({request_bytes_for(opt.max_read, pool.slot_size()), align}) | std::move(fetcher) | stage({whole_tensors_of(s)}) |
                   std::move(placer);
 
   std::optional<prefaulter> ahead;
@@ -222,6 +227,9 @@ template <source Source, sink Sink>
   st.storage_bytes = src.counters().bytes_read.load() - read_before;
   st.requests = fetch_counters.items;
   st.files_opened = src.counters().files_opened.load();
+  st.cache_hit_bytes = src.counters().cache_hit_bytes.load();
+  st.cache_fetched_bytes = src.counters().cache_fetched_bytes.load();
+  st.cache_refetched_bytes = src.counters().cache_refetched_bytes.load();
   st.fetch = fetch_counters;
   st.place = place_counters;
   st.slots_used = pool.high_water();

@@ -243,6 +243,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   });
 
   std::uint64_t table_storage_bytes = 0, table_requests = 0;
+  std::uint64_t table_cache[3] = {0, 0, 0};   // the table reader's cache counters (hit, fetched, refetched)
   memory::shared_host segment;
   const auto buffers = opt.buffers ? opt.buffers : std::make_shared<window_buffers>();
   std::uint64_t fetched = 0;  // tensor bytes this rank read (shared tables included)
@@ -309,6 +310,9 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
       if (table_reader) {
         table_storage_bytes = table_reader->counters().bytes_read.load();
         table_requests = table_reader->counters().requests.load();
+        table_cache[0] = table_reader->counters().cache_hit_bytes.load();
+        table_cache[1] = table_reader->counters().cache_fetched_bytes.load();
+        table_cache[2] = table_reader->counters().cache_refetched_bytes.load();
         table_reader.reset();  // its connections and slots are not needed for the windows
       }
     });
@@ -360,6 +364,9 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.mapped_bytes = w.mapped + table_bytes;
   st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken - table_taken;  // takes are read buffered: exact
   st.requests = reader->counters().requests.load() + table_requests;
+  st.cache_hit_bytes = reader->counters().cache_hit_bytes.load() + table_cache[0];
+  st.cache_fetched_bytes = reader->counters().cache_fetched_bytes.load() + table_cache[1];
+  st.cache_refetched_bytes = reader->counters().cache_refetched_bytes.load() + table_cache[2];
   st.seconds = since(t0);
   return st;
 }

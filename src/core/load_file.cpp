@@ -30,6 +30,8 @@ nlohmann::ordered_json load_stats::to_json() const {
           {"staging", {{"slot_size", slot_size}, {"slots", slots}, {"slots_used", slots_used}}},
           {"mapped", {{"tensors", mapped_tensors}, {"bytes", mapped_bytes}}},
           {"prefaulted_bytes", prefaulted_bytes},
+          {"cache", {{"hit_bytes", cache_hit_bytes}, {"fetched_bytes", cache_fetched_bytes},
+                     {"refetched_bytes", cache_refetched_bytes}}},
           {"stages", {{"fetch", {{"requests", fetch.items}, {"bytes", fetch.bytes}, {"busy_seconds", fetch.busy_seconds}}},
                       {"place", {{"views", place.items}, {"bytes", place.bytes}, {"busy_seconds", place.busy_seconds}}}}}};
 }

@@ -1,6 +1,8 @@
 // S3 configuration from the AWS conventions (see include/sluice/s3/config.hpp).
 #include <sluice/s3/config.hpp>
 
+#include <sluice/core/size.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -221,6 +223,10 @@ config config::from_environment(const env_lookup& env) {
     c.ca_bundle = *ca;
   else if (auto cca = setting("ca_bundle"))
     c.ca_bundle = *cca;
+
+  // The node-local cache (cache/block_cache.hpp).
+  if (auto dir = get("SLUICE_CACHE_DIR")) c.cache.dir = *dir;
+  if (auto cap = get("SLUICE_CACHE_MAX")) c.cache.max_bytes = parse_size(*cap);
   return c;
 }
 

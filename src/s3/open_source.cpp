@@ -22,6 +22,7 @@ std::unique_ptr<any_source> s3_catalog::open_source(const checkpoint& ck, asio::
   c.max_connections = rank_connections(c.max_connections, sizing);
   auto src = std::make_unique<s3_source>(ioc.get_executor(), std::move(c), ck.shard_uris());
   for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src->pin(i, object_info(ck.shards()[i].name));
+  src->use_cache(cache(), ioc);
   const auto depth = std::max<unsigned>(opt.queue_depth, 2 * static_cast<unsigned>(src->connections()));
   return any_source::wrap(std::move(src), depth, staged_below);
 }

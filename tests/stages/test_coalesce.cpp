@@ -117,3 +117,37 @@ TEST_CASE("extents of tensors coalesce like tensors: adjacent slices of one tens
   REQUIRE(out[1].length == 200);
   REQUIRE(out[1].pieces[0].tensor_offset == 100);
 }
+
+TEST_CASE("with an alignment no request crosses one of its multiples, and every byte is requested once",
+          "[stages][coalesce]") {
+  // Tensors start at 64 (layout's header room), so most straddle a 1000-byte boundary.
+  auto ts = layout({{0, 300}, {0, 900}, {0, 2600}, {0, 50}, {0, 50}, {1, 1500}});
+  std::vector<std::byte> dst(1500);
+  for (const std::uint64_t max_read : {700u, 4096u}) {
+    INFO("max_read " << max_read);
+    std::vector<byte_extent> jobs;
+    for (const auto& t : ts) jobs.push_back(byte_extent::whole(t));
+    jobs.back().direct = dst;   // a direct destination is cut alike
+    coalesce c({max_read, 1000});
+    std::vector<read_request> rs;
+    sluice_test::run(run_pipeline(c, jobs, [&](read_request r) { rs.push_back(std::move(r)); }));
+    std::map<std::uint32_t, std::uint64_t> next{{0, ts[0].offset}, {1, ts[5].offset}};
+    for (const auto& r : rs) {
+      INFO("request " << r.file << ":" << r.offset << "+" << r.length);
+      CHECK(r.length <= max_read);
+      CHECK(r.offset / 1000 == (r.end() - 1) / 1000);   // inside one block
+      CHECK(r.offset == next[r.file]);                  // in order, no gap, no overlap
+      next[r.file] = r.end();
+      std::uint64_t pieces = 0;
+      for (const auto& p : r.pieces) pieces += p.length;
+      CHECK(pieces == r.length);
+      if (r.file == 1) CHECK(r.direct.data() == dst.data() + (r.offset - ts[5].offset));
+    }
+    CHECK(next[0] == ts[4].offset + ts[4].size);
+    CHECK(next[1] == ts[5].offset + ts[5].size);
+    // Merging still happens inside a block: the two 50-byte tensors share one request.
+    std::size_t shared = 0;
+    for (const auto& r : rs) shared += r.pieces.size() > 1;
+    CHECK(shared >= 1);
+  }
+}

@@ -105,6 +105,9 @@ struct distributed_stats {
   std::uint64_t header_bytes_read = 0;    ///< bytes this rank read from storage to open the checkpoint (index, headers)
   std::uint64_t storage_bytes = 0;        ///< bytes the source delivered (incl. O_DIRECT alignment)
   std::uint64_t requests = 0;             ///< reads (files) or GETs (S3) issued, retries included
+  /// The node-local cache (s3::config::cache), this rank's reads: bytes of
+  /// blocks served from it, fetched from the remote, fetched again (bad).
+  std::uint64_t cache_hit_bytes = 0, cache_fetched_bytes = 0, cache_refetched_bytes = 0;
   std::uint64_t planned_read_bytes = 0;   ///< what the plan gave this rank
   std::vector<std::string> kept_whole;    ///< TP > 1, uneven_tp_keep_whole: tensors kept whole (TP does not divide them)
   std::uint64_t bytes_sent = 0;           ///< bytes this rank contributed to collectives
@@ -142,7 +145,7 @@ struct distributed_stats {
     return {{"rank", rank}, {"world_size", world}, {"local_rank", local_rank}, {"topology", topology},
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
-            {"storage_bytes", storage_bytes}, {"requests", requests}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
+            {"storage_bytes", storage_bytes}, {"requests", requests}, {"cache", {{"hit_bytes", cache_hit_bytes}, {"fetched_bytes", cache_fetched_bytes}, {"refetched_bytes", cache_refetched_bytes}}}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},

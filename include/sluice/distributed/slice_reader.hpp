@@ -126,7 +126,7 @@ class slice_reader {
       jobs.push_back(x);
     }
     if (jobs.empty()) co_return;
-    auto pipeline = coalesce({request_bytes_for(opt_.max_read, pool_.slot_size())}) |
+    auto pipeline = coalesce({request_bytes_for(opt_.max_read, pool_.slot_size()), src_->read_alignment()}) |
                     fetch<any_source>(*src_, pool_, {opt_.queue_depth}) | stage({false}) |
                     place<detail::destination_sink>(sink);
     co_await run_pipeline(pipeline, jobs, [](const placement&) {}, opt_.stop);

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include <sluice/cache/options.hpp>
 #include <sluice/error.hpp>
 #include <sluice/s3/retry.hpp>
 #include <sluice/s3/sigv4.hpp>
@@ -82,6 +83,10 @@ struct config {
   /// (ListingTooLong): a server that never stops saying "truncated" ends the
   /// listing instead of looping. A checkpoint's prefix holds far fewer keys.
   unsigned max_list_pages = 1000;
+  /// The node-local cache objects are read through (cache/block_cache.hpp);
+  /// none when `cache.dir` is empty. From SLUICE_CACHE_DIR and
+  /// SLUICE_CACHE_MAX (a size: the cap) in from_environment().
+  cache::options cache;
 
   /// Resolves the standard AWS conventions, in this order of precedence:
   /// - credentials: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
@@ -93,7 +98,8 @@ struct config {
   /// - endpoint: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's
   ///   `s3 = endpoint_url`, its `endpoint_url`, else https://s3.REGION.amazonaws.com;
   /// - addressing: the profile's `s3 = addressing_style` (auto | path | virtual);
-  /// - CA bundle: AWS_CA_BUNDLE, the profile's `ca_bundle`.
+  /// - CA bundle: AWS_CA_BUNDLE, the profile's `ca_bundle`;
+  /// - the cache: SLUICE_CACHE_DIR, SLUICE_CACHE_MAX.
   /// Throws config_error for a malformed endpoint or an unknown addressing style.
   [[nodiscard]] static config from_environment(const env_lookup& env = process_env);
 

@@ -19,6 +19,7 @@
 #include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
 
+#include <sluice/cache/read_through.hpp>
 #include <sluice/core/run.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/location.hpp>
@@ -39,6 +40,9 @@ namespace sluice::inline v0 {
 /// `read_at` issues one range GET (retried and resumed by the client); the
 /// pipeline's coalesce stage sizes the requests (8-16 MiB parts). Concurrency
 /// is bounded by the client's connection pool (config::max_connections).
+/// With a node-local cache (use_cache), reads go through it: cached blocks
+/// come from local disk, verified; the others are fetched whole, once per
+/// node, and written as they pass (cache/read_through.hpp).
 /// Errors: the s3_error family (io_error), naming the object and byte range.
 class s3_source {
  public:
@@ -73,20 +77,38 @@ class s3_source {
   /// stop token's callback.
   void cancel() { client_->cancel(); }
 
+  /// Reads through the node-local cache `c` from now on, its block files
+  /// read with an io_uring on `ioc` (the context this source's reads run on).
+  void use_cache(std::shared_ptr<cache::block_cache> c, asio::io_context& ioc) {
+    if (c) cache_.emplace(std::move(c), ioc);
+  }
+  /// The cache's block size (requests should stay inside blocks), 0 without one.
+  [[nodiscard]] std::uint64_t read_alignment() const noexcept {
+    return cache_ ? cache_->cache().opts().block_size : 0;
+  }
+
   /// Reads up to dst.size() bytes at `offset` of file `file` into `dst` with
-  /// one range GET (body read straight into `dst`). Returns the count: fewer
-  /// only at the end of the object, 0 at or past it. `dst` must stay valid
-  /// until the task completes (or cancel() ends it).
+  /// one range GET (body read straight into `dst`), or through the cache.
+  /// Returns the count: fewer only at the end of the object, 0 at or past
+  /// it. `dst` must stay valid until the task completes (or cancel() ends it).
   [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
     const s3::object_info pinned = co_await info(file);
     if (offset >= pinned.size || dst.empty()) co_return 0;
     dst = dst.first(static_cast<std::size_t>(std::min<std::uint64_t>(dst.size(), pinned.size - offset)));
-    const auto& f = files_[file];
-    auto r = co_await client_->get_range(f.bucket, f.key, offset, dst, pinned.etag);
-    counters_.bytes_read += r.bytes;
-    counters_.requests += r.attempts;
-    counters_.retries += r.attempts - 1;
-    co_return r.bytes;
+    if (auto* e = cached(file, pinned)) {
+      // Named, not temporaries of the co_await: g++ 12 destroys such
+      // temporaries twice.
+      auto fetch = [this, file, etag = pinned.etag](std::uint64_t at, std::span<std::byte> to) {
+        return get(file, at, to, etag);
+      };
+      auto stopped = [this] { return client_->cancelled(); };
+      const auto n = co_await cache_->read(*e, offset, dst, std::move(fetch), stopped, counters_);
+      counters_.bytes_read += n;
+      co_return n;
+    }
+    const auto n = co_await get(file, offset, dst, pinned.etag);
+    counters_.bytes_read += n;
+    co_return n;
   }
 
   [[nodiscard]] std::size_t file_count() const noexcept { return files_.size(); }
@@ -106,6 +128,8 @@ class s3_source {
   struct file {
     std::string bucket, key, uri;
     std::optional<s3::object_info> info;
+    std::shared_ptr<cache::entry> entry;
+    bool entry_opened = false;
   };
 
   // The pinned info of `index`, HEADing it the first time. Concurrent first
@@ -134,10 +158,33 @@ class s3_source {
     co_return *slot;
   }
 
+  // One range GET (retried and resumed by the client), counted.
+  task<std::size_t> get(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst, std::string etag) {
+    const auto& f = files_[file];
+    auto r = co_await client_->get_range(f.bucket, f.key, offset, dst, std::move(etag));
+    counters_.requests += r.attempts;
+    counters_.retries += r.attempts - 1;
+    co_return r.bytes;
+  }
+
+  // The cache's entry for `file` (opened at its first read), or null without
+  // a cache or for an object without an ETag.
+  cache::entry* cached(std::uint32_t file, const s3::object_info& pinned) {
+    if (!cache_) return nullptr;
+    std::lock_guard lock(mutex_);
+    auto& f = files_[file];
+    if (!f.entry_opened) {
+      f.entry = cache_->cache().open({client_->cfg().endpoint.url(), f.bucket, f.key, pinned.etag, pinned.size});
+      f.entry_opened = true;
+    }
+    return f.entry.get();
+  }
+
   std::shared_ptr<s3::client> client_;
   std::vector<file> files_;
   mutable std::mutex mutex_;
   io_counters counters_;
+  std::optional<cache::reader> cache_;
 };
 
 static_assert(source<s3_source>);
@@ -170,8 +217,11 @@ class s3_catalog final : public catalog {
   static constexpr std::uint64_t speculative_prefix = 1 << 20;
 
   /// `uri` is "s3://bucket/prefix" (a trailing '/' is added when missing).
+  /// With `cfg.cache` set, opens the node-local cache (config_error for a
+  /// directory that is not this user's own) and reads through it.
   explicit s3_catalog(std::string uri, s3::config cfg = s3::config::from_environment())
       : client_(std::make_unique<s3::client>(ioc_.get_executor(), std::move(cfg))) {
+    if (auto c = cache::block_cache::shared(client_->cfg().cache)) cache_.emplace(std::move(c), ioc_);
     auto u = s3::object_uri::parse(uri);
     bucket_ = std::move(u.bucket);
     prefix_ = std::move(u.key);
@@ -184,6 +234,7 @@ class s3_catalog final : public catalog {
   [[nodiscard]] std::vector<std::string> list() override {
     auto r = run_blocking(ioc_, client_->list(bucket_, prefix_, "/"));
     ++counters_.requests;
+    listed_ = true;
     std::vector<std::string> names;
     for (auto& o : r.objects) {
       if (o.key.size() <= prefix_.size()) continue;   // the "directory" marker itself
@@ -195,7 +246,12 @@ class s3_catalog final : public catalog {
     return names;
   }
 
+  /// From the listing (made now if none was: one request names every
+  /// object's size and ETag, where a HEAD per object would name one); a HEAD
+  /// for a name below a further '/'.
   [[nodiscard]] bool exists(const std::string& name) override {
+    if (!listed_ && name.find('/') == std::string::npos) (void)list();
+    if (listed_ && name.find('/') == std::string::npos) return infos_.count(name) > 0;
     try {
       (void)object_info(name);
       return true;
@@ -250,9 +306,31 @@ class s3_catalog final : public catalog {
   [[nodiscard]] const std::string& bucket() const noexcept { return bucket_; }
   [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
   [[nodiscard]] const s3::config& cfg() const noexcept { return client_->cfg(); }
+  /// The node-local cache this catalog and its sources read through (null: none).
+  [[nodiscard]] std::shared_ptr<cache::block_cache> cache() const { return cache_ ? cache_->shared() : nullptr; }
 
  private:
   std::vector<std::byte> fetch(const std::string& name, std::uint64_t offset, std::uint64_t length) {
+    if (cache_) {
+      // Through the cache: the object's version first (listing, adopted, or
+      // the first block's GET, which the cache keeps).
+      if (!infos_.count(name)) first_block(name);
+      const auto info = object_info(name);
+      auto& e = entries_[name];
+      if (!e) e = cache_->cache().open({cfg().endpoint.url(), bucket_, prefix_ + name, info.etag, info.size});
+      if (e) {
+        if (offset >= info.size) return {};
+        std::vector<std::byte> out(std::min<std::uint64_t>(length, info.size - offset));
+        auto fetch = [this, key = prefix_ + name, etag = info.etag](std::uint64_t at, std::span<std::byte> to) {
+          return get_counted(key, at, to, etag);
+        };
+        auto stopped = [this] { return client_->cancelled(); };
+        const auto n = run_blocking(ioc_, cache_->read(*e, offset, out, std::move(fetch), stopped, counters_));
+        counters_.bytes_read += n;
+        out.resize(n);
+        return out;
+      }
+    }
     std::string etag;
     if (auto it = infos_.find(name); it != infos_.end()) etag = it->second.etag;
     std::vector<std::byte> out(length);
@@ -265,11 +343,47 @@ class s3_catalog final : public catalog {
     return out;
   }
 
+  // An object this catalog knows nothing of yet (no listing): GETs its first
+  // block unpinned (the response names size and ETag; no HEAD) and writes it
+  // into the cache, where the read that asked finds it.
+  void first_block(const std::string& name) {
+    const auto bs = cache_->cache().opts().block_size;
+    std::vector<std::byte> bytes(static_cast<std::size_t>(bs));
+    auto r = run_blocking(ioc_, client_->get_range(bucket_, prefix_ + name, 0, bytes, {}));
+    counters_.requests += r.attempts;
+    counters_.retries += r.attempts - 1;
+    infos_.try_emplace(name, s3::object_info{r.object_size, r.etag});
+    auto& e = entries_[name];
+    if (!e) e = cache_->cache().open({cfg().endpoint.url(), bucket_, prefix_ + name, r.etag, r.object_size});
+    if (!e || r.bytes != e->block_length(0)) return;
+    const std::span<const std::byte> block(bytes.data(), r.bytes);
+    if (auto lock = e->try_lock(0, true)) {
+      std::string why;
+      if (!e->open_block(0, false, why) || !why.empty()) {
+        e->discard(0);
+        if (e->publish(0, block, e->hash(block))) {
+          counters_.cache_fetched_bytes += r.bytes;
+          cache_->cache().stats().fetched_bytes += r.bytes;
+        }
+      }
+    }
+  }
+
+  task<std::size_t> get_counted(std::string key, std::uint64_t at, std::span<std::byte> to, std::string etag) {
+    auto r = co_await client_->get_range(bucket_, std::move(key), at, to, std::move(etag));
+    counters_.requests += r.attempts;
+    counters_.retries += r.attempts - 1;
+    co_return r.bytes;
+  }
+
   asio::io_context ioc_{1};
   std::unique_ptr<s3::client> client_;
   std::string bucket_, prefix_;
   std::map<std::string, s3::object_info> infos_;
   std::map<std::string, std::pair<std::vector<std::byte>, bool>> prefixes_;
+  std::optional<cache::reader> cache_;
+  std::map<std::string, std::shared_ptr<cache::entry>> entries_;
+  bool listed_ = false;
 };
 
 /// An S3 location whose catalog uses `cfg` (made when the location is

@@ -66,6 +66,10 @@ class any_source {
   [[nodiscard]] virtual unsigned queue_depth() const noexcept = 0;
   [[nodiscard]] virtual std::uint64_t stage_below() const noexcept { return 0; }
   [[nodiscard]] virtual std::size_t connections() const noexcept { return 0; }
+  /// Read requests should not cross a multiple of this in a file (0: any
+  /// request is as good): the node-local cache's block size, so that each
+  /// cached block is read, verified and written by one request.
+  [[nodiscard]] virtual std::uint64_t read_alignment() const noexcept { return 0; }
   [[nodiscard]] virtual std::uint32_t direct_alignment(std::uint32_t file) const {
     (void)file;
     return 0;
@@ -113,6 +117,12 @@ class source_holder final : public any_source {
   [[nodiscard]] std::size_t connections() const noexcept override {
     if constexpr (requires(const S& x) { x.connections(); })
       return s_->connections();
+    else
+      return 0;
+  }
+  [[nodiscard]] std::uint64_t read_alignment() const noexcept override {
+    if constexpr (requires(const S& x) { x.read_alignment(); })
+      return s_->read_alignment();
     else
       return 0;
   }

@@ -37,6 +37,10 @@ struct io_counters {
   std::atomic<std::uint64_t> requests{0};        ///< read operations / GETs issued
   std::atomic<std::uint64_t> retries{0};         ///< retried operations (S3)
   std::atomic<std::uint64_t> files_opened{0};    ///< files / objects opened or HEADed
+  // The node-local cache (cache/read_through.hpp), for the reads of this source:
+  std::atomic<std::uint64_t> cache_hit_bytes{0};       ///< bytes of blocks served from the cache
+  std::atomic<std::uint64_t> cache_fetched_bytes{0};   ///< bytes of blocks fetched from the remote
+  std::atomic<std::uint64_t> cache_refetched_bytes{0}; ///< of those, blocks fetched again (the cached one was bad)
 };
 
 class any_source;

@@ -50,6 +50,7 @@
 #include <sluice/core/uring.hpp>
 #include <sluice/error.hpp>
 #include <sluice/source/concepts.hpp>
+#include <sluice/source/page_cache.hpp>
 
 namespace sluice::inline v0 {
 
@@ -95,7 +96,7 @@ class file_source {
   [[nodiscard]] bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
     const auto& f = files_.at(file);
     if (mode_ == io_mode::direct || length == 0 || offset + length > f.size) return false;
-    return mode_ == io_mode::buffered || mostly_cached(f.fd, offset, length);
+    return mode_ == io_mode::buffered || detail::mostly_cached(f.fd, offset, length);
   }
 
   /// A view of bytes [offset, offset + length) of `file` in the page cache
@@ -138,7 +139,7 @@ class file_source {
     const auto& f = files_.at(file);
     const bool aligned = f.direct_fd >= 0 && offset % f.align == 0 && dst.size() % f.align == 0 &&
                          reinterpret_cast<std::uintptr_t>(dst.data()) % f.align == 0 &&
-                         !(mode_ == io_mode::automatic && mostly_cached(f.fd, offset, dst.size()));
+                         !(mode_ == io_mode::automatic && detail::mostly_cached(f.fd, offset, dst.size()));
     (aligned ? counters_direct_ : counters_buffered_).fetch_add(1, std::memory_order_relaxed);
     const int fd = aligned ? f.direct_fd : f.fd;
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
@@ -159,25 +160,6 @@ class file_source {
   }
 
  private:
-  // Whether at least half of [offset, offset + len) is in the page cache:
-  // cachestat(2) (Linux 6.5+; glibc 2.36 has no wrapper and the installed
-  // kernel headers predate it, hence the raw syscall and the ABI structs).
-  // An older kernel answers ENOSYS: then nothing counts as cached and
-  // automatic mode reads O_DIRECT as before.
-  static bool mostly_cached(int fd, std::uint64_t offset, std::uint64_t len) noexcept {
-#if defined(__x86_64__) || defined(__aarch64__)
-    constexpr long sys_cachestat = 451;  // the same number on every architecture (generic table)
-    struct { std::uint64_t off, len; } range{offset, len};
-    struct { std::uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs{};
-    if (len == 0 || ::syscall(sys_cachestat, fd, &range, &cs, 0) != 0) return false;
-    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-    return cs.nr_cache * page * 2 >= len;
-#else
-    (void)fd, (void)offset, (void)len;
-    return false;
-#endif
-  }
-
   struct file {
     std::string path;
     int fd = -1;

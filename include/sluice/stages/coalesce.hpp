@@ -2,7 +2,8 @@
 /// \file
 /// coalesce: byte extents in file order → read requests. Adjacent extents of
 /// one file are merged into one request of at most `max_read` bytes; an
-/// extent larger than that is split into chunks. An extent with a direct
+/// extent larger than that is split into chunks, and with an alignment no
+/// request crosses one of its multiples. An extent with a direct
 /// destination gets requests of its own that read straight into it. An
 /// extent to be handed out as a page-cache view (`map`) gets one request of
 /// its own, whatever its size: no slot holds it.
@@ -60,6 +61,9 @@ struct read_request {
 
 struct coalesce_options {
   std::uint64_t max_read = std::uint64_t{32} << 20;  ///< bytes per request at most
+  /// No request crosses a multiple of this in its file (0: none): the
+  /// source's any_source::read_alignment (the node-local cache's blocks).
+  std::uint64_t align = 0;
 };
 
 class coalesce : public pipeable {
@@ -84,33 +88,48 @@ class coalesce : public pipeable {
       }
       if (!x.direct.empty()) {
         if (cur) co_await out.send(std::exchange(cur, std::nullopt).value());
-        for (std::uint64_t off = 0; off < x.size; off += opt_.max_read) {
-          const auto len = std::min(opt_.max_read, x.size - off);
+        for (std::uint64_t off = 0; off < x.size;) {
+          const auto len = chunk(x, off);
           co_await out.send(make_request(x, off, len, x.direct.subspan(off, len)));
+          off += len;
         }
         continue;
       }
       const bool fits = cur && cur->file == x.tensor->shard && cur->end() == x.file_offset() &&
-                        cur->length + x.size <= opt_.max_read;
+                        cur->length + x.size <= opt_.max_read && same_block(cur->offset, x.file_offset() + x.size);
       if (fits) {
         cur->pieces.push_back({x.tensor, x.offset, x.size});
         cur->length += x.size;
         continue;
       }
       if (cur) co_await out.send(std::exchange(cur, std::nullopt).value());
-      if (x.size <= opt_.max_read) {
-        cur = make_request(x, 0, x.size, {});
-        continue;
-      }
-      for (std::uint64_t off = 0; off < x.size; off += opt_.max_read) {
-        const auto len = std::min(opt_.max_read, x.size - off);
+      // The extent's chunks: each sent but the last, which may merge with
+      // what follows (without an alignment, only an extent of one chunk).
+      for (std::uint64_t off = 0; off < x.size;) {
+        const auto len = chunk(x, off);
+        if (off + len == x.size && (opt_.align || off == 0)) {
+          cur = make_request(x, off, len, {});
+          break;
+        }
         co_await out.send(make_request(x, off, len, {}));
+        off += len;
       }
     }
     if (cur) co_await out.send(std::move(*cur));
   }
 
  private:
+  // The request at `off` of extent `x`: at most max_read, not across a
+  // multiple of the alignment.
+  [[nodiscard]] std::uint64_t chunk(const byte_extent& x, std::uint64_t off) const noexcept {
+    auto len = std::min(opt_.max_read, x.size - off);
+    if (opt_.align) len = std::min(len, opt_.align - (x.file_offset() + off) % opt_.align);
+    return len;
+  }
+  // Whether [begin, end) of a file lies within one alignment block.
+  [[nodiscard]] bool same_block(std::uint64_t begin, std::uint64_t end) const noexcept {
+    return !opt_.align || end <= begin - begin % opt_.align + opt_.align;
+  }
   // Built outside the coroutine body: g++ 12 rejects nested braced lists there.
   // `off` is relative to the extent.
   static read_request make_request(const byte_extent& x, std::uint64_t off, std::uint64_t len, std::span<std::byte> direct) {

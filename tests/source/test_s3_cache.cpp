@@ -1,0 +1,540 @@
+// Tests for the node-local cache (cache/block_cache.hpp, cache/read_through.hpp)
+// against the SigV4-checking S3 test server behind the logging fault proxy
+// (tests/support/fault_proxy.js --log): what each load asks of S3 is counted
+// per object and per block; the bytes are checked against the local copy.
+// Blocks are 64 KiB here so that a small generated checkpoint spans many.
+#include <sluice/s3/source.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <sluice/cache/block_cache.hpp>
+#include <sluice/load_file.hpp>
+#include <sluice/sink/digest_sink.hpp>
+#include <sluice/testing/generator.hpp>
+
+#include "s3_test_support.hpp"
+
+using namespace sluice;
+using sluice_test::servers;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::uint64_t block = 64 << 10;
+
+testing::generator_options model() {
+  testing::generator_options o;
+  o.experts = 8;
+  o.layers = 3;
+  o.max_shard_bytes = 192u << 10;
+  return o;
+}
+
+fs::path scratch(const std::string& tag) {
+  static int n = 0;
+  auto d = fs::temp_directory_path() / fmt::format("sluice-s3-cache-{}-{}-{}", ::getpid(), tag, n++);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<std::byte> file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> b(chars.size());
+  std::memcpy(b.data(), chars.data(), chars.size());
+  return b;
+}
+
+// The generated checkpoint, local and uploaded under "ck/" of a bucket of its
+// own (one per test: tests rewrite objects).
+struct remote_checkpoint {
+  fs::path dir = scratch("ckpt");
+  testing::checkpoint_layout layout = testing::write_checkpoint(dir, model());
+  std::string bucket = sluice_test::unique_bucket("cache");
+  std::map<std::string, std::string> etags;
+
+  remote_checkpoint() {
+    asio::io_context ioc;
+    s3::client c(ioc.get_executor(), sluice_test::test_config(servers().http));
+    run_blocking(ioc, upload(c));
+  }
+  ~remote_checkpoint() { fs::remove_all(dir); }
+  task<void> upload(s3::client& c) {
+    co_await c.create_bucket(bucket);
+    for (const auto& f : fs::directory_iterator(dir)) {
+      const auto body = file_bytes(f.path());
+      etags[f.path().filename().string()] = co_await c.put(bucket, "ck/" + f.path().filename().string(), body);
+    }
+  }
+  // Replaces object `name` (and the local copy) with `body`.
+  void rewrite(const std::string& name, const std::vector<std::byte>& body) {
+    std::ofstream(dir / name, std::ios::binary).write(reinterpret_cast<const char*>(body.data()),
+                                                      static_cast<std::streamsize>(body.size()));
+    asio::io_context ioc;
+    s3::client c(ioc.get_executor(), sluice_test::test_config(servers().http));
+    etags[name] = run_blocking(ioc, c.put(bucket, "ck/" + name, body));
+  }
+  [[nodiscard]] std::string uri() const { return "s3://" + bucket + "/ck/"; }
+  // Blocks of every object (shards and index).
+  [[nodiscard]] std::uint64_t blocks() const {
+    std::uint64_t n = 0;
+    for (const auto& f : fs::directory_iterator(dir)) n += (fs::file_size(f.path()) + block - 1) / block;
+    return n;
+  }
+};
+
+// A logging proxy in front of the test server; configs through it with the cache in `cache_dir`.
+struct logged {
+  fs::path log = scratch("log") / "requests.jsonl";
+  sluice_test::fault_proxy proxy = sluice_test::fault_proxy::logging(servers().http, log.string());
+  std::vector<std::string> warnings;
+  s3::config cfg(const fs::path& cache_dir, std::uint64_t max_bytes = 0) {
+    auto c = sluice_test::test_config(proxy.endpoint);
+    c.cache.dir = cache_dir.string();
+    c.cache.block_size = block;
+    c.cache.max_bytes = max_bytes;
+    c.cache.warn = [this](const std::string& w) { warnings.push_back(w); };
+    return c;
+  }
+  // Lines logged so far (a load's requests: the lines after the last mark).
+  [[nodiscard]] std::size_t lines() const {
+    std::ifstream in(log);
+    std::size_t n = 0;
+    std::string line;
+    while (std::getline(in, line)) ++n;
+    return n;
+  }
+  // Requests after line `from`: (method, key, first byte, last byte); keys without
+  // the bucket, the listing under "".
+  struct request {
+    std::string method, key;
+    std::uint64_t first = 0, last = 0;
+    bool ranged = false;
+  };
+  [[nodiscard]] std::vector<request> requests(std::size_t from, const std::string& bucket) const {
+    std::vector<request> out;
+    std::ifstream in(log);
+    std::string line;
+    for (std::size_t i = 0; std::getline(in, line); ++i) {
+      if (i < from) continue;
+      const auto j = nlohmann::json::parse(line);
+      auto path = j["path"].get<std::string>();
+      path = path.substr(0, path.find('?'));
+      request r;
+      r.method = j["method"].get<std::string>();
+      const std::string head = "/" + bucket;
+      r.key = path.size() > head.size() ? path.substr(head.size() + 1) : std::string();
+      const auto range = j["range"].get<std::string>();
+      if (!range.empty()) {
+        REQUIRE(std::sscanf(range.c_str(), "bytes=%lu-%lu", &r.first, &r.last) == 2);
+        r.ranged = true;
+      }
+      out.push_back(r);
+    }
+    return out;
+  }
+};
+
+// Requests for object bytes (anything but the listing), as "key@block" (every
+// one must be one whole block).
+std::vector<std::string> block_gets(const std::vector<logged::request>& rs, const remote_checkpoint& r) {
+  std::vector<std::string> out;
+  for (const auto& q : rs) {
+    if (q.key.empty() || q.key == "ck/") continue;   // the listing
+    INFO(q.method << " " << q.key << " " << q.first << "-" << q.last);
+    REQUIRE(q.method == "GET");
+    REQUIRE(q.ranged);
+    CHECK(q.first % block == 0);
+    const auto size = fs::file_size(r.dir / q.key.substr(3));
+    CHECK(q.last + 1 == std::min(q.first + block, size));
+    out.push_back(fmt::format("{}@{}", q.key, q.first / block));
+  }
+  return out;
+}
+
+load_options small_load() {
+  load_options lo;
+  lo.staging_budget = 8u << 20;
+  lo.max_read = 1u << 20;
+  return lo;
+}
+
+struct loaded {
+  std::map<std::string, std::string> digests;   // name -> sha256
+  load_stats stats;
+};
+
+loaded load_s3(const remote_checkpoint& r, const s3::config& cfg, const open_options& oo = {}) {
+  const auto ck = checkpoint::open(std::make_shared<s3_catalog>(r.uri(), cfg), oo);
+  digest_sink d;
+  loaded out;
+  out.stats = load(ck, d, small_load());
+  for (const auto& [n, g] : d.digests()) out.digests[n] = g.sha256;
+  return out;
+}
+
+std::map<std::string, std::string> load_local(const remote_checkpoint& r, const open_options& oo = {}) {
+  digest_sink d;
+  (void)load(checkpoint::open(r.dir, oo), d, small_load());
+  std::map<std::string, std::string> out;
+  for (const auto& [n, g] : d.digests()) out[n] = g.sha256;
+  return out;
+}
+
+// The cache's entry of object `name` as the loads key it.
+std::shared_ptr<cache::entry> entry_of(cache::block_cache& c, const logged& l, const remote_checkpoint& r,
+                                       const std::string& name) {
+  return c.open({s3::http_endpoint::parse(l.proxy.endpoint).url(), r.bucket, "ck/" + name, r.etags.at(name),
+                 fs::file_size(r.dir / name)});
+}
+
+std::vector<fs::path> files_named(const fs::path& dir, const std::string& prefix) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().filename().string().starts_with(prefix)) out.push_back(e.path());
+  return out;
+}
+
+std::uint64_t block_file_bytes(const fs::path& dir) {
+  std::uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().extension() == ".blk") n += fs::file_size(e.path());
+  return n;
+}
+
+// The shards (not the index) with at least `n` blocks.
+std::vector<std::string> shards_with_blocks(const remote_checkpoint& r, std::uint64_t n) {
+  std::vector<std::string> out;
+  for (const auto& s : r.layout.shards)
+    if (fs::file_size(r.dir / s.name) >= n * block) out.push_back(s.name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a second load of an S3 checkpoint through the cache sends no GET for object bytes, only the listing",
+          "[source][s3][cache]") {
+  REQUIRE_S3_SERVERS();
+  const remote_checkpoint r;
+  logged l;
+  const auto cache_dir = scratch("c") / "cache";
+  const auto want = load_local(r);
+
+  const auto first = load_s3(r, l.cfg(cache_dir));
+  REQUIRE(first.digests == want);
+  const auto gets = block_gets(l.requests(0, r.bucket), r);
+  // Every block of every object fetched once (headers, index, tensors), as whole blocks.
+  CHECK(gets.size() == r.blocks());
+  CHECK(std::set<std::string>(gets.begin(), gets.end()).size() == gets.size());
+  // (The headers' speculative 1 MiB reads brought these small shards whole.)
+  CHECK(first.stats.cache_hit_bytes + first.stats.cache_fetched_bytes >= first.stats.bytes_read);
+  // Blocks of 0600 in a directory of 0700.
+  struct stat st{};
+  REQUIRE(::stat(cache_dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  const auto blks = files_named(cache_dir, "0.blk");
+  REQUIRE(!blks.empty());
+  REQUIRE(::stat(blks.front().c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+
+  const auto mark = l.lines();
+  const auto second = load_s3(r, l.cfg(cache_dir));
+  CHECK(second.digests == want);
+  const auto again = l.requests(mark, r.bucket);
+  INFO("requests of the second load: " << again.size());
+  CHECK(block_gets(again, r).empty());
+  REQUIRE(again.size() == 1);   // the listing
+  CHECK(again.front().key.empty());
+  CHECK(second.stats.cache_fetched_bytes == 0);
+  CHECK(second.stats.cache_hit_bytes >= second.stats.bytes_read);
+  CHECK(l.warnings.empty());
+}
+
+TEST_CASE("an object rewritten in S3 between loads is fetched again and its old blocks are never served",
+          "[source][s3][cache]") {
+  REQUIRE_S3_SERVERS();
+  remote_checkpoint r;
+  logged l;
+  const auto cache_dir = scratch("c") / "cache";
+  REQUIRE(load_s3(r, l.cfg(cache_dir)).digests == load_local(r));
+
+  // Same size, other bytes: a new ETag; the old version's blocks would still
+  // verify against their own hashes, so only the identity keeps them out.
+  const auto victim = shards_with_blocks(r, 2).front();
+  auto body = file_bytes(r.dir / victim);
+  for (std::size_t i = body.size() / 2; i < body.size(); i += 97) body[i] = ~body[i];
+  const auto old_etag = r.etags.at(victim);
+  r.rewrite(victim, body);
+  REQUIRE(r.etags.at(victim) != old_etag);
+
+  const auto mark = l.lines();
+  const auto got = load_s3(r, l.cfg(cache_dir));
+  CHECK(got.digests == load_local(r));   // the new bytes
+  const auto gets = block_gets(l.requests(mark, r.bucket), r);
+  CHECK(gets.size() == (body.size() + block - 1) / block);
+  for (const auto& g : gets) CHECK(g.starts_with("ck/" + victim + "@"));
+  // The old version is gone from the cache (the load that pinned the new one removed it).
+  const auto entries = files_named(cache_dir, "identity");
+  std::size_t versions_of_victim = 0;
+  for (const auto& p : entries) {
+    std::ifstream in(p);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find("ck/" + victim) != std::string::npos) ++versions_of_victim;
+  }
+  CHECK(versions_of_victim == 1);
+}
+
+TEST_CASE("a flipped byte, a truncated block and a block of another object are detected, fetched again and counted",
+          "[source][s3][cache]") {
+  REQUIRE_S3_SERVERS();
+  const remote_checkpoint r;
+  logged l;
+  const auto cache_dir = scratch("c") / "cache";
+  const auto want = load_local(r);
+  REQUIRE(load_s3(r, l.cfg(cache_dir)).digests == want);
+
+  const auto big = shards_with_blocks(r, 2);
+  REQUIRE(big.size() >= 2);
+  // The process's cache (the one the loads use: their counters).
+  const auto c = cache::block_cache::shared(l.cfg(cache_dir).cache);
+  auto a = entry_of(*c, l, r, big[0]);
+  auto b = entry_of(*c, l, r, big[1]);
+  REQUIRE(a);
+  REQUIRE(b);
+  {  // a flipped byte in block 1 of the first
+    std::fstream f(a->block_path(1), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(1000);
+    char ch = 0;
+    f.read(&ch, 1);
+    ch = static_cast<char>(ch ^ 0x10);
+    f.seekp(1000);
+    f.write(&ch, 1);
+  }
+  fs::resize_file(b->block_path(0), block / 2);   // block 0 of the second cut short
+  fs::copy_file(a->block_path(0), b->block_path(1), fs::copy_options::overwrite_existing);   // another object's block
+  ::chmod(b->block_path(1).c_str(), 0600);
+
+  const auto mark = l.lines();
+  const auto got = load_s3(r, l.cfg(cache_dir));
+  CHECK(got.digests == want);
+  auto gets = block_gets(l.requests(mark, r.bucket), r);
+  std::sort(gets.begin(), gets.end());
+  std::vector<std::string> expected{"ck/" + big[0] + "@1", "ck/" + big[1] + "@0", "ck/" + big[1] + "@1"};
+  std::sort(expected.begin(), expected.end());
+  CHECK(gets == expected);
+  CHECK(c->stats().refetched_bytes == 3 * block);
+  CHECK(c->stats().bad_blocks == 3);
+  // Reported, naming the block's file and what was wrong.
+  std::string all;
+  for (const auto& w : l.warnings) all += w + "\n";
+  INFO(all);
+  CHECK(all.find(a->block_path(1)) != std::string::npos);
+  CHECK(all.find("hash") != std::string::npos);
+  CHECK(all.find(b->block_path(0)) != std::string::npos);
+  CHECK(all.find("holds") != std::string::npos);
+  CHECK(all.find("another version") != std::string::npos);
+
+  // And a third load is clean again.
+  const auto mark3 = l.lines();
+  CHECK(load_s3(r, l.cfg(cache_dir)).digests == want);
+  CHECK(block_gets(l.requests(mark3, r.bucket), r).empty());
+}
+
+TEST_CASE("a load killed mid-write leaves nothing a later load serves; the later load fetches only what is missing",
+          "[source][s3][cache][fault]") {
+  REQUIRE_S3_SERVERS();
+  const remote_checkpoint r;
+  logged l;
+  const auto cache_dir = scratch("c") / "cache";
+  const auto want = load_local(r);
+
+  // A child process loads and kills itself half-way through writing its 6th block.
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("SLUICE_TEST_FAULT", "cache-write:5:KILL", 1);
+    try {
+      (void)load_s3(r, l.cfg(cache_dir));
+    } catch (...) {
+    }
+    ::_exit(0);   // not killed: the test fails below
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGKILL);
+  // The block it was writing is a temporary file (and so may be one that the
+  // other writer thread had not finished); at most 5 were written whole.
+  CHECK(!files_named(cache_dir, "tmp.").empty());
+  std::uint64_t whole = 0;
+  for (const auto& p : files_named(cache_dir, "")) whole += p.extension() == ".blk";
+  CHECK(whole <= 5);
+  CHECK(whole >= 4);
+
+  const auto mark = l.lines();
+  const auto got = load_s3(r, l.cfg(cache_dir));
+  CHECK(got.digests == want);
+  const auto gets = block_gets(l.requests(mark, r.bucket), r);
+  CHECK(gets.size() == r.blocks() - whole);
+  CHECK(files_named(cache_dir, "tmp.").empty());   // its writer's leftover removed
+}
+
+TEST_CASE("two processes loading the same checkpoint at once fetch each block once", "[source][s3][cache]") {
+  REQUIRE_S3_SERVERS();
+  const remote_checkpoint r;
+  logged l;
+  const auto cache_dir = scratch("c") / "cache";
+  const auto want = load_local(r);
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 2; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = load_s3(r, l.cfg(cache_dir)).digests == want ? 0 : 2;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", i, e.what());
+      }
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (auto pid : pids) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  const auto gets = block_gets(l.requests(0, r.bucket), r);
+  CHECK(gets.size() == r.blocks());
+  CHECK(std::set<std::string>(gets.begin(), gets.end()).size() == gets.size());
+}
+
+TEST_CASE("a partial first load (the draft's shards), then a full one: GETs only for blocks not cached, none twice",
+          "[source][s3][cache]") {
+  REQUIRE_S3_SERVERS();
+  const remote_checkpoint r;
+  logged l;
+  const auto cache_dir = scratch("c") / "cache";
+  open_options draft;
+  const auto prefix = fmt::format("model.layers.{}.", model().layers);
+  draft.select = [&](std::string_view n) { return n.starts_with(prefix); };
+  const auto first = load_s3(r, l.cfg(cache_dir), draft);
+  CHECK(first.digests == load_local(r, draft));
+  const auto mark = l.lines();
+  const auto full = load_s3(r, l.cfg(cache_dir));
+  CHECK(full.digests == load_local(r));
+  auto gets = block_gets(l.requests(0, r.bucket), r);
+  CHECK(std::set<std::string>(gets.begin(), gets.end()).size() == gets.size());   // none twice
+  const auto first_gets = block_gets(l.requests(0, r.bucket), r).size() - block_gets(l.requests(mark, r.bucket), r).size();
+  CHECK(first_gets > 0);
+  CHECK(first_gets < r.blocks());
+  CHECK(gets.size() == r.blocks());
+}
+
+TEST_CASE("the cache's cap holds, and eviction spares a block in use", "[source][s3][cache]") {
+  REQUIRE_S3_SERVERS();
+  const remote_checkpoint r;
+  logged l;
+  const auto cache_dir = scratch("c") / "cache";
+  const std::uint64_t cap = 6 * (block + cache::block_trailer::size);
+  CHECK(load_s3(r, l.cfg(cache_dir, cap)).digests == load_local(r));
+  CHECK(block_file_bytes(cache_dir) <= cap);
+  CHECK(block_file_bytes(cache_dir) > 0);
+
+  // A reader holds a block (its shared lock): trimming to nothing spares it.
+  cache::block_cache c(l.cfg(cache_dir, cap).cache);
+  std::shared_ptr<cache::entry> held;
+  std::uint64_t index = 0;
+  for (const auto& s : r.layout.shards) {
+    auto e = entry_of(c, l, r, s.name);
+    for (std::uint64_t b = 0; e && b < e->block_count() && !held; ++b)
+      if (fs::exists(e->block_path(b))) held = e, index = b;
+  }
+  REQUIRE(held);
+  {
+    auto lock = held->try_lock(index, false);
+    REQUIRE(lock);
+    c.trim(0);
+    CHECK(fs::exists(held->block_path(index)));
+    CHECK(block_file_bytes(cache_dir) == fs::file_size(held->block_path(index)));
+  }
+  c.trim(0);
+  CHECK(block_file_bytes(cache_dir) == 0);
+}
+
+TEST_CASE("a cache directory or file others can reach is refused, naming it", "[source][s3][cache]") {
+  REQUIRE_S3_SERVERS();
+  const remote_checkpoint r;
+  logged l;
+  const auto open_dir = scratch("open") / "cache";
+  fs::create_directories(open_dir);
+  ::chmod(open_dir.c_str(), 0755);
+  try {
+    (void)load_s3(r, l.cfg(open_dir));
+    FAIL("a 0755 cache directory was accepted");
+  } catch (const config_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains(open_dir.string()) && Catch::Contains("chmod 700"));
+  }
+  CHECK(l.lines() == 0);   // refused before any request
+
+  const auto cache_dir = scratch("c") / "cache";
+  REQUIRE(load_s3(r, l.cfg(cache_dir)).digests == load_local(r));
+  const auto blk = files_named(cache_dir, "1.blk").front();
+  ::chmod(blk.c_str(), 0644);
+  try {
+    (void)load_s3(r, l.cfg(cache_dir));
+    FAIL("a 0644 block file was served");
+  } catch (const config_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains(blk.string()) && Catch::Contains("0644"));
+  }
+}
+
+TEST_CASE("an identity file that is not the object's (or too large to be one) keeps its blocks unserved",
+          "[source][cache]") {
+  const auto dir = scratch("ident") / "cache";
+  std::vector<std::string> warnings;
+  cache::options o;
+  o.dir = dir.string();
+  o.block_size = 4096;
+  o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  cache::block_cache c(o);
+  const cache::object_id id{"http://127.0.0.1:1", "b", "k", "\"etag\"", 10000};
+  auto e = c.open(id);
+  REQUIRE(e);
+  std::vector<std::byte> bytes(4096, std::byte{7});
+  {
+    auto lock = e->try_lock(0, true);
+    REQUIRE(e->publish(0, bytes, e->hash(bytes)));
+  }
+  // Served as written.
+  std::string why;
+  auto f = e->open_block(0, false, why);
+  REQUIRE(f);
+  // The identity overwritten with 70 KiB: this version is not served any more.
+  std::ofstream(e->dir() + "/identity", std::ios::trunc) << std::string(70 << 10, 'x');
+  CHECK_FALSE(c.open(id));
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings.front(), Catch::Contains("identity") && Catch::Contains("not served"));
+  // An object without an ETag is never cached.
+  CHECK_FALSE(c.open({"http://127.0.0.1:1", "b", "k2", "", 10}));
+}
