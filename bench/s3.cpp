@@ -30,6 +30,14 @@
 // Bytes per contender: sluice reads the tensor bytes (headers were read when
 // the checkpoint was opened), the others the whole files; each rate uses its
 // own byte count.
+//
+// With --cache DIR, then, for each server with a WARM_DIR (nginx), at the first
+// streams and part size, the node-local cache (cache/block_cache.hpp) side by
+// side in one run: sluice without a cache; a first load through an empty cache
+// (every block fetched, hashed, written and fsynced); a second load with the
+// cache's files dropped from the page cache (POSIX_FADV_DONTNEED) and one with
+// them hot; a local-file load of DIR, hot. Plus XXH3's CPU s/GiB.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,11 +48,13 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <sluice/sluice.hpp>
+#include <sluice/cache/block_cache.hpp>
 #include <sluice/s3/source.hpp>
 
 #include "common/args.hpp"
@@ -87,6 +97,19 @@ void warm(const std::string& dir) {
     while (std::fread(buf.data(), 1, buf.size(), f) == buf.size()) {
     }
     std::fclose(f);
+  }
+}
+
+// Drops every file under `dir` from the page cache (written and fsynced:
+// clean pages, so DONTNEED frees them).
+void drop(const std::string& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    (void)::fdatasync(fd);
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
   }
 }
 
@@ -136,6 +159,52 @@ struct bench {
     o.poison = false;
     sluice::discard_sink sink;
     auto st = sluice::run_blocking(ioc, sluice::load_async(ck, src, sink, pool, o), threads);
+    return {since(t0), st.bytes_read};
+  }
+
+  // sluice through the node-local cache in `cache_dir` (headers read without
+  // it, before the clock starts): {seconds, bytes, hash s/GiB}.
+  std::tuple<double, std::uint64_t, double> run_cached(const server& s, sluice::staging_pool& pool, unsigned streams,
+                                                       std::uint64_t part, const std::string& cache_dir) const {
+    auto cfg = sluice::s3::config::from_environment();
+    cfg.endpoint = sluice::s3::http_endpoint::parse(s.url);
+    cfg.custom_endpoint = true;
+    cfg.max_connections = streams;
+    cfg.cache = {};
+    sluice::s3_catalog cat(fmt::format("s3://{}/{}", bucket, prefix), cfg);
+    auto ck = sluice::checkpoint::open(cat);
+    warm(s.warm_dir);
+    sluice::cache::options co;
+    co.dir = cache_dir;
+    auto cache = std::make_shared<sluice::cache::block_cache>(co);
+    const auto t0 = clk::now();
+    boost::asio::io_context ioc{static_cast<int>(threads)};
+    sluice::s3_source src(ioc.get_executor(), cfg, ck.shard_uris());
+    for (std::uint32_t i = 0; i < ck.shards().size(); ++i) src.pin(i, cat.object_info(ck.shards()[i].name));
+    src.use_cache(cache, ioc);
+    sluice::load_options o;
+    o.max_read = part;
+    o.queue_depth = 2 * streams;
+    o.threads = threads;
+    o.poison = false;
+    sluice::discard_sink sink;
+    auto st = sluice::run_blocking(ioc, sluice::load_async(ck, src, sink, pool, o), threads);
+    const double t = since(t0);
+    const auto& c = cache->stats();
+    const double hashed = static_cast<double>(c.hashed_bytes.load()) / gib;
+    return {t, st.bytes_read, hashed > 0 ? static_cast<double>(c.hash_ns.load()) / 1e9 / hashed : 0.0};
+  }
+
+  // The local directory, hot: {seconds, bytes}.
+  std::pair<double, std::uint64_t> run_local(unsigned depth, std::uint64_t part) const {
+    warm(dir);
+    sluice::load_options o;
+    o.max_read = part;
+    o.queue_depth = depth;
+    o.poison = false;
+    sluice::discard_sink sink;
+    const auto t0 = clk::now();
+    auto st = sluice::load(sluice::checkpoint::open(dir), sink, o);
     return {since(t0), st.bytes_read};
   }
 
@@ -243,6 +312,8 @@ int main(int argc, char** argv) try {
   app.add_option("--python", b.python, "the interpreter with boto3 (bench/s3.sh passes the project's .venv)")
       ->capture_default_str();
   app.add_flag("--no-curl", no_curl, "skip the curl rows");
+  std::string cache_dir;
+  app.add_option("--cache", cache_dir, "then the node-local cache rows, with the cache in DIR (emptied first)");
   if (const auto code = sluice_cli::parse_args(app, argc, argv, 2)) return *code;
   const bool boto3 = !no_boto3, curl = !no_curl;
   std::vector<server> servers;
@@ -305,14 +376,54 @@ int main(int argc, char** argv) try {
         std::fflush(stdout);
       }
   }
+  if (!cache_dir.empty())
+    for (const auto& s : servers) {
+      if (s.warm_dir.empty()) continue;   // moto's 105 MiB/s would hide the cache's costs
+      const unsigned n = streams.front();
+      const std::uint64_t part = parts.front();
+      sluice::staging_pool pool({.budget = (2 * n + 4) * sluice::slot_size_for(part),
+                                 .slot_size = sluice::slot_size_for(part), .poison = false, .prefault = true});
+      double t_none = 1e30, t_first = 1e30, t_cold = 1e30, t_hot = 1e30, t_local = 1e30, hash = 0;
+      std::uint64_t bytes = 0, local_bytes = 0;
+      for (int r = 0; r < repeat; ++r) {
+        auto [tn, bn] = b.run_sluice(s, pool, n, part, 2 * n);
+        t_none = std::min(t_none, tn);
+        bytes = bn;
+        fs::remove_all(cache_dir);
+        t_first = std::min(t_first, std::get<0>(b.run_cached(s, pool, n, part, cache_dir)));
+        drop(cache_dir);
+        t_cold = std::min(t_cold, std::get<0>(b.run_cached(s, pool, n, part, cache_dir)));
+        auto [th, bh, hs] = b.run_cached(s, pool, n, part, cache_dir);
+        t_hot = std::min(t_hot, th);
+        hash = hs;
+        auto [tl, bl] = b.run_local(2 * n, part);
+        t_local = std::min(t_local, tl);
+        local_bytes = bl;
+      }
+      fs::remove_all(cache_dir);
+      const double g = static_cast<double>(bytes) / gib;
+      auto row = [&](const char* what, double t, const std::string& ratio) {
+        std::printf("  %-46s %6.2f s %8.2f GiB/s   %s\n", what, t, g / t, ratio.c_str());
+      };
+      std::printf("\nthe node-local cache, %s (%s), %u streams, %s parts, cache in %s\n", s.name.c_str(), s.url.c_str(), n,
+                  sluice_cli::human_bytes(static_cast<double>(part)).c_str(), cache_dir.c_str());
+      row("sluice, no cache", t_none, "");
+      row("first load, cache written (fsync included)", t_first, fmt::format("{:.2f}x no cache", t_none / t_first));
+      row("second load, cache files cold", t_cold, fmt::format("{:.2f}x no cache", t_none / t_cold));
+      row("second load, cache files hot", t_hot, fmt::format("{:.2f}x the local-file load", t_local / t_hot));
+      std::printf("  %-46s %6.2f s %8.2f GiB/s\n", "local files, hot (sluice-load DIR)", t_local,
+                  static_cast<double>(local_bytes) / gib / t_local);
+      std::printf("  XXH3 verification: %.3f CPU s/GiB (one thread per block)\n", hash);
+      std::fflush(stdout);
+    }
   std::printf("\n(GiB/s; every contender keeps N requests on the wire; sluice: queue depth 2N, qd=N: depth N;\n"
               " curl and boto3 read the whole files, sluice the tensor bytes; boto3 timed inside Python)\n");
   std::printf("command: bench-s3 %s", b.dir.c_str());
   for (const auto& s : servers)
     std::printf(" --server %s=%s%s", s.name.c_str(), s.url.c_str(), s.warm_dir.empty() ? "" : ("," + s.warm_dir).c_str());
-  std::printf(" --bucket %s --prefix %s --streams %s --part %s --repeat %d --threads %u%s%s\n", b.bucket.c_str(),
+  std::printf(" --bucket %s --prefix %s --streams %s --part %s --repeat %d --threads %u%s%s%s\n", b.bucket.c_str(),
               b.prefix.c_str(), streams_s.c_str(), parts_s.c_str(), repeat, b.threads, boto3 ? "" : " --no-boto3",
-              curl ? "" : " --no-curl");
+              curl ? "" : " --no-curl", cache_dir.empty() ? "" : (" --cache " + cache_dir).c_str());
   return 0;
 } catch (const std::exception& e) {
   return sluice_cli::fail(e.what());

@@ -66,9 +66,9 @@ std::optional<cache_figures> process_cache() {
 #if SLUICE_HAS_S3
   auto c = cache::block_cache::last_used();
   if (!c) return std::nullopt;
-  const auto& s = c->stats();
+  const auto& s = *c->stats;
   return cache_figures{s.bad_blocks.load(), s.hashed_bytes.load(), s.hash_ns.load(), s.written_blocks.load(),
-                       s.unwritten_blocks.load(), s.evicted_blocks.load(), c->opts().dir};
+                       s.unwritten_blocks.load(), s.evicted_blocks.load(), c->dir};
 #else
   return std::nullopt;
 #endif

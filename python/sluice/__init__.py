@@ -31,7 +31,7 @@ from ._contract import Recorder, ReloadSession, probe  # noqa: F401
 
 __all__ = ["open", "components", "inspect", "iter_weights", "load_into", "Recorder", "ReloadSession", "probe", "Contract",
            "TensorInfo", "World", "Checkpoint", "WeightIterator", "parse_size", "prefault", "Prefault", "plan_owners", "as_torch_dtype", "Error", "release_memory",
-           "memory_stats"]
+           "memory_stats", "cache_stats"]
 
 
 def components() -> list:
@@ -135,7 +135,7 @@ class Checkpoint:
 
 
 def open(path, select=None, rename=None, index=None, collective=None, world=None, store=None,  # noqa: A001
-         timeout=60.0, limits=None) -> Checkpoint:
+         timeout=60.0, limits=None, cache=None, cache_max=None) -> Checkpoint:
     """Opens a checkpoint directory, a .safetensors file or s3://bucket/prefix/ (headers only).
 
     select: a regular expression in RE2 syntax (https://github.com/google/re2/wiki/Syntax:
@@ -165,6 +165,13 @@ def open(path, select=None, rename=None, index=None, collective=None, world=None
       max_tensors, max_depth, max_name_bytes; defaults 100 MB, 128 MiB, 2**20,
       16, 1 KiB): a checkpoint beyond one raises FormatError/IndexError naming
       it, before memory is sized from it.
+    cache: s3:// only: a node-local cache directory (made 0700 if missing; one
+      others can reach is refused) that loads read through: blocks it has are
+      read from local disk and verified (XXH3), the others fetched once and
+      written; an object whose ETag changed is fetched again. Default: the
+      SLUICE_CACHE_DIR environment variable, else none. cache_max: a size cap
+      (e.g. "200GiB"; SLUICE_CACHE_MAX), least recently used blocks evicted.
+      What it did: sluice.cache_stats().
     """
     regex = fn = None
     if isinstance(select, (str, _re.Pattern)):
@@ -183,7 +190,19 @@ def open(path, select=None, rename=None, index=None, collective=None, world=None
     if collective or world is not None or store is not None:
         from ._distributed import collective_open_options
         who = collective_open_options(world, store, timeout)
-    return Checkpoint(_sluice.open_checkpoint(where, regex, fn, rules, index or "", who, dict(limits or {})), where)
+    cache = _os.fspath(cache) if cache is not None else ""
+    cache_max = parse_size(cache_max) if cache_max is not None else 0
+    return Checkpoint(_sluice.open_checkpoint(where, regex, fn, rules, index or "", who, dict(limits or {}), cache,
+                                              cache_max), where)
+
+
+def cache_stats():
+    """What the node-local cache did in this process, cumulative (the cache it
+    used last): bytes served from it (hit_bytes), fetched from S3
+    (fetched_bytes), fetched again because a cached block failed verification
+    (refetched_bytes, bad_blocks), blocks written, not written and evicted,
+    bytes hashed and the seconds spent hashing. None before any cached load."""
+    return _sluice.cache_stats()
 
 
 def inspect(ck) -> dict:

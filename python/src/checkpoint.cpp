@@ -1,6 +1,10 @@
 // Opened checkpoints in Python: open_checkpoint (selection by regex or
 // callable, renaming, a local index, a collective open) and the class
 // Checkpoint (its tensors, inspect, select).
+#if SLUICE_PY_HAS_S3
+#include <sluice/cache/block_cache.hpp>
+#include <sluice/s3/source.hpp>
+#endif
 #include "bindings.hpp"
 #include "glue.hpp"
 
@@ -21,9 +25,48 @@ namespace {
 // `who`: None, or the StreamOptions of a distributed load (rank, world, local
 // ranks, store, timeout) whose ranks open the checkpoint together: rank 0
 // reads the metadata and the others replay it (open_collective).
+location location_of(const std::string& where, const std::string& cache, std::uint64_t cache_max) {
+  if (cache.empty() && !cache_max) return location(where);
+  if (!where.starts_with("s3://"))
+    throw config_error(fmt::format("cache: only s3:// checkpoints are cached ('{}' is read where it is)", where));
+#if SLUICE_PY_HAS_S3
+  auto cfg = s3::config::from_environment();
+  if (!cache.empty()) cfg.cache.dir = cache;
+  if (cache_max) cfg.cache.max_bytes = cache_max;
+  if (cfg.cache.dir.empty()) throw config_error("cache_max needs a cache directory (cache= or SLUICE_CACHE_DIR)");
+  return s3_location(where, std::move(cfg));
+#else
+  throw missing_component_error("s3", "cache: this sluice was built without the s3 component");
+#endif
+}
+
+// The process's node-local cache counters (the cache it used last), or None.
+py::object cache_stats() {
+#if SLUICE_PY_HAS_S3
+  const auto c = cache::block_cache::last_used();
+  if (!c) return py::none();
+  const auto& s = *c->stats;
+  py::dict d;
+  d["dir"] = c->dir;
+  d["hit_bytes"] = s.hit_bytes.load();
+  d["fetched_bytes"] = s.fetched_bytes.load();
+  d["refetched_bytes"] = s.refetched_bytes.load();
+  d["bad_blocks"] = s.bad_blocks.load();
+  d["written_blocks"] = s.written_blocks.load();
+  d["unwritten_blocks"] = s.unwritten_blocks.load();
+  d["evicted_blocks"] = s.evicted_blocks.load();
+  d["hashed_bytes"] = s.hashed_bytes.load();
+  d["hash_seconds"] = static_cast<double>(s.hash_ns.load()) / 1e9;
+  return d;
+#else
+  return py::none();
+#endif
+}
+
 py_checkpoint open_checkpoint(const std::string& where, py::object select_regex, py::object select_fn,
                               const std::vector<std::pair<std::string, std::string>>& rename, const std::string& index,
-                              const py_stream_options* who, const std::map<std::string, std::uint64_t>& limits) {
+                              const py_stream_options* who, const std::map<std::string, std::uint64_t>& limits,
+                              const std::string& cache, std::uint64_t cache_max) {
   open_options opt;
   if (!index.empty()) opt.index = index;
   // limits={"max_tensors": N, ...}: format::limits by its fields' names.
@@ -60,8 +103,9 @@ py_checkpoint open_checkpoint(const std::string& where, py::object select_regex,
       return py::cast<bool>((*fn)(py::str(n.data(), n.size())));
     };
   }
-  // A path, or an s3:// URI (its catalog reads the environment's S3 config).
-  const location at(where);
+  // A path, or an s3:// URI (its catalog reads the environment's S3 config,
+  // and reads through the node-local cache `cache` when given).
+  const location at = location_of(where, cache, cache_max);
   py_checkpoint r;
   r.s3 = !at.local();
   if (const auto ranks = who ? rank_info_of(*who) : comm::rank_info{}; ranks.world_size > 1) {
@@ -168,7 +212,10 @@ void init_checkpoint(py::module_& m) {
       "layer-less tensor goes with, by the plan's classifier (its default patterns unless given).");
   m.def("open_checkpoint", &open_checkpoint, py::arg("where"), py::arg("select_regex"), py::arg("select_fn"), py::arg("rename"),
         py::arg("index") = std::string(), py::arg("who") = nullptr,
-        py::arg("limits") = std::map<std::string, std::uint64_t>{});
+        py::arg("limits") = std::map<std::string, std::uint64_t>{}, py::arg("cache") = std::string(),
+        py::arg("cache_max") = 0);
+  m.def("cache_stats", &cache_stats,
+        "The node-local cache's counters in this process (the cache it used last), or None.");
 }
 
 }  // namespace sluice_py

@@ -261,7 +261,8 @@ void entry::discard(std::uint64_t b) const {
 
 // ---- block_cache -----------------------------------------------------------------
 
-block_cache::block_cache(options opt) : opt_(std::move(opt)) {
+block_cache::block_cache(options opt, std::shared_ptr<counters> shared_counters)
+    : opt_(std::move(opt)), counters_(shared_counters ? std::move(shared_counters) : std::make_shared<counters>()) {
   if (opt_.dir.empty()) throw config_error("the cache directory is empty");
   if (opt_.block_size == 0 || opt_.block_size % 4096 != 0)
     throw config_error(fmt::format("the cache's block size {} is not a positive multiple of 4096", opt_.block_size));
@@ -274,27 +275,30 @@ block_cache::~block_cache() { workers_.join(); }
 
 namespace {
 std::mutex registry_mutex;
-std::weak_ptr<block_cache> last;
+std::optional<block_cache::usage> last;
 }  // namespace
 
-std::shared_ptr<block_cache> block_cache::last_used() {
+std::optional<block_cache::usage> block_cache::last_used() {
   std::lock_guard lock(registry_mutex);
-  return last.lock();
+  return last;
 }
 
 std::shared_ptr<block_cache> block_cache::shared(const options& opt) {
   if (opt.dir.empty()) return nullptr;
   static std::map<std::string, std::weak_ptr<block_cache>> caches;
+  static std::map<std::string, std::shared_ptr<counters>> counted;
   std::lock_guard lock(registry_mutex);
   std::error_code ec;
   auto key = fs::weakly_canonical(opt.dir, ec).string();
   if (ec) key = opt.dir;
   auto c = caches[key].lock();
   if (!c) {
-    c = std::make_shared<block_cache>(opt);
+    auto& n = counted[key];
+    if (!n) n = std::make_shared<counters>();
+    c = std::make_shared<block_cache>(opt, n);
     caches[key] = c;
   }
-  last = c;
+  last = usage{c->opts().dir, c->counters_};
   return c;
 }
 
@@ -416,7 +420,7 @@ void block_cache::trim(std::uint64_t target) {
     if (fd < 0) continue;
     if (set_lock(fd, F_WRLCK, index, 1) && ::unlink(v.path.c_str()) == 0) {
       total -= v.size;
-      ++counters_.evicted_blocks;
+      ++counters_->evicted_blocks;
     }
     ::close(fd);   // a block someone reads or writes is spared
   }

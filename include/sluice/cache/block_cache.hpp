@@ -151,7 +151,9 @@ class block_cache {
  public:
   /// Creates the directory (0700) if missing; refuses one that is not this
   /// user's or has group/other bits (config_error naming it and the fix).
-  explicit block_cache(options opt);
+  /// `shared_counters`: counters to add to (shared() keeps one set per
+  /// directory for the process's life); its own when null.
+  explicit block_cache(options opt, std::shared_ptr<counters> shared_counters = nullptr);
   ~block_cache();
   block_cache(const block_cache&) = delete;
   block_cache& operator=(const block_cache&) = delete;
@@ -159,9 +161,14 @@ class block_cache {
   /// The process's cache for `opt.dir` (one per directory; options of the
   /// first caller). Null for an empty dir.
   [[nodiscard]] static std::shared_ptr<block_cache> shared(const options& opt);
-  /// The cache shared() handed out last, while someone still holds it (or
-  /// null): what tools report after a load.
-  [[nodiscard]] static std::shared_ptr<block_cache> last_used();
+  /// The directory shared() handed out last and its counters, cumulative
+  /// over the process's caches of that directory (null before any): what
+  /// tools report after a load, when its cache may be gone.
+  struct usage {
+    std::string dir;
+    std::shared_ptr<const counters> stats;
+  };
+  [[nodiscard]] static std::optional<usage> last_used();
 
   /// The entry of `id`, made if new; other versions of the same object are
   /// removed (but not a block someone holds). Null when `id` has no ETag:
@@ -169,8 +176,8 @@ class block_cache {
   [[nodiscard]] std::shared_ptr<entry> open(const object_id& id);
 
   [[nodiscard]] const options& opts() const noexcept { return opt_; }
-  [[nodiscard]] counters& stats() noexcept { return counters_; }
-  [[nodiscard]] const counters& stats() const noexcept { return counters_; }
+  [[nodiscard]] counters& stats() noexcept { return *counters_; }
+  [[nodiscard]] const counters& stats() const noexcept { return *counters_; }
   /// Threads that hash, verify and write blocks (off the reading thread).
   [[nodiscard]] boost::asio::thread_pool& workers() noexcept { return workers_; }
   /// Bytes of block files in the directory as of the last scan plus what
@@ -192,7 +199,7 @@ class block_cache {
  private:
   std::uint64_t scan() const;
   options opt_;
-  counters counters_;
+  std::shared_ptr<counters> counters_;
   std::atomic<std::uint64_t> bytes_{0};
   std::atomic<std::uint64_t> writes_begun_{0};
   std::atomic<std::uint64_t> in_flight_{0};   // bytes reserved by writes not yet ended

@@ -248,9 +248,16 @@ class s3_catalog final : public catalog {
 
   /// From the listing (made now if none was: one request names every
   /// object's size and ETag, where a HEAD per object would name one); a HEAD
-  /// for a name below a further '/'.
+  /// for a name below a further '/', or where listing is refused (a key
+  /// allowed GetObject but not ListBucket, a plain HTTP server).
   [[nodiscard]] bool exists(const std::string& name) override {
-    if (!listed_ && name.find('/') == std::string::npos) (void)list();
+    if (!listed_ && !unlisted_ && name.find('/') == std::string::npos) {
+      try {
+        (void)list();
+      } catch (const s3_error&) {
+        unlisted_ = true;   // the HEAD below says what is wrong, if anything
+      }
+    }
     if (listed_ && name.find('/') == std::string::npos) return infos_.count(name) > 0;
     try {
       (void)object_info(name);
@@ -383,7 +390,7 @@ class s3_catalog final : public catalog {
   std::map<std::string, std::pair<std::vector<std::byte>, bool>> prefixes_;
   std::optional<cache::reader> cache_;
   std::map<std::string, std::shared_ptr<cache::entry>> entries_;
-  bool listed_ = false;
+  bool listed_ = false, unlisted_ = false;
 };
 
 /// An S3 location whose catalog uses `cfg` (made when the location is

@@ -41,6 +41,11 @@ error naming it, raised before anything is read:
                  start of load_weights (during the dry run) and then from the
                  last destination backwards while the reads fill from the first
 
+    cache        s3:// weights: a node-local cache directory (0700, this user's)
+                 that loads read through, so that a restart reads verified
+                 blocks from local disk instead of S3 (default:
+                 SLUICE_CACHE_DIR); cache_max caps its size ("200GiB")
+
 S3 endpoints and credentials come from the usual AWS environment and profile
 chain (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ~/.aws, ...), never from here.
 """
@@ -51,7 +56,7 @@ import sluice
 __all__ = ["EXTRA_CONFIG_KEYS", "options"]
 
 EXTRA_CONFIG_KEYS = ("weights", "index", "staging", "max_read", "queue_depth", "offload", "direct", "prefault", "map",
-                     "timeout", "strict")
+                     "timeout", "strict", "cache", "cache_max")
 _OFFLOADS = ("none", "per-rank", "shared-single", "shared-cooperative")
 
 
@@ -67,7 +72,8 @@ def options(extra) -> dict:
         raise sluice.ConfigError(f"--model-loader-extra-config: unknown key(s) {', '.join(map(repr, unknown))} for "
                                  f"--load-format sluice (known: {', '.join(EXTRA_CONFIG_KEYS)})")
     o = {"staging": "4GiB", "max_read": "32MiB", "queue_depth": 4, "offload": "none", "weights": None, "index": None,
-         "direct": True, "prefault": True, "map": False, "timeout": 60.0, "strict": True}
+         "direct": True, "prefault": True, "map": False, "timeout": 60.0, "strict": True, "cache": None,
+         "cache_max": None}
     o.update(extra)
     for k in ("staging", "max_read"):
         o[k] = sluice.parse_size(o[k])
@@ -82,7 +88,9 @@ def options(extra) -> dict:
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
         raise sluice.ConfigError(f"--model-loader-extra-config: timeout must be a positive number of seconds, got {t!r}")
     o["timeout"] = float(t)
-    for k in ("weights", "index"):
+    if o["cache_max"] is not None:
+        o["cache_max"] = sluice.parse_size(o["cache_max"])
+    for k in ("weights", "index", "cache"):
         if o[k] is not None and not isinstance(o[k], str):
             raise sluice.ConfigError(f"--model-loader-extra-config: {k} must be a string, got {o[k]!r}")
     return o

@@ -131,8 +131,19 @@ def _say_what_goes_whole(own, ck, rank, size, parallel, log):
     return msg
 
 
-def _record(stats):
-    LOADS.append(dict(stats or {}))
+def _record(stats, cache_before=None):
+    """Keeps a load's stats; with the node-local cache, adds what it did in
+    this load (the process's counters since `cache_before`) and logs it."""
+    stats = dict(stats or {})
+    after = sluice.cache_stats()
+    if after is not None:
+        before = cache_before or {}
+        did = {k: after[k] - before.get(k, 0) for k in ("hit_bytes", "fetched_bytes", "refetched_bytes", "bad_blocks")}
+        stats["cache"] = dict(did, dir=after["dir"])
+        log.info("sluice: cache %s: %.3f GiB from the cache, %.3f GiB from S3 (%.3f GiB fetched again: %d bad blocks)",
+                 after["dir"], did["hit_bytes"] / 2**30, did["fetched_bytes"] / 2**30, did["refetched_bytes"] / 2**30,
+                 did["bad_blocks"])
+    LOADS.append(stats)
     del LOADS[:-16]
 
 
@@ -180,7 +191,11 @@ class SluiceModelLoader(_vllm.base_loader()):
         if index is not None and not os.path.isfile(index):
             raise sluice.ConfigError(f"--model-loader-extra-config: index '{index}' is not a file "
                                      "(a local model.safetensors.index.json)")
-        return sluice.open(where, select=select, index=index, world=world, store=store, timeout=self.options["timeout"])
+        cache = {}
+        if where.startswith("s3://") and (self.options["cache"] or self.options["cache_max"]):
+            cache = {"cache": self.options["cache"], "cache_max": self.options["cache_max"]}
+        return sluice.open(where, select=select, index=index, world=world, store=store, timeout=self.options["timeout"],
+                           **cache)
 
     # ---- which tensors this rank needs
     @staticmethod
@@ -195,8 +210,9 @@ class SluiceModelLoader(_vllm.base_loader()):
         through `load_weights` plans first, see there). Across ranks, the
         ownership is the one the model's first load found; a tensor it did
         not know goes to every rank."""
+        before = sluice.cache_stats()
         yield from self._all_weights(model_config, model)
-        _record(self.last_stats)
+        _record(self.last_stats, before)
 
     def _all_weights(self, model_config, model):
         scope = self._scope(model)
@@ -346,6 +362,7 @@ class SluiceModelLoader(_vllm.base_loader()):
             (read + received + taken) / 2**30 / seconds, seconds)
 
     def load_weights(self, model, model_config) -> None:
+        cache_before = sluice.cache_stats()
         scope = self._scope(model)
         if scope is not None:
             # The dry run and the ownership exchange come before load_weights
@@ -367,7 +384,7 @@ class SluiceModelLoader(_vllm.base_loader()):
             loaded = self._load_direct(model, model_config)
         else:
             loaded = model.load_weights(self.get_all_weights(model_config, model))
-        _record(self.last_stats)
+        _record(self.last_stats, cache_before)
         if model_config.quantization is None and loaded is not None:
             _vllm.track_weights_loading(self, model, loaded)
 

@@ -242,7 +242,8 @@ def _s3_servers():
     return env
 
 
-def test_the_same_model_from_the_s3_test_server_gives_the_same_tokens(dense, monkeypatch):
+def test_the_same_model_from_the_s3_test_server_gives_the_same_tokens_and_a_cached_restart_gets_nothing_from_s3(
+        dense, monkeypatch, tmp_path):
     import uuid
     import boto3
     env = _s3_servers()
@@ -262,6 +263,36 @@ def test_the_same_model_from_the_s3_test_server_gives_the_same_tokens(dense, mon
                           model_loader_extra_config={"weights": f"s3://{bucket}/dense/", "staging": "8MiB",
                                                      "max_read": "1MiB"})
     assert tokens == dense["tokens"]
+
+    # With the node-local cache, through a proxy that logs every request: the
+    # first engine fetches and writes the blocks, a restarted one sends no GET
+    # for object bytes (only the listing) and generates the same tokens.
+    import json
+    import subprocess
+    from sluice.vllm import loader as sluice_loader
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    log = tmp_path / "requests.jsonl"
+    proxy = subprocess.Popen(["node", os.path.join(root, "tests", "support", "fault_proxy.js"), "--upstream",
+                              env["SLUICE_S3_ENDPOINT"], "--fault", "none", "--log", str(log)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = proxy.stdout.readline().split()[1]
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        cached = {"weights": f"s3://{bucket}/dense/", "staging": "8MiB", "max_read": "1MiB",
+                  "cache": str(tmp_path / "cache")}
+        assert _with_engine(dense["orig"], "sluice", _tokens, model_loader_extra_config=cached) == dense["tokens"]
+        first = sluice_loader.last_load()["cache"]
+        assert first["fetched_bytes"] > 0
+        mark = len(log.read_text().splitlines())
+        assert _with_engine(dense["orig"], "sluice", _tokens, model_loader_extra_config=cached) == dense["tokens"]
+        again = [json.loads(line) for line in log.read_text().splitlines()[mark:]]
+        object_requests = [r for r in again if r["path"].split("?")[0].rstrip("/") != f"/{bucket}"]
+        assert object_requests == [], object_requests
+        restart = sluice_loader.last_load()["cache"]
+        assert restart["fetched_bytes"] == 0 and restart["hit_bytes"] > 0 and restart["bad_blocks"] == 0
+    finally:
+        proxy.stdin.close()
+        proxy.wait(timeout=30)
 
 
 def test_extra_config_values_of_the_wrong_kind_fail_naming_the_key():
