@@ -100,10 +100,10 @@ task<response> client::impl::attempt_on(Stream& s, connection& c, op& o, std::si
     const std::uint64_t want_first = o.begin + progress;
     const auto cr = h.find(http::field::content_range);
     const auto checked =
-        detail::check_range_answer(want_first, o.end, r.status,
+        sluice::http::detail::check_range_answer(want_first, o.end, r.status,
                            cr == h.end() ? std::nullopt : std::optional<std::string_view>(sv(cr->value())), r.content_length);
-    if (const auto* no = std::get_if<detail::range_refusal>(&checked)) throw attempt_failure{r.status, no->code, no->message, false};
-    const auto& body = std::get<detail::range_body>(checked);
+    if (const auto* no = std::get_if<sluice::http::detail::range_refusal>(&checked)) throw attempt_failure{r.status, no->code, no->message, false};
+    const auto& body = std::get<sluice::http::detail::range_body>(checked);
     r.object_size = body.object_size;
     if (!o.if_match.empty() && r.etag != o.if_match)
       throw attempt_failure{r.status, "ObjectChanged",
@@ -123,7 +123,7 @@ task<response> client::impl::attempt_on(Stream& s, connection& c, op& o, std::si
     co_await http::async_read(s, c.buffer, sp, asio::use_awaitable);
     r.body = std::move(sp.get().body());
     if (r.status == 416) {
-      if (auto cr = detail::parse_content_range(sv(sp.get()[http::field::content_range])); cr && cr->total)
+      if (auto cr = sluice::http::detail::parse_content_range(sv(sp.get()[http::field::content_range])); cr && cr->total)
         r.object_size = *cr->total;
     }
   }

@@ -8,9 +8,9 @@
 #include <utility>   // before Asio (Boost 1.74)
 
 #include <sluice/s3/client.hpp>
-#include <sluice/s3/connection_pool.hpp>
+#include <sluice/http/connection_pool.hpp>
 
-#include "range_answer.hpp"
+#include "../http/range_answer.hpp"
 #include "xml.hpp"
 
 #include <sys/socket.h>
@@ -129,7 +129,7 @@ struct client::impl {
 
   asio::any_io_executor ex;
   config cfg;
-  connection_pool<connection> pool;
+  sluice::http::connection_pool<connection> pool;
   ssl::context tls_ctx;
   io_counters counters;
   // Cancellation (client::cancel, from any thread): the flag stops new

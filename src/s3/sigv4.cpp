@@ -12,9 +12,11 @@
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
 
-#include "ascii.hpp"
+#include "../http/ascii.hpp"
 
 namespace sluice::inline v0::s3 {
+
+namespace ascii = http::ascii;
 
 namespace {
 std::string lower(std::string_view s) {

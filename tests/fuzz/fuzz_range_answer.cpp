@@ -1,4 +1,4 @@
-// libFuzzer target: the S3 range-answer check (src/s3/range_answer.hpp) on
+// libFuzzer target: the S3 range-answer check (src/http/range_answer.hpp) on
 // arbitrary answers. Input: asked first (8 bytes LE), asked end (8), status
 // (2), flags (1: bit 0 a Content-Length is present, bit 1 a Content-Range),
 // Content-Length (8), then the Content-Range text. Whatever the answer, what
@@ -11,7 +11,7 @@
 #include <string_view>
 #include <variant>
 
-#include "s3/range_answer.hpp"
+#include "http/range_answer.hpp"
 
 namespace {
 std::uint64_t u64(const std::uint8_t* p) {
@@ -22,7 +22,7 @@ std::uint64_t u64(const std::uint8_t* p) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using namespace sluice::s3::detail;
+  using namespace sluice::http::detail;
   if (size < 27) return 0;
   const std::uint64_t first = u64(data), end = u64(data + 8);
   const unsigned status = data[16] | (data[17] << 8);

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -220,6 +221,28 @@ std::uint64_t block_file_bytes(const fs::path& dir) {
   return n;
 }
 
+// Runs `body` in a forked child: its result is the exit code (3 for an
+// exception, named on stderr).
+pid_t in_child(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  int code = 3;
+  try {
+    code = body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child %d: %s\n", static_cast<int>(::getpid()), e.what());
+  }
+  ::_exit(code);
+}
+
+// The child's wait status.
+int reaped(pid_t pid) {
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return status;
+}
+
 // The shards (not the index) with at least `n` blocks.
 std::vector<std::string> shards_with_blocks(const remote_checkpoint& r, std::uint64_t n) {
   std::vector<std::string> out;
@@ -358,7 +381,7 @@ TEST_CASE("a flipped byte, a truncated block and a block of another object are d
   CHECK(block_gets(l.requests(mark3, r.bucket), r).empty());
 }
 
-TEST_CASE("a load killed mid-write leaves nothing a later load serves; the later load fetches only what is missing",
+TEST_CASE("a load killed mid-write leaves nothing a later load serves, and the later load fetches only what is missing",
           "[source][s3][cache][fault]") {
   REQUIRE_S3_SERVERS();
   const remote_checkpoint r;
@@ -367,18 +390,11 @@ TEST_CASE("a load killed mid-write leaves nothing a later load serves; the later
   const auto want = load_local(r);
 
   // A child process loads and kills itself half-way through writing its 6th block.
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  const int status = reaped(in_child([&] {
     ::setenv("SLUICE_TEST_FAULT", "cache-write:5:KILL", 1);
-    try {
-      (void)load_s3(r, l.cfg(cache_dir));
-    } catch (...) {
-    }
-    ::_exit(0);   // not killed: the test fails below
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
+    (void)load_s3(r, l.cfg(cache_dir));
+    return 0;   // not killed: the test fails below
+  }));
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGKILL);
   // The block it was writing is a temporary file (and so may be one that the
@@ -403,24 +419,10 @@ TEST_CASE("two processes loading the same checkpoint at once fetch each block on
   logged l;
   const auto cache_dir = scratch("c") / "cache";
   const auto want = load_local(r);
-  std::fflush(nullptr);
   std::vector<pid_t> pids;
-  for (int i = 0; i < 2; ++i) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 1;
-      try {
-        code = load_s3(r, l.cfg(cache_dir)).digests == want ? 0 : 2;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d: %s\n", i, e.what());
-      }
-      ::_exit(code);
-    }
-    pids.push_back(pid);
-  }
+  for (int i = 0; i < 2; ++i) pids.push_back(in_child([&] { return load_s3(r, l.cfg(cache_dir)).digests == want ? 0 : 2; }));
   for (auto pid : pids) {
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    const int status = reaped(pid);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
   }
@@ -429,7 +431,7 @@ TEST_CASE("two processes loading the same checkpoint at once fetch each block on
   CHECK(std::set<std::string>(gets.begin(), gets.end()).size() == gets.size());
 }
 
-TEST_CASE("a partial first load (the draft's shards), then a full one: GETs only for blocks not cached, none twice",
+TEST_CASE("a partial first load (the draft shards) then a full one: GETs only for blocks not cached, none twice",
           "[source][s3][cache]") {
   REQUIRE_S3_SERVERS();
   const remote_checkpoint r;

@@ -1,9 +1,9 @@
-// src/s3/range_answer.hpp (what an answer to a range GET allows the client to
+// src/http/range_answer.hpp (what an answer to a range GET allows the client to
 // read) and the listing's bounds (src/s3/xml.hpp check_list_page, the client's
 // page cap): a lying server gets a named error, never a write past the
 // destination or an endless listing. The end-to-end cases, through
 // sluice-load against tests/hostile/hostile_s3.py, are tests/hostile's.
-#include "s3/range_answer.hpp"
+#include "http/range_answer.hpp"
 #include "s3/xml.hpp"
 
 #include <catch2/catch.hpp>
@@ -21,6 +21,7 @@
 #include "s3_test_support.hpp"
 
 using namespace sluice;
+using namespace sluice::http::detail;
 using namespace sluice::s3::detail;
 
 namespace {

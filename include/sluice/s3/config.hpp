@@ -16,6 +16,7 @@
 
 #include <sluice/cache/options.hpp>
 #include <sluice/error.hpp>
+#include <sluice/http/endpoint.hpp>
 #include <sluice/s3/retry.hpp>
 #include <sluice/s3/sigv4.hpp>
 
@@ -28,22 +29,8 @@ enum class addressing_style {
   virtual_hosted,  ///< falls back to path-style for bucket names that cannot be host names
 };
 
-/// An HTTP(S) endpoint: scheme, host and port.
-struct http_endpoint {
-  std::string scheme = "https";   ///< "http" or "https"
-  std::string host;               ///< name or IP address (IPv6 without brackets)
-  std::uint16_t port = 443;
-
-  /// Parses "http[s]://host[:port][/]"; throws config_error on anything else.
-  [[nodiscard]] static http_endpoint parse(std::string_view url);
-  [[nodiscard]] bool tls() const noexcept { return scheme == "https"; }
-  /// "https://host:port" (the port only when not the scheme's default).
-  [[nodiscard]] std::string url() const;
-  /// The Host header for `host_name` on this endpoint's port.
-  [[nodiscard]] std::string host_header(std::string_view host_name) const;
-  /// True for IPv4/IPv6 literals and "localhost" (these get path-style addressing).
-  [[nodiscard]] bool is_ip_or_localhost() const;
-};
+/// An HTTP(S) endpoint (the HTTP room's).
+using http_endpoint = http::endpoint;
 
 /// `s3://bucket/key`. A key ending in '/' (or empty) is a prefix.
 struct object_uri {

@@ -103,6 +103,10 @@ class coalesce : public pipeable {
         continue;
       }
       if (cur) co_await out.send(std::exchange(cur, std::nullopt).value());
+      if (x.size == 0) {   // a zero-size tensor still gets its (empty) request
+        cur = make_request(x, 0, 0, {});
+        continue;
+      }
       // The extent's chunks: each sent but the last, which may merge with
       // what follows (without an alignment, only an extent of one chunk).
       for (std::uint64_t off = 0; off < x.size;) {

@@ -8,7 +8,7 @@
 
 #include <sluice/error.hpp>
 
-namespace sluice::inline v0::s3::detail {
+namespace sluice::inline v0::http::detail {
 
 namespace {
 
@@ -82,4 +82,4 @@ std::variant<range_body, range_refusal> check_range_answer(std::uint64_t first, 
   return refuse("RangeIgnored", fmt::format("expected 206 Partial Content, got {}", status));
 }
 
-}  // namespace sluice::inline v0::s3::detail
+}  // namespace sluice::inline v0::http::detail

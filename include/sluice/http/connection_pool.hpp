@@ -20,7 +20,7 @@
 
 #include <sluice/core/task.hpp>
 
-namespace sluice::inline v0::s3 {
+namespace sluice::inline v0::http {
 
 /// A pool of at most `capacity` connections in use. Thread-safe; waiters are
 /// resumed through their own executor (never inline from `release`).
@@ -171,4 +171,4 @@ class connection_pool {
   std::deque<std::unique_ptr<waiter_base>> waiters_;
 };
 
-}  // namespace sluice::inline v0::s3
+}  // namespace sluice::inline v0::http

@@ -1,4 +1,4 @@
-// What an S3 server's answer to a range GET allows the client to read: a
+// What an HTTP server's answer to a range GET (S3's or any object store's) allows the client to read: a
 // pure function of what was asked and the answer's status and headers, with
 // no Beast and no I/O, so that it is unit-tested and fuzzed on its own
 // (tests/source/test_s3_range_answer.cpp, tests/fuzz/fuzz_range_answer.cpp).
@@ -17,7 +17,7 @@
 #include <string_view>
 #include <variant>
 
-namespace sluice::inline v0::s3::detail {
+namespace sluice::inline v0::http::detail {
 
 /// A Content-Range value, "bytes F-L/T" or "bytes */T" (T may be "*").
 struct content_range {
@@ -58,4 +58,4 @@ struct range_refusal {
                                                                          std::optional<std::string_view> content_range,
                                                                          std::optional<std::uint64_t> content_length);
 
-}  // namespace sluice::inline v0::s3::detail
+}  // namespace sluice::inline v0::http::detail
