@@ -36,7 +36,10 @@
 // side in one run: sluice without a cache; a first load through an empty cache
 // (every block fetched, hashed, written and fsynced); a second load with the
 // cache's files dropped from the page cache (POSIX_FADV_DONTNEED) and one with
-// them hot; a local-file load of DIR, hot. Plus XXH3's CPU s/GiB.
+// them hot (read once beforehand: the cache writes blocks O_DIRECT and reads
+// cold ones so); a local-file load of DIR, hot; and the disk alone: the same
+// bytes written as 16 MiB files, O_DIRECT and fsync each, 4 writers (the
+// cache's pattern without network or hashing). Plus XXH3's CPU s/GiB.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,7 +50,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -98,6 +104,37 @@ void warm(const std::string& dir) {
     }
     std::fclose(f);
   }
+}
+
+// The disk alone: `bytes` written under `dir` as 16 MiB files, O_DIRECT
+// and fsync each, by 4 threads (the cache's write pattern). Seconds.
+double raw_write(const std::string& dir, std::uint64_t bytes) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  constexpr std::size_t block = 16 << 20;
+  const std::uint64_t blocks = (bytes + block - 1) / block;
+  std::atomic<std::uint64_t> next{0};
+  const auto t0 = clk::now();
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 4; ++w)
+    writers.emplace_back([&] {
+      void* p = nullptr;
+      if (::posix_memalign(&p, 4096, block) != 0) return;
+      std::memset(p, 0x5a, block);
+      for (std::uint64_t i; (i = next++) < blocks;) {
+        const auto path = fmt::format("{}/{}.raw", dir, i);
+        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+        if (fd < 0) continue;
+        if (::write(fd, p, block) != static_cast<ssize_t>(block)) std::perror("raw_write");
+        (void)::fsync(fd);
+        ::close(fd);
+      }
+      std::free(p);
+    });
+  for (auto& t : writers) t.join();
+  const double t = since(t0);
+  fs::remove_all(dir);
+  return t;
 }
 
 // Drops every file under `dir` from the page cache (written and fsynced:
@@ -383,7 +420,7 @@ int main(int argc, char** argv) try {
       const std::uint64_t part = parts.front();
       sluice::staging_pool pool({.budget = (2 * n + 4) * sluice::slot_size_for(part),
                                  .slot_size = sluice::slot_size_for(part), .poison = false, .prefault = true});
-      double t_none = 1e30, t_first = 1e30, t_cold = 1e30, t_hot = 1e30, t_local = 1e30, hash = 0;
+      double t_none = 1e30, t_first = 1e30, t_cold = 1e30, t_hot = 1e30, t_local = 1e30, t_disk = 1e30, hash = 0;
       std::uint64_t bytes = 0, local_bytes = 0;
       for (int r = 0; r < repeat; ++r) {
         auto [tn, bn] = b.run_sluice(s, pool, n, part, 2 * n);
@@ -393,12 +430,14 @@ int main(int argc, char** argv) try {
         t_first = std::min(t_first, std::get<0>(b.run_cached(s, pool, n, part, cache_dir)));
         drop(cache_dir);
         t_cold = std::min(t_cold, std::get<0>(b.run_cached(s, pool, n, part, cache_dir)));
+        warm(cache_dir);   // blocks are written and cold ones read O_DIRECT: they are hot only when read otherwise
         auto [th, bh, hs] = b.run_cached(s, pool, n, part, cache_dir);
         t_hot = std::min(t_hot, th);
         hash = hs;
         auto [tl, bl] = b.run_local(2 * n, part);
         t_local = std::min(t_local, tl);
         local_bytes = bl;
+        t_disk = std::min(t_disk, raw_write(cache_dir + ".raw", b.file_bytes));
       }
       fs::remove_all(cache_dir);
       const double g = static_cast<double>(bytes) / gib;
@@ -408,11 +447,14 @@ int main(int argc, char** argv) try {
       std::printf("\nthe node-local cache, %s (%s), %u streams, %s parts, cache in %s\n", s.name.c_str(), s.url.c_str(), n,
                   sluice_cli::human_bytes(static_cast<double>(part)).c_str(), cache_dir.c_str());
       row("sluice, no cache", t_none, "");
-      row("first load, cache written (fsync included)", t_first, fmt::format("{:.2f}x no cache", t_none / t_first));
+      row("first load, cache written (fsync included)", t_first,
+          fmt::format("{:.2f}x no cache, {:.2f}x the disk alone", t_none / t_first, t_disk / t_first));
       row("second load, cache files cold", t_cold, fmt::format("{:.2f}x no cache", t_none / t_cold));
       row("second load, cache files hot", t_hot, fmt::format("{:.2f}x the local-file load", t_local / t_hot));
       std::printf("  %-46s %6.2f s %8.2f GiB/s\n", "local files, hot (sluice-load DIR)", t_local,
                   static_cast<double>(local_bytes) / gib / t_local);
+      std::printf("  %-46s %6.2f s %8.2f GiB/s\n", "the disk alone: the files' bytes as 16 MiB writes", t_disk,
+                  static_cast<double>(b.file_bytes) / gib / t_disk);
       std::printf("  XXH3 verification: %.3f CPU s/GiB (one thread per block)\n", hash);
       std::fflush(stdout);
     }

@@ -225,7 +225,13 @@ bool entry::publish(std::uint64_t b, std::span<const std::byte> data, std::uint6
     return false;
   }
   const auto tmp = fmt::format("{}/tmp.{}.{}.{}", dir_, b, ::getpid(), temp_serial++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  // A whole, aligned block is written with O_DIRECT: no copy into the page
+  // cache (a first load of a large model would otherwise fill it with blocks
+  // that the load itself never reads back). The trailer is written buffered.
+  const bool direct = reinterpret_cast<std::uintptr_t>(data.data()) % 4096 == 0 && data.size() % 4096 == 0;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | (direct ? O_DIRECT : 0), 0600);
+  if (fd < 0 && direct && errno == EINVAL)   // a file system without O_DIRECT
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   auto fail = [&](const char* step, bool close_it) {
     const int e = errno;
     if (close_it && fd >= 0) ::close(fd);
@@ -238,11 +244,12 @@ bool entry::publish(std::uint64_t b, std::span<const std::byte> data, std::uint6
   if (fd < 0) return fail("creating its file", false);
   const auto trailer = encode({b, data.size(), block_size_, identity_hash_, h});
   // Half the bytes, then the test fault point (a writer killed mid-block), then the rest.
-  const auto half = data.size() / 2;
+  const auto half = data.size() / 2 / 4096 * 4096;   // (aligned for O_DIRECT)
   if (!write_all(fd, data.data(), half)) return fail("writing", true);
   detail::fault_point("cache-write", owner_->next_write());
-  if (!write_all(fd, data.data() + half, data.size() - half) || !write_all(fd, trailer.data(), trailer.size()))
-    return fail("writing", true);
+  if (!write_all(fd, data.data() + half, data.size() - half)) return fail("writing", true);
+  if (direct) (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT);
+  if (!write_all(fd, trailer.data(), trailer.size())) return fail("writing", true);
   if (::fsync(fd) != 0) return fail("fsync", true);
   if (::close(fd) != 0) return fail("close", false);
   if (::rename(tmp.c_str(), block_path(b).c_str()) != 0) return fail("rename", false);

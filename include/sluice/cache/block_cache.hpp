@@ -204,7 +204,9 @@ class block_cache {
   std::atomic<std::uint64_t> writes_begun_{0};
   std::atomic<std::uint64_t> in_flight_{0};   // bytes reserved by writes not yet ended
   std::mutex evict_mutex_, trim_mutex_;
-  boost::asio::thread_pool workers_{2};
+  // Hashing is CPU (two cores' worth here), writing and fsync mostly wait on
+  // the disk: four threads keep several block writes in the disk's queue.
+  boost::asio::thread_pool workers_{4};
 };
 
 }  // namespace sluice::inline v0::cache

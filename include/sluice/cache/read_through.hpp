@@ -43,6 +43,8 @@
 #include <sluice/core/task.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/error.hpp>
+#include <sluice/memory/lease.hpp>
+#include <sluice/memory/recycler.hpp>
 #include <sluice/source/concepts.hpp>
 #include <sluice/source/page_cache.hpp>
 
@@ -51,7 +53,12 @@ namespace sluice::inline v0::cache {
 /// Reads of one source through one cache, on one io_context (its io_uring).
 class reader {
  public:
-  reader(std::shared_ptr<block_cache> cache, asio::io_context& ioc) : cache_(std::move(cache)), ring_(ioc, {32}) {}
+  reader(std::shared_ptr<block_cache> cache, asio::io_context& ioc) : cache_(std::move(cache)), ring_(ioc, {32}) {
+    // The blocks held for parts come from the memory room's recycler: a
+    // load's blocks reuse pages already faulted in (fresh 16 MiB buffers
+    // cost a page fault and a zeroed page per 4 KiB).
+    buffers_.reserve(static_cast<std::size_t>((max_held + 2) * cache_->opts().block_size));
+  }
 
   [[nodiscard]] block_cache& cache() noexcept { return *cache_; }
   [[nodiscard]] const block_cache& cache() const noexcept { return *cache_; }
@@ -83,23 +90,13 @@ class reader {
   }
 
  private:
-  struct free_deleter {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
-  static std::unique_ptr<std::byte[], free_deleter> aligned_buffer(std::uint64_t len) {
-    const auto n = (len + 4095) / 4096 * 4096;
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, static_cast<std::size_t>(n)));
-    if (!p) throw resource_error(fmt::format("cannot allocate a {}-byte cache block buffer", n));
-    return std::unique_ptr<std::byte[], free_deleter>(p);
-  }
-
   enum class outcome { hit, missing, bad };
 
   // A block read for parts of it: requests for other parts of the same block
   // (several tensors in one block) wait for it and copy from it, so that a
   // block is read, verified or fetched once however many requests share it.
   struct held_block {
-    std::unique_ptr<std::byte[], free_deleter> bytes;
+    lease bytes;
     std::uint64_t length = 0, served = 0;
     bool ready = false;
     std::exception_ptr failed;
@@ -121,7 +118,7 @@ class reader {
       if (!slot) {
         slot = std::make_shared<held_block>();
         slot->length = e.block_length(b);
-        slot->bytes = aligned_buffer(slot->length);
+        slot->bytes = buffers_.get(static_cast<std::size_t>(slot->length));
         mine = true;
       }
       h = slot;
@@ -129,7 +126,7 @@ class reader {
     if (mine) {
       std::exception_ptr failed;
       try {
-        co_await serve(e, b, {h->bytes.get(), static_cast<std::size_t>(h->length)}, fetch, cancelled, counted);
+        co_await serve(e, b, h->bytes.bytes(), fetch, cancelled, counted);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -161,7 +158,7 @@ class reader {
       co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(until_ready, asio::use_awaitable);
     }
     if (h->failed) std::rethrow_exception(h->failed);
-    std::memcpy(out.data(), h->bytes.get() + from, out.size());
+    std::memcpy(out.data(), h->bytes.bytes().data() + from, out.size());
     std::lock_guard lock(held_mutex_);
     if ((h->served += out.size()) >= h->length) {   // every part served: let it go
       if (auto it = held_.find(key); it != held_.end() && it->second == h) held_.erase(it);
@@ -239,8 +236,11 @@ class reader {
       }
     }
     std::array<std::byte, block_trailer::size> trailer{};
-    if (co_await read_exactly(fd, buf, 0, e, b) != buf.size() ||
-        co_await read_exactly(f->fd, trailer, buf.size(), e, b) != trailer.size()) {
+    // A buffered read of a hot block goes to the kernel's io-wq workers
+    // (IOSQE_ASYNC): reads in flight copy on several cores, as the file
+    // source's do; the trailer's 64 bytes are read inline.
+    if (co_await read_exactly(fd, buf, 0, e, b, fd == f->fd) != buf.size() ||
+        co_await read_exactly(f->fd, trailer, buf.size(), e, b, false) != trailer.size()) {
       why = "it ended early";
       co_return outcome::bad;
     }
@@ -251,11 +251,12 @@ class reader {
     co_return outcome::hit;
   }
 
-  task<std::size_t> read_exactly(int fd, std::span<std::byte> buf, std::uint64_t at, entry& e, std::uint64_t b) {
+  task<std::size_t> read_exactly(int fd, std::span<std::byte> buf, std::uint64_t at, entry& e, std::uint64_t b,
+                                 bool punt) {
     std::size_t done = 0;
     while (done < buf.size()) {
       boost::system::error_code ec;
-      const auto n = co_await ring_.async_read_at(fd, buf.subspan(done), at + done, false,
+      const auto n = co_await ring_.async_read_at(fd, buf.subspan(done), at + done, punt,
                                                   asio::redirect_error(asio::use_awaitable, ec));
       if (ec == asio::error::operation_aborted) throw cancelled_error("read cancelled");
       if (ec)
@@ -278,6 +279,7 @@ class reader {
 
   std::shared_ptr<block_cache> cache_;
   uring_context ring_;
+  memory::recycler<memory::anonymous_memory> buffers_;
   std::mutex held_mutex_;
   std::map<held_key, std::shared_ptr<held_block>> held_;
   std::deque<held_key> ready_order_;
