@@ -69,6 +69,7 @@ class progress_display {
       auto line = fmt::format("[{:<30}] {:3d}%  {} / {}  {:.2f} GiB/s  ETA {:.0f}s  {}/{} tensors",
                               std::string(static_cast<std::size_t>(filled), '#'), pct, human_bytes(done), human_bytes(total),
                               rate / (1 << 30), eta, p_.tensors_done.load(), p_.total_tensors.load());
+      line += sluice_load::cache_progress();
       std::fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line.c_str());
     }
     if (tty) std::fprintf(stderr, "\r\033[K");
@@ -185,8 +186,7 @@ int main(int argc, char** argv) try {
                  static_cast<unsigned long long>(st.requests), cpu, gib > 0 ? cpu / gib : 0.0,
                  human_bytes(static_cast<double>(sluice_cli::peak_rss())).c_str(),
                  human_bytes(static_cast<double>(o.load.staging_budget)).c_str(), st.slots_used, st.slots);
-    if (auto line = sluice_load::cache_summary(st.cache_hit_bytes, st.cache_fetched_bytes, st.cache_refetched_bytes);
-        !line.empty())
+    if (auto line = sluice_load::cache_summary(); !line.empty())
       std::fprintf(stderr, "%s\n", line.c_str());
   }
   return 0;

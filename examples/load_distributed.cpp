@@ -59,6 +59,7 @@ s3::config s3_config_for(const options& o) {
 
 // The process's cache counters (the last cache it used), if any.
 struct cache_figures {
+  std::uint64_t hit = 0, fetched = 0, refetched = 0;
   std::uint64_t bad_blocks = 0, hashed_bytes = 0, hash_ns = 0, written = 0, unwritten = 0, evicted = 0;
   std::string dir;
 };
@@ -67,7 +68,7 @@ std::optional<cache_figures> process_cache() {
   auto c = cache::block_cache::last_used();
   if (!c) return std::nullopt;
   const auto& s = *c->stats;
-  return cache_figures{s.bad_blocks.load(), s.hashed_bytes.load(), s.hash_ns.load(), s.written_blocks.load(),
+  return cache_figures{s.hit_bytes.load(), s.fetched_bytes.load(), s.refetched_bytes.load(), s.bad_blocks.load(), s.hashed_bytes.load(), s.hash_ns.load(), s.written_blocks.load(),
                        s.unwritten_blocks.load(), s.evicted_blocks.load(), c->dir};
 #else
   return std::nullopt;
@@ -92,17 +93,28 @@ struct device_recording : forwarding_sink<cuda::device_sink> {
 
 }  // namespace
 
-std::string cache_summary(std::uint64_t hit, std::uint64_t fetched, std::uint64_t refetched) {
+std::string cache_summary() {
   const auto c = process_cache();
   if (!c) return {};
   const double gib = static_cast<double>(c->hashed_bytes) / double(1ull << 30);
-  return fmt::format("cache {}: {} served from it, {} fetched ({} again: {} bad blocks), {} blocks written{}{}; "
+  return fmt::format("cache {}: {} of blocks read from it, {} fetched ({} again: {} bad blocks), {} blocks written{}{}; "
                      "XXH3 {:.3f} s/GiB",
-                     c->dir, human_bytes(static_cast<double>(hit)), human_bytes(static_cast<double>(fetched)),
-                     human_bytes(static_cast<double>(refetched)), c->bad_blocks, c->written,
+                     c->dir, human_bytes(static_cast<double>(c->hit)), human_bytes(static_cast<double>(c->fetched)),
+                     human_bytes(static_cast<double>(c->refetched)), c->bad_blocks, c->written,
                      c->unwritten ? fmt::format(", {} not written", c->unwritten) : "",
                      c->evicted ? fmt::format(", {} evicted", c->evicted) : "",
                      gib > 0 ? static_cast<double>(c->hash_ns) / 1e9 / gib : 0.0);
+}
+
+std::string cache_progress() {
+#if SLUICE_HAS_S3
+  const auto c = cache::block_cache::last_used();
+  if (!c) return {};
+  return fmt::format("  cache: {} from it, {} from S3", human_bytes(static_cast<double>(c->stats->hit_bytes.load())),
+                     human_bytes(static_cast<double>(c->stats->fetched_bytes.load())));
+#else
+  return {};
+#endif
 }
 
 nlohmann::ordered_json cache_json() {
@@ -217,7 +229,7 @@ int run_distributed(const options& o) {
                  human_bytes(static_cast<double>(st.shared_bytes)).c_str(),
                  st.connections ? fmt::format("{} S3 connections, ", st.connections).c_str() : "", st.seconds);
   if (!o.json)
-    if (auto line = cache_summary(st.cache_hit_bytes, st.cache_fetched_bytes, st.cache_refetched_bytes); !line.empty())
+    if (auto line = cache_summary(); !line.empty())
       std::fprintf(stderr, "rank %zu: %s\n", who.rank, line.c_str());
   if (!o.json && !st.kept_whole.empty() && who.rank == 0)
     std::fprintf(stderr, "kept whole (TP %s does not divide them, --uneven keep-whole): %s\n", topo.c_str(),

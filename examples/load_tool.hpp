@@ -69,9 +69,12 @@ std::optional<int> parse(options& o, int argc, char** argv);
 sluice::location where_of(const options& o);
 
 // What the node-local cache did in this process ("" without one): bytes
-// served, fetched, fetched again, and XXH3's time per GiB; and the same as JSON.
-std::string cache_summary(std::uint64_t hit, std::uint64_t fetched, std::uint64_t refetched);
+// served, fetched, fetched again (headers included), and XXH3's time per
+// GiB; and the same as JSON.
+std::string cache_summary();
 nlohmann::ordered_json cache_json();
+// For the progress line: "  cache: X from it, Y from S3" while a cache is in use ("" without one).
+std::string cache_progress();
 
 // --select (a regular expression over tensor names) and --index.
 sluice::open_options open_options_of(const options& o);

@@ -410,6 +410,16 @@ void block_cache::trim(std::uint64_t target) {
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(opt_.dir, fs::directory_options::skip_permission_denied, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (name.starts_with("tmp.")) {   // a dead writer's, if its block's lock is free
+      std::uint64_t index = 0;
+      const int fd = std::sscanf(name.c_str(), "tmp.%lu.", &index) == 1
+                         ? ::open((it->path().parent_path() / "lock").c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+                         : -1;
+      if (fd >= 0 && set_lock(fd, F_WRLCK, index, 1)) ::unlink(it->path().c_str());
+      if (fd >= 0) ::close(fd);
+      continue;
+    }
     if (it->path().extension() != ".blk") continue;
     const auto size = it->file_size(ec);
     const auto when = it->last_write_time(ec);

@@ -482,6 +482,18 @@ TEST_CASE("the cache's cap holds, and eviction spares a block in use", "[source]
   }
   c.trim(0);
   CHECK(block_file_bytes(cache_dir) == 0);
+
+  // A dead writer's temporary file goes with the next trim, a live writer's stays.
+  const auto leftover = held->dir() + "/tmp." + std::to_string(index) + ".999999.0";
+  std::ofstream(leftover) << "partial";
+  {
+    auto writing = held->try_lock(index, true);
+    REQUIRE(writing);
+    c.trim(0);
+    CHECK(fs::exists(leftover));
+  }
+  c.trim(0);
+  CHECK_FALSE(fs::exists(leftover));
 }
 
 TEST_CASE("a cache directory or file others can reach is refused, naming it", "[source][s3][cache]") {

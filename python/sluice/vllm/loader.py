@@ -136,11 +136,12 @@ def _record(stats, cache_before=None):
     this load (the process's counters since `cache_before`) and logs it."""
     stats = dict(stats or {})
     after = sluice.cache_stats()
-    if after is not None:
-        before = cache_before or {}
-        did = {k: after[k] - before.get(k, 0) for k in ("hit_bytes", "fetched_bytes", "refetched_bytes", "bad_blocks")}
+    before = cache_before if cache_before and after and cache_before["dir"] == after["dir"] else {}
+    did = {k: after[k] - before.get(k, 0) for k in ("hit_bytes", "fetched_bytes", "refetched_bytes", "bad_blocks")} \
+        if after is not None else {}
+    if any(did.values()):   # this load read through the cache
         stats["cache"] = dict(did, dir=after["dir"])
-        log.info("sluice: cache %s: %.3f GiB from the cache, %.3f GiB from S3 (%.3f GiB fetched again: %d bad blocks)",
+        _vllm.logger().info("sluice: cache %s: %.3f GiB from the cache, %.3f GiB from S3 (%.3f GiB fetched again: %d bad blocks)",
                  after["dir"], did["hit_bytes"] / 2**30, did["fetched_bytes"] / 2**30, did["refetched_bytes"] / 2**30,
                  did["bad_blocks"])
     LOADS.append(stats)
