@@ -62,6 +62,48 @@ check 2 8
 check 4 4
 check 2 3 --connections-per-rank 3
 
+# Two simulated nodes (two launchers, --nnodes 2), each with its own node-local
+# cache directory, through a proxy that logs every request: the first load
+# fills each node's cache with the blocks its ranks read (both hold some, and
+# together every block of every tensor), the second sends S3 no GET for
+# object bytes, and both give the local load's digests.
+two_nodes() {
+  local store="$work/store-$1"; mkdir -m 700 "$store"
+  rm -f "$work"/digests.*
+  local pids=()
+  for k in 0 1; do
+    (cd "$work" && SLUICE_CACHE_DIR="$work/cache-node$k" AWS_ENDPOINT_URL="$proxy" \
+       "$launch" -n 2 --nnodes 2 --node-rank $k --host 127.0.0.1 --store "$store" -- sh -c \
+       'exec "$0" "$@" > "'"$work"'/digests.$RANK" 2>"'"$work"'/err.$RANK"' \
+       "$load" "s3://$bucket/ck/" --topology tp1,dp4,ep4 --digest --no-progress) >/dev/null &
+    pids+=($!)
+  done
+  wait "${pids[@]}"   # (not %1 %2: the proxy's coprocess is a job too)
+  sort -u "$work"/digests.* > "$work/s3.txt"
+  cmp -s "$work/local.txt" "$work/s3.txt" || { echo "FAIL: two nodes with caches: digests differ from the local load"; cat "$work"/err.*; exit 1; }
+}
+log="$work/requests.jsonl"
+# The proxy lives while its stdin (our end of the coprocess) is open.
+coproc PROXY { exec node "$src/tests/support/fault_proxy.js" --upstream "$SLUICE_S3_ENDPOINT" --fault none --log "$log"; }
+read -r _ port <&"${PROXY[0]}"
+proxy="http://127.0.0.1:$port"
+two_nodes 1
+first=$(wc -l < "$log")
+two_nodes 2
+/usr/bin/python3 - "$log" "$first" "$bucket" "$work" <<'PY'
+import json, os, sys
+log, first, bucket, work = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+lines = [json.loads(l) for l in open(log)]
+def objects(rs): return [r for r in rs if r["path"].split("?")[0].rstrip("/") != f"/{bucket}"]
+blocks = lambda d: sum(f.endswith(".blk") for _, _, fs in os.walk(d) for f in fs)
+b0, b1 = blocks(f"{work}/cache-node0"), blocks(f"{work}/cache-node1")
+assert b0 > 0 and b1 > 0, f"a node's cache is empty: {b0}, {b1} blocks"
+again = objects(lines[first:])
+assert not again, f"the second load asked S3 for object bytes: {again[:3]}"
+print(f"ok: two nodes, two caches ({b0} and {b1} blocks), the second load sent S3 {len(lines) - first} listing request(s) and no GET for object bytes")
+PY
+exec {PROXY[1]}>&-
+
 # Rank 1 points at a prefix with no checkpoint: every rank fails, naming rank 1 and the prefix.
 if (cd "$work" && "$launch" -n 2 --timeout 30 -- sh -c \
      'p=ck/; [ "$RANK" = 1 ] && p=missing/; exec "$0" "s3://$1/$p" --topology tp1,dp2,ep2 --no-progress 2> "'"$work"'/err.$RANK"' \
