@@ -118,7 +118,7 @@ int main(int argc, char** argv) try {
           std::vector<char> b(8u << 20);
           while (in.read(b.data(), static_cast<std::streamsize>(b.size())) || in.gcount() > 0) {}
         }
-        slice_reader rd(ck.storage().open_source(ck, ioc, lo), lo);
+        slice_reader rd(ck.storage().open_source(ck, ioc, lo.source()), lo);
         const auto t0 = std::chrono::steady_clock::now();
         plan == 0 ? per_row(rd) : rows_then_slice(rd);
         best[cold][plan] = std::min(best[cold][plan], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -91,6 +91,11 @@ struct load_options {
   /// the reads fill them from the first (core/prefaulter.hpp): fresh memory's
   /// first touch on two cores instead of one. 0: never.
   std::uint64_t prefault_above = prefaulter::default_min_bytes;
+
+  /// What the source of a load with these options takes (catalog::open_source).
+  [[nodiscard]] source_options source() const noexcept {
+    return {queue_depth, io, ring_entries, register_buffers, punt_buffered};
+  }
 };
 
 /// What a load did.

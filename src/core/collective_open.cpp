@@ -62,7 +62,7 @@ class recording_catalog final : public catalog {
   }
   // The data path is the inner catalog's (the opened checkpoint reads through its own catalog anyway).
   [[nodiscard]] bool shares_page_cache() const override { return inner_.shares_page_cache(); }
-  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
+  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const source_options& opt,
                                                         const reader_sizing& sizing) override {
     return inner_.open_source(ck, ioc, opt, sizing);
   }
@@ -118,7 +118,7 @@ class replaying_catalog final : public catalog {
   }
   // The data path is the inner catalog's (the opened checkpoint reads through its own catalog anyway).
   [[nodiscard]] bool shares_page_cache() const override { return inner_.shares_page_cache(); }
-  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
+  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const source_options& opt,
                                                         const reader_sizing& sizing) override {
     return inner_.open_source(ck, ioc, opt, sizing);
   }

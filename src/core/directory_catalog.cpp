@@ -24,7 +24,7 @@ namespace {
 // the source goes first).
 class ring_file_source {
  public:
-  ring_file_source(asio::io_context& ioc, const checkpoint& ck, const load_options& opt, unsigned depth)
+  ring_file_source(asio::io_context& ioc, const checkpoint& ck, const source_options& opt, unsigned depth)
       : ring_(ioc, uring_options{std::max(opt.ring_entries, depth), opt.register_buffers}),
         src_(ring_, ck.shard_uris(), opt.io, opt.punt_buffered) {}
   [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
@@ -50,7 +50,7 @@ class ring_file_source {
 }  // namespace
 
 std::unique_ptr<any_source> directory_catalog::open_source(const checkpoint& ck, asio::io_context& ioc,
-                                                           const load_options& opt, const reader_sizing& sizing) {
+                                                           const source_options& opt, const reader_sizing& sizing) {
   // A reader with more than its rank's share of the node (fewer readers than
   // ranks) keeps more reads in flight; its ring must hold them.
   const unsigned depth = sizing.queue_depth(opt.queue_depth);

@@ -49,7 +49,7 @@ struct cancel_source {
 load_stats load(const checkpoint& ck, any_sink s, staging_pool& pool, load_options opt) {
   const unsigned threads = std::max(1u, opt.threads);
   asio::io_context ioc{static_cast<int>(threads)};
-  const auto src = ck.storage().open_source(ck, ioc, opt);
+  const auto src = ck.storage().open_source(ck, ioc, opt.source());
   if (opt.register_buffers) src->register_buffers(pool);
   opt.queue_depth = src->queue_depth();
   // A stop aborts the pipeline's channels; reads in flight would still wait

@@ -16,7 +16,7 @@
 
 namespace sluice::inline v0 {
 
-std::unique_ptr<any_source> s3_catalog::open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
+std::unique_ptr<any_source> s3_catalog::open_source(const checkpoint& ck, asio::io_context& ioc, const source_options& opt,
                                                     const reader_sizing& sizing) {
   auto c = cfg();
   c.max_connections = rank_connections(c.max_connections, sizing);

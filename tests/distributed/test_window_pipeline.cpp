@@ -162,7 +162,7 @@ run_result run(event_log& log, bool overlap) {
   for (const auto& e : plan.entries) s.window_of[e.info.name] = e.window;
   run_result r;
   r.st = load_distributed_with(ck, c, plan, s, opt, [&](asio::io_context& ioc) {
-    return std::make_unique<logging_source>(logging_source{ck.storage().open_source(ck, ioc, opt.load), &log, &plan, &ck});
+    return std::make_unique<logging_source>(logging_source{ck.storage().open_source(ck, ioc, opt.load.source()), &log, &plan, &ck});
   });
   r.windows = plan.windows;
   for (auto& [n, d] : s.digests.digests()) r.digests[n] = d.sha256;
@@ -369,7 +369,7 @@ TEST_CASE("a read that fails on one window fails the load at that window's statu
     };
     try {
       (void)load_distributed_with(ck, c, plan, s, opt, [&](asio::io_context& ioc) {
-        return std::make_unique<failing_source>(failing_source{ck.storage().open_source(ck, ioc, opt.load), &plan, &ck});
+        return std::make_unique<failing_source>(failing_source{ck.storage().open_source(ck, ioc, opt.load.source()), &plan, &ck});
       });
       FAIL("no error");
     } catch (const distributed_error& e) {

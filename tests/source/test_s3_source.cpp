@@ -226,7 +226,7 @@ class split_catalog final : public catalog {
   [[nodiscard]] std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) override {
     return meta_.read_prefix(name, length);
   }
-  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const load_options& opt,
+  [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const source_options& opt,
                                                         const reader_sizing& sizing) override {
     return data_.open_source(ck, ioc, opt, sizing);
   }

@@ -182,7 +182,7 @@ distributed_stats load_distributed(const checkpoint& ck, Comm& c, const policy::
                                    const distributed_options& opt, Lane& lane) {
   detail::check_sink_takes_lane<Sink, Lane>();
   const source_factory open = [&](asio::io_context& ioc, const reader_sizing& sizing) {
-    return ck.storage().open_source(ck, ioc, opt.load, sizing);
+    return ck.storage().open_source(ck, ioc, opt.load.source(), sizing);
   };
   return detail::drive_erased(ck, c, plan, any_sink(s), opt, open, true, lane);
 }

@@ -208,7 +208,7 @@ class s3_catalog final : public catalog {
   /// bench/README.md, bench-s3). Extents below 1 MiB are staged and merged
   /// (every GET costs a round trip). Compiled in src/s3/open_source.cpp.
   [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc,
-                                                        const load_options& opt, const reader_sizing& sizing) override;
+                                                        const source_options& opt, const reader_sizing& sizing) override;
   /// Extents smaller than this are read through a staging slot and merged
   /// with file-adjacent ones into one GET (any_source::stage_below).
   static constexpr std::uint64_t staged_below = std::uint64_t{1} << 20;

@@ -45,7 +45,18 @@ struct io_counters {
 
 class any_source;
 class checkpoint;
-struct load_options;
+
+/// What a catalog's data path takes from the load that opens it: options of
+/// its own, not the loader's (`load_options::source()` makes them). Where the
+/// bytes come from, and how (an S3 source's endpoint, credentials, pool and
+/// cache), is the catalog's own configuration (s3::config).
+struct source_options {
+  unsigned queue_depth = 4;          ///< reads the load keeps in flight (a source may prefer more: S3)
+  io_mode io = io_mode::automatic;   ///< local files: O_DIRECT when aligned, required, or never
+  unsigned ring_entries = 64;        ///< local files: io_uring SQ entries
+  bool register_buffers = false;     ///< local files: register the staging pool with the ring
+  bool punt_buffered = true;         ///< local files: buffered reads on io-wq (several copies at once)
+};
 
 /// How many ranks of a node share a distributed load's storage, and what one
 /// rank may use of it (S3: connections of its client; local files: reads in
@@ -132,13 +143,13 @@ class catalog {
   /// Opens the data path of `ck` (opened through this catalog): a source over
   /// its shards whose reads run on `ioc` (local files: io_uring, `opt.io`,
   /// `opt.punt_buffered`, `opt.ring_entries`; S3: range GETs at the versions
-  /// this catalog pinned). `sizing` is this rank's share of the node's I/O
+  /// this catalog pinned, through its cache). `sizing` is this rank's share of the node's I/O
   /// (the default: a process alone on its node): it sets the source's
   /// preferred queue depth and, for S3, its connections. Throws io_error when
   /// the storage cannot be read (io_uring unavailable, a file that cannot be
   /// opened).
   [[nodiscard]] virtual std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc,
-                                                                const load_options& opt,
+                                                                const source_options& opt,
                                                                 const reader_sizing& sizing = {}) = 0;
   /// Bytes this catalog has read so far (headers and index).
   [[nodiscard]] std::uint64_t bytes_read() const noexcept { return counters_.bytes_read.load(); }

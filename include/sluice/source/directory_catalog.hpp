@@ -39,7 +39,7 @@ class directory_catalog final : public catalog {
   /// queue depth of sizing.queue_depth(opt.queue_depth); cancel() cancels the
   /// ring's reads. Compiled in the library (src/core/directory_catalog.cpp).
   [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc,
-                                                        const load_options& opt, const reader_sizing& sizing) override;
+                                                        const source_options& opt, const reader_sizing& sizing) override;
 
   [[nodiscard]] std::vector<std::string> list() override {
     std::vector<std::string> out;
