@@ -24,6 +24,7 @@
 
 #include <sluice/comm/store.hpp>
 #include <sluice/distributed/fault.hpp>
+#include <sluice/source/page_cache.hpp>
 
 namespace sluice::inline v0::cache {
 
@@ -162,7 +163,7 @@ block_lock entry::try_lock(std::uint64_t b, bool exclusive) const {
   return block_lock(fd);
 }
 
-std::optional<block_file> entry::open_block(std::uint64_t b, bool want_direct, std::string& why) const {
+std::optional<block_file> entry::open_block(std::uint64_t b, bool direct_if_cold, std::string& why) const {
   const auto path = block_path(b);
   block_file f;
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -178,7 +179,8 @@ std::optional<block_file> entry::open_block(std::uint64_t b, bool want_direct, s
     why = fmt::format("it holds {} bytes, a block of {} bytes and its trailer take {}", st.st_size, block_length(b), want);
     return std::nullopt;
   }
-  if (want_direct) f.direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_DIRECT);
+  if (direct_if_cold && !detail::mostly_cached(f.fd, 0, block_length(b)))
+    f.direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_DIRECT);
   return f;
 }
 

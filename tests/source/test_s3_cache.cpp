@@ -154,6 +154,14 @@ struct logged {
   }
 };
 
+// What most tests start from: the checkpoint in its own bucket, a logging
+// proxy in front of the server, a cache directory of the test's own.
+struct fixture {
+  remote_checkpoint r;
+  logged l;
+  fs::path cache_dir = scratch("c") / "cache";
+};
+
 // Requests for object bytes (anything but the listing), as "key@block" (every
 // one must be one whole block).
 std::vector<std::string> block_gets(const std::vector<logged::request>& rs, const remote_checkpoint& r) {
@@ -256,9 +264,8 @@ std::vector<std::string> shards_with_blocks(const remote_checkpoint& r, std::uin
 TEST_CASE("a second load of an S3 checkpoint through the cache sends no GET for object bytes, only the listing",
           "[source][s3][cache]") {
   REQUIRE_S3_SERVERS();
-  const remote_checkpoint r;
-  logged l;
-  const auto cache_dir = scratch("c") / "cache";
+  fixture f;
+  auto& [r, l, cache_dir] = f;
   const auto want = load_local(r);
 
   const auto first = load_s3(r, l.cfg(cache_dir));
@@ -294,9 +301,8 @@ TEST_CASE("a second load of an S3 checkpoint through the cache sends no GET for 
 TEST_CASE("an object rewritten in S3 between loads is fetched again and its old blocks are never served",
           "[source][s3][cache]") {
   REQUIRE_S3_SERVERS();
-  remote_checkpoint r;
-  logged l;
-  const auto cache_dir = scratch("c") / "cache";
+  fixture f;
+  auto& [r, l, cache_dir] = f;
   REQUIRE(load_s3(r, l.cfg(cache_dir)).digests == load_local(r));
 
   // Same size, other bytes: a new ETag; the old version's blocks would still
@@ -328,9 +334,8 @@ TEST_CASE("an object rewritten in S3 between loads is fetched again and its old 
 TEST_CASE("a flipped byte, a truncated block and a block of another object are detected, fetched again and counted",
           "[source][s3][cache]") {
   REQUIRE_S3_SERVERS();
-  const remote_checkpoint r;
-  logged l;
-  const auto cache_dir = scratch("c") / "cache";
+  fixture f;
+  auto& [r, l, cache_dir] = f;
   const auto want = load_local(r);
   REQUIRE(load_s3(r, l.cfg(cache_dir)).digests == want);
 
@@ -384,9 +389,8 @@ TEST_CASE("a flipped byte, a truncated block and a block of another object are d
 TEST_CASE("a load killed mid-write leaves nothing a later load serves, and the later load fetches only what is missing",
           "[source][s3][cache][fault]") {
   REQUIRE_S3_SERVERS();
-  const remote_checkpoint r;
-  logged l;
-  const auto cache_dir = scratch("c") / "cache";
+  fixture f;
+  auto& [r, l, cache_dir] = f;
   const auto want = load_local(r);
 
   // A child process loads and kills itself half-way through writing its 6th block.
@@ -415,9 +419,8 @@ TEST_CASE("a load killed mid-write leaves nothing a later load serves, and the l
 
 TEST_CASE("two processes loading the same checkpoint at once fetch each block once", "[source][s3][cache]") {
   REQUIRE_S3_SERVERS();
-  const remote_checkpoint r;
-  logged l;
-  const auto cache_dir = scratch("c") / "cache";
+  fixture f;
+  auto& [r, l, cache_dir] = f;
   const auto want = load_local(r);
   std::vector<pid_t> pids;
   for (int i = 0; i < 2; ++i) pids.push_back(in_child([&] { return load_s3(r, l.cfg(cache_dir)).digests == want ? 0 : 2; }));
@@ -434,9 +437,8 @@ TEST_CASE("two processes loading the same checkpoint at once fetch each block on
 TEST_CASE("a partial first load (the draft shards) then a full one: GETs only for blocks not cached, none twice",
           "[source][s3][cache]") {
   REQUIRE_S3_SERVERS();
-  const remote_checkpoint r;
-  logged l;
-  const auto cache_dir = scratch("c") / "cache";
+  fixture f;
+  auto& [r, l, cache_dir] = f;
   open_options draft;
   const auto prefix = fmt::format("model.layers.{}.", model().layers);
   draft.select = [&](std::string_view n) { return n.starts_with(prefix); };
@@ -455,9 +457,8 @@ TEST_CASE("a partial first load (the draft shards) then a full one: GETs only fo
 
 TEST_CASE("the cache's cap holds, and eviction spares a block in use", "[source][s3][cache]") {
   REQUIRE_S3_SERVERS();
-  const remote_checkpoint r;
-  logged l;
-  const auto cache_dir = scratch("c") / "cache";
+  fixture f;
+  auto& [r, l, cache_dir] = f;
   const std::uint64_t cap = 6 * (block + cache::block_trailer::size);
   CHECK(load_s3(r, l.cfg(cache_dir, cap)).digests == load_local(r));
   CHECK(block_file_bytes(cache_dir) <= cap);

@@ -93,7 +93,7 @@ struct block_trailer {
 /// An open block file: its descriptor(s) and what its size says.
 struct block_file {
   int fd = -1;          ///< buffered
-  int direct_fd = -1;   ///< O_DIRECT, when the read may use it
+  int direct_fd = -1;   ///< O_DIRECT, when the block is cold and the read may use it
   block_file() = default;
   block_file(block_file&& o) noexcept : fd(std::exchange(o.fd, -1)), direct_fd(std::exchange(o.direct_fd, -1)) {}
   block_file& operator=(block_file&&) = delete;
@@ -119,8 +119,10 @@ class entry {
   [[nodiscard]] block_lock try_lock(std::uint64_t b, bool exclusive) const;
   /// The block's file, or nothing when there is none. A file of the wrong
   /// size is there but bad: `why` says so and nothing is returned. A file
-  /// not this user's or with group/other bits: config_error.
-  [[nodiscard]] std::optional<block_file> open_block(std::uint64_t b, bool want_direct, std::string& why) const;
+  /// not this user's or with group/other bits: config_error. With
+  /// `direct_if_cold`, an O_DIRECT descriptor too when most of the block is
+  /// not in the page cache (cachestat, as the file source decides).
+  [[nodiscard]] std::optional<block_file> open_block(std::uint64_t b, bool direct_if_cold, std::string& why) const;
   /// Whether `data` with `trailer` (the 64 bytes after it) is block `b` as
   /// fetched; `why` says what is wrong. Hashes `data` (counted).
   [[nodiscard]] bool verify(std::uint64_t b, std::span<const std::byte> data, std::span<const std::byte> trailer,

@@ -46,7 +46,6 @@
 #include <sluice/memory/lease.hpp>
 #include <sluice/memory/recycler.hpp>
 #include <sluice/source/concepts.hpp>
-#include <sluice/source/page_cache.hpp>
 
 namespace sluice::inline v0::cache {
 
@@ -225,16 +224,9 @@ class reader {
   // Block `b` from its file into `buf`, verified.
   task<outcome> from_file(entry& e, std::uint64_t b, std::span<std::byte> buf, std::string& why) {
     const bool aligned = buf.size() % 4096 == 0 && reinterpret_cast<std::uintptr_t>(buf.data()) % 4096 == 0;
-    auto f = e.open_block(b, false, why);
+    auto f = e.open_block(b, aligned, why);
     if (!f) co_return why.empty() ? outcome::missing : outcome::bad;
-    int fd = f->fd;
-    if (aligned && !detail::mostly_cached(f->fd, 0, buf.size())) {
-      std::string ignored;
-      if (auto d = e.open_block(b, true, ignored); d && d->direct_fd >= 0) {
-        f.emplace(std::move(*d));
-        fd = f->direct_fd;
-      }
-    }
+    const int fd = f->direct_fd >= 0 ? f->direct_fd : f->fd;
     std::array<std::byte, block_trailer::size> trailer{};
     // A buffered read of a hot block goes to the kernel's io-wq workers
     // (IOSQE_ASYNC): reads in flight copy on several cores, as the file

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -351,8 +352,9 @@ class s3_catalog final : public catalog {
   }
 
   // An object this catalog knows nothing of yet (no listing): GETs its first
-  // block unpinned (the response names size and ETag; no HEAD) and writes it
-  // into the cache, where the read that asked finds it.
+  // block unpinned (the response names size and ETag; no HEAD) and hands it
+  // to the cache as that block's fetch (the reader's one rule: lock, verify
+  // what is there, else write these bytes), where the read that asked finds it.
   void first_block(const std::string& name) {
     const auto bs = cache_->cache().opts().block_size;
     std::vector<std::byte> bytes(static_cast<std::size_t>(bs));
@@ -363,17 +365,13 @@ class s3_catalog final : public catalog {
     auto& e = entries_[name];
     if (!e) e = cache_->cache().open({cfg().endpoint.url(), bucket_, prefix_ + name, r.etag, r.object_size});
     if (!e || r.bytes != e->block_length(0)) return;
-    const std::span<const std::byte> block(bytes.data(), r.bytes);
-    if (auto lock = e->try_lock(0, true)) {
-      std::string why;
-      if (!e->open_block(0, false, why) || !why.empty()) {
-        e->discard(0);
-        if (e->publish(0, block, e->hash(block))) {
-          counters_.cache_fetched_bytes += r.bytes;
-          cache_->cache().stats().fetched_bytes += r.bytes;
-        }
-      }
-    }
+    auto fetched = [&bytes](std::uint64_t, std::span<std::byte> to) -> task<std::size_t> {
+      std::memcpy(to.data(), bytes.data(), to.size());
+      co_return to.size();
+    };
+    auto stopped = [this] { return client_->cancelled(); };
+    std::vector<std::byte> block(r.bytes);
+    (void)run_blocking(ioc_, cache_->read(*e, 0, block, std::move(fetched), stopped, counters_));
   }
 
   task<std::size_t> get_counted(std::string key, std::uint64_t at, std::span<std::byte> to, std::string etag) {
