@@ -40,6 +40,10 @@ class ring_file_source {
   [[nodiscard]] task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
     return src_.map(file, offset, length);
   }
+  [[nodiscard]] bool cached(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    return src_.cached(file, offset, length);
+  }
+  [[nodiscard]] lease view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) { return src_.view(file, offset, length); }
   void cancel() { ring_.cancel_all(); }
   void register_buffers(staging_pool& pool) { ring_.register_buffers(pool.region(), pool.slot_size()); }
 

@@ -251,34 +251,40 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // Shared tables as views of the page cache: with the node's page cache as
   // its copy and views asked for (map_above), every local rank maps the
   // tables' file ranges; no segment is made or filled, and the kernel reads
-  // each byte from disk once for the node.
+  // each byte from disk once for the node. A table is memory its consumers
+  // read sparsely (rows looked up), so each rank maps it without mapping its
+  // pages in; it only makes sure its share of the node's reads is in the page
+  // cache (mapping that share in where it is not: the cooperative cold fill).
   const bool table_views = shared && page_cache && opt.load.map_above > 0;
   std::vector<lease> tables;  // by entry, table_views only
-  std::uint64_t table_taken = 0, table_bytes = 0;
+  std::uint64_t table_taken = 0, table_bytes = 0, table_resident = 0;
   if (table_views) {
     fault_point("tables", me);
     const auto r0 = clock::now();
     run_phase(c, "mapping shared tables", [&] {
-      planned_reads reads;
-      std::vector<std::size_t> of;  // the plan entry of each view
+      planned_reads fill;  // this rank's shares the page cache lacks
+      tables.resize(plan.entries.size());
       for (std::size_t j = 0; j < plan.entries.size(); ++j) {
         const auto& e = plan.entries[j];
         if (!e.shared() || e.info.size == 0) continue;
-        of.push_back(j);
         table_bytes += e.info.size;
         const auto& t = ck.tensors()[e.index];
         if (!reader->source().can_map(t.shard, t.offset, e.info.size))
           throw io_error("the page cache cannot serve a view of this table", {ck.shards()[t.shard].uri, t.name, t.range()});
-        reads.push_back({&t, 0, e.info.size, {}, true});
+        tables[j] = reader->source().view(t.shard, t.offset, e.info.size);
         std::uint64_t mine = 0;  // the plan's share of the node's storage reads
-        for (const auto& r : e.reads)
-          if (r.reader == me) mine += r.size;
+        for (const auto& r : e.reads) {
+          if (r.reader != me) continue;
+          mine += r.size;
+          if (reader->source().cached(t.shard, t.offset + r.offset, r.size))
+            table_resident += r.size;
+          else
+            fill.push_back({&t, r.offset, r.size, {}, true});
+        }
         fetched += mine, table_taken += e.info.size - mine;
       }
-      std::vector<lease> views(reads.size());
-      run_blocking(ioc, reader->read(reads, &views));
-      tables.resize(plan.entries.size());
-      for (std::size_t k = 0; k < reads.size(); ++k) tables[of[k]] = std::move(views[k]);
+      std::vector<lease> filled(fill.size());  // dropped: the tables' views hold the mapping
+      run_blocking(ioc, reader->read(fill, &filled));
       table_reader.reset();
     });
     st.table_seconds = since(r0);
@@ -360,9 +366,11 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   run_phase(c, "finishing the sink", [&] { s.finish(); });
   st.bytes_read = fetched;
   st.page_cache_bytes = w.taken + table_taken;
+  st.resident_bytes = table_resident;
   st.node_copied_bytes = w.node;
   st.mapped_bytes = w.mapped + table_bytes;
-  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken - table_taken;  // takes are read buffered: exact
+  // Takes are read buffered (exact); table views are not reads (their fills are).
+  st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken;
   st.requests = reader->counters().requests.load() + table_requests;
   st.cache_hit_bytes = reader->counters().cache_hit_bytes.load() + table_cache[0];
   st.cache_fetched_bytes = reader->counters().cache_fetched_bytes.load() + table_cache[1];

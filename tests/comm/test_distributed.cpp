@@ -273,6 +273,20 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
             if (rd.reader != r && plan.node_of(rd.reader) == plan.node_of(static_cast<policy::rank_t>(r))) table_take += rd.size;
     const bool windowed = carrier == policy::node_copy::window;
     REQUIRE(j["stats"]["page_cache_bytes"].get<std::uint64_t>() == (windowed ? 0 : taken[r] + table_take));
+    // Table views: its share of the tables' reads it skipped, the page cache
+    // holding them (it read the rest); the source read exactly the others.
+    std::uint64_t table_share = 0;
+    for (const auto& e : plan.entries)
+      if (e.shared())
+        for (const auto& rd : e.reads)
+          if (rd.reader == r) table_share += rd.size;
+    const auto resident = j["stats"]["resident_bytes"].get<std::uint64_t>();
+    if (dopt.load.map_above && carrier == policy::node_copy::page_cache) {
+      REQUIRE(resident <= table_share);
+      REQUIRE(j["stats"]["storage_bytes"].get<std::uint64_t>() + resident == j["stats"]["bytes_read"].get<std::uint64_t>());
+    } else {
+      REQUIRE(resident == 0);
+    }
     REQUIRE(j["stats"]["node_copied_bytes"].get<std::uint64_t>() == (windowed ? taken[r] : 0) + copied[r]);
     REQUIRE((j["stats"]["node_window_bytes"].get<std::uint64_t>() > 0) == (sched.node_window_bytes > 0));
     if (!by_node && !relay) REQUIRE(gloo_in[r] == plan.received_bytes[r]);

@@ -373,6 +373,54 @@ TEST_CASE("through the page cache, a node's messages become its receivers' takes
   CHECK(once * 2 == plain);
 }
 
+TEST_CASE("a rank's kept parts that no message carries lie last, smallest first: what it writes itself is one prefix", "[policy][schedule]") {
+  const auto tensors = deepseek_like(1u << 20);
+  plan_options o;
+  o.window_bytes = 256u << 10;
+  o.local_size = 2;  // two nodes of two: some parts travel, the node's do not
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::per_rank_host, o);
+  for (const auto node : {node_copy::none, node_copy::page_cache}) {
+    const auto s = make_schedule(p, lane_split::one, node);
+    require_schedule_delivers(p, s);
+    std::size_t quiet_parts = 0, loud_parts = 0;
+    for (const auto& w : s.windows)
+      for (std::size_t r = 0; r < p.world; ++r) {
+        const auto& L = w.lanes.at(0);
+        const auto& lay = L.ranks[r];
+        // Parts a message lands in, by their kept offset (every received
+        // message lands in one part or back-to-back parts of one sender).
+        std::set<std::uint64_t> loud;
+        for (auto i : lay.recvs) {
+          const auto& m = L.messages[i];
+          for (const auto& k : lay.kept)
+            if (k.off >= m.dst.off && k.off < m.dst.off + m.size) loud.insert(k.off);
+        }
+        for (auto i : lay.sends) {
+          const auto& m = L.messages[i];
+          if (!m.src.kept) continue;
+          for (const auto& k : lay.kept)
+            if (k.off >= m.src.off && k.off < m.src.off + m.size) loud.insert(k.off);
+        }
+        std::vector<std::pair<std::uint64_t, std::uint64_t>> by_off;  // (offset, bytes)
+        for (const auto& k : lay.kept) by_off.emplace_back(k.off, p.kept_bytes(p.entries[k.entry]));
+        std::sort(by_off.begin(), by_off.end());
+        bool in_quiet = false;
+        std::uint64_t last = 0;
+        for (const auto& [off, n] : by_off) {
+          if (loud.contains(off)) {
+            REQUIRE_FALSE(in_quiet);  // no part a message carries after a quiet one
+            ++loud_parts;
+            continue;
+          }
+          if (in_quiet) REQUIRE(n >= last);  // quiet parts smallest first
+          in_quiet = true, last = n, ++quiet_parts;
+        }
+      }
+    REQUIRE(quiet_parts > 0);
+    if (node == node_copy::none) REQUIRE(loud_parts > 0);
+  }
+}
+
 TEST_CASE("the schedule's digest covers owners, split and destination, not just names and readers", "[policy][schedule]") {
   const auto tensors = deepseek_like(1u << 20);
   const auto p = make_plan(tensors, classifier::deepseek(), 2, 2, 4, offload_kind::shared_single);

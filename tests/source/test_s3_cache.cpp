@@ -348,13 +348,13 @@ TEST_CASE("a flipped byte, a truncated block and a block of another object are d
   REQUIRE(a);
   REQUIRE(b);
   {  // a flipped byte in block 1 of the first
-    std::fstream f(a->block_path(1), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(1000);
+    std::fstream blk(a->block_path(1), std::ios::in | std::ios::out | std::ios::binary);
+    blk.seekg(1000);
     char ch = 0;
-    f.read(&ch, 1);
+    blk.read(&ch, 1);
     ch = static_cast<char>(ch ^ 0x10);
-    f.seekp(1000);
-    f.write(&ch, 1);
+    blk.seekp(1000);
+    blk.write(&ch, 1);
   }
   fs::resize_file(b->block_path(0), block / 2);   // block 0 of the second cut short
   fs::copy_file(a->block_path(0), b->block_path(1), fs::copy_options::overwrite_existing);   // another object's block

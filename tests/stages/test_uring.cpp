@@ -246,6 +246,74 @@ TEST_CASE("io_mode::direct never maps, automatic maps what is cached", "[core][u
   REQUIRE_FALSE(automatic.can_map(0, 0, 1 << 20));
 }
 
+namespace {
+// Pages of `b` this process has mapped in (page table entries present:
+// /proc/self/pagemap bit 63, readable without privileges).
+std::size_t present_pages(std::span<const std::byte> b) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY);
+  REQUIRE(fd >= 0);
+  const auto first = reinterpret_cast<std::uintptr_t>(b.data()) / 4096, last = (reinterpret_cast<std::uintptr_t>(b.data()) + b.size() - 1) / 4096;
+  std::size_t n = 0;
+  for (auto p = first; p <= last; ++p) {
+    std::uint64_t e = 0;
+    REQUIRE(::pread(fd, &e, 8, static_cast<off_t>(p * 8)) == 8);
+    n += (e >> 63) & 1;
+  }
+  ::close(fd);
+  return n;
+}
+}  // namespace
+
+TEST_CASE("cached says whether every page of a range is in the page cache, view maps a range without mapping it in", "[core][uring][map]") {
+  sluice_test::scratch_dir dir;
+  const auto data = pattern((2 << 20) + 777);
+  const auto path = dir.path / "f";
+  write_file(path, data);
+  asio::io_context ioc;
+  uring_context ring(ioc);
+  file_source src(ring, {path.string()}, io_mode::buffered);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::fdatasync(fd) == 0);
+  std::vector<char> buf(data.size());
+  REQUIRE(::pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size()));  // every page in
+  if (!src.cached(0, 0, data.size())) {
+    ::close(fd);
+    WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached");
+    return;
+  }
+  REQUIRE_FALSE(src.cached(0, 0, data.size() + 1));  // past the end
+  // Dropped (clean pages), then its first page read again (and what the
+  // kernel reads ahead with it, far less than the file): that page is
+  // cached, the whole range is not.
+  REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  REQUIRE_FALSE(src.cached(0, 0, 4096));
+  REQUIRE(::pread(fd, buf.data(), 4096, 0) == 4096);
+  REQUIRE(src.cached(0, 0, 4096));
+  REQUIRE(src.cached(0, 100, 200));
+  REQUIRE_FALSE(src.cached(0, 0, data.size()));
+
+  // A view: the file's bytes, not counted as read, no page mapped in until touched.
+  lease v = src.view(0, 4097, (1 << 20) + 10);
+  REQUIRE(v.bytes().size() == (1 << 20) + 10);
+  REQUIRE(src.counters().bytes_read == 0);
+  REQUIRE(src.mapped_bytes() == 0);
+  REQUIRE(present_pages(v.bytes()) == 0);
+  REQUIRE(std::memcmp(v.bytes().data(), data.data() + 4097, v.bytes().size()) == 0);
+  REQUIRE(present_pages(v.bytes()) > 0);  // touched: in now
+  // map, on the same mapping, maps its pages in.
+  const lease m = map_range(ioc, src, 0, 4096);
+  REQUIRE(present_pages(m.bytes()) == 1);
+  ::close(fd);
+  try {
+    (void)src.view(0, data.size() - 10, 11);
+    FAIL("no error");
+  } catch (const truncated_error& e) {
+    REQUIRE(e.file() == path.string());
+    REQUIRE(e.range() == byte_range{data.size() - 10, data.size() + 1});
+  }
+}
+
 // io_uring_submit_and_wait, as this executable sees it: the real one, unless
 // a test asks for EINTR first (the error io_uring_enter gives when a signal
 // arrives during the wait: a Ctrl-C in Python). The definition here

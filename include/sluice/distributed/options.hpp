@@ -117,6 +117,10 @@ struct distributed_stats {
   /// instead of receiving them (local files: policy::schedule::page_cache).
   /// Not in bytes_read or storage_bytes (its reads are in requests).
   std::uint64_t page_cache_bytes = 0;
+  /// Of bytes_read: bytes of its share of the node's reads of shared tables
+  /// mapped as views of the page cache (load_options::map_above) that it did
+  /// not read because the page cache held them already. Not in storage_bytes.
+  std::uint64_t resident_bytes = 0;
   /// Bytes of tensors it keeps that it handed out as views of the page
   /// cache, never copied (load_options::map_above; reads and takes alike).
   std::uint64_t mapped_bytes = 0;
@@ -146,7 +150,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"cache", {{"hit_bytes", cache_hit_bytes}, {"fetched_bytes", cache_fetched_bytes}, {"refetched_bytes", cache_refetched_bytes}}}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"resident_bytes", resident_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
             {"overlapped", overlapped},

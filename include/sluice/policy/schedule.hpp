@@ -254,16 +254,26 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
   };
   constexpr auto none = ~std::uint64_t{0};
   std::vector<std::uint64_t> kept_off(end - begin, none);
-  struct keyed { rank_t reader; std::uint64_t receivers; std::size_t entry; };
+  // Parts none of whose bytes travel to or from this rank (it reads or
+  // takes them all) go last, smallest first: a large one may come as a view
+  // of the page cache instead (read_window's map_above), and then the memory
+  // this rank writes is one dense prefix of its kept region, not pages
+  // scattered over all of it (each first touch of which the kernel zeroes,
+  // a whole huge page at a time).
+  std::vector<bool> quiet(end - begin, true);
+  for (auto tag : mine) quiet[msgs[tag].entry - begin] = false;
+  struct keyed { bool quiet; rank_t reader; std::uint64_t receivers; std::uint64_t size; std::size_t entry; };
   std::vector<keyed> order;
   for (std::size_t i = begin; i < end; ++i) {
     const auto& e = plan.entries[i];
     if (!travels_in(e, lane) || !e.owners.contains(me)) continue;
-    keyed k{static_cast<rank_t>(plan.world), 0, i};
+    keyed k{quiet[i - begin], static_cast<rank_t>(plan.world), 0, plan.kept_bytes(e), i};
     if (e.reads.size() == 1 && e.split != tp_split::columns) k.reader = e.reads[0].reader, k.receivers = receivers_key[i - begin];
     order.push_back(k);
   }
   std::stable_sort(order.begin(), order.end(), [](const keyed& x, const keyed& y) {
+    if (x.quiet != y.quiet) return y.quiet;
+    if (x.quiet) return x.size < y.size;
     return x.reader != y.reader ? x.reader < y.reader : x.receivers < y.receivers;
   });
   for (const auto& k : order) kept_off[k.entry - begin] = out.kept_bytes, out.kept_bytes += plan.kept_bytes(plan.entries[k.entry]);

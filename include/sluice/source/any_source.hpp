@@ -46,7 +46,14 @@ class staging_pool;
 ///   the page cache instead of a read (local files whose range is cached:
 ///   file_source::map), for a load that asks for views of large extents
 ///   (load_options::map_above); false, and usage_error, for a backend
-///   without them (S3).
+///   without them (S3);
+/// - `cached(file, offset, length)`: whether every byte of the range is in
+///   the node's page cache now (a read of it would copy and never touch the
+///   disk); false for a backend without one;
+/// - `view(file, offset, length)`: a view of the range of the file's
+///   mapping whose pages are not mapped in beforehand (they come in as they
+///   are touched): for memory a rank maps but reads sparsely, such as a
+///   shared table; usage_error where can_map is false.
 ///
 /// Its reads run on the executor it was opened on (catalog::open_source's
 /// io_context): a load co_awaits them there, never blocking a thread of it.
@@ -80,6 +87,14 @@ class any_source {
     return false;
   }
   [[nodiscard]] virtual task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    (void)file, (void)offset, (void)length;
+    throw usage_error("this source has no page-cache views (can_map is false)");
+  }
+  [[nodiscard]] virtual bool cached(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    (void)file, (void)offset, (void)length;
+    return false;
+  }
+  [[nodiscard]] virtual lease view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
     (void)file, (void)offset, (void)length;
     throw usage_error("this source has no page-cache views (can_map is false)");
   }
@@ -146,6 +161,18 @@ class source_holder final : public any_source {
       return s_->map(file, offset, length);
     else
       return any_source::map(file, offset, length);
+  }
+  [[nodiscard]] bool cached(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const override {
+    if constexpr (requires(const S& x) { x.cached(file, offset, length); })
+      return s_->cached(file, offset, length);
+    else
+      return false;
+  }
+  [[nodiscard]] lease view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) override {
+    if constexpr (requires(S& x) { x.view(file, offset, length); })
+      return s_->view(file, offset, length);
+    else
+      return any_source::view(file, offset, length);
   }
 
  private:

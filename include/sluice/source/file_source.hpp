@@ -130,6 +130,25 @@ class file_source {
     mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
     co_return lease(std::move(m), {base + offset, static_cast<std::size_t>(length)});
   }
+  /// Whether every page of [offset, offset + length) of `file` is in the page cache.
+  [[nodiscard]] bool cached(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    const auto& f = files_.at(file);
+    return offset + length <= f.size && detail::fully_cached(f.fd, offset, length);
+  }
+
+  /// A view of bytes [offset, offset + length) of `file` whose pages are not
+  /// mapped in first (map's are): each comes in from the page cache, or the
+  /// disk, when touched. Not counted as read. Throws truncated_error when the
+  /// file holds less.
+  [[nodiscard]] lease view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    auto& f = files_.at(file);
+    if (offset + length > f.size)
+      throw truncated_error(fmt::format("the file holds {} bytes", f.size), {f.path, "", byte_range{offset, offset + length}});
+    auto m = mapping_of(f);
+    std::byte* base = static_cast<std::byte*>(m.get());
+    return lease(std::move(m), {base + offset, static_cast<std::size_t>(length)});
+  }
+
   /// Bytes handed out as page-cache views so far.
   [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_bytes_.load(); }
 
