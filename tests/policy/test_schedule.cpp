@@ -146,6 +146,19 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
         std::memcpy(mem[m.to].at(m.dst, m.size), mem[m.from].at(m.src, m.size), m.size);
         mem[m.to].wrote(m.dst, m.size);
       }
+      // The device lane's relays, second step: from a node's relay, which
+      // received the bytes above, to the node's other keepers.
+      std::set<std::uint32_t> tags2;
+      for (const auto& m : L.second) {
+        REQUIRE(L.lane == window_lane::device);
+        REQUIRE(tags2.insert(m.tag).second);
+        REQUIRE(m.from != m.to);
+        REQUIRE(p.node_of(m.from) == p.node_of(m.to));  // within a node only
+        REQUIRE(m.src.kept);
+        REQUIRE(m.dst.kept);
+        std::memcpy(mem[m.to].at(m.dst, m.size), mem[m.from].at(m.src, m.size), m.size);
+        mem[m.to].wrote(m.dst, m.size);
+      }
       for (std::size_t r = 0; r < p.world; ++r)
         for (const auto& c : L.ranks[r].copies) {
           REQUIRE(c.to.kept);
@@ -169,6 +182,8 @@ void require_schedule_delivers(const load_plan& p, const schedule& s) {
         const auto& lay = L.ranks[r];
         for (auto i : lay.sends) REQUIRE(L.messages.at(i).from == r);
         for (auto i : lay.recvs) REQUIRE(L.messages.at(i).to == r);
+        for (auto i : lay.sends2) REQUIRE(L.second.at(i).from == r);
+        for (auto i : lay.recvs2) REQUIRE(L.second.at(i).to == r);
         REQUIRE(std::is_sorted(lay.sends.begin(), lay.sends.end()));
         std::uint64_t parts = 0;
         for (const auto& k : lay.kept) {
@@ -456,6 +471,47 @@ TEST_CASE("the schedule's digest covers owners, split and destination, not just 
     auto q = p;
     q.entries[table].owner_destination = destination::host;
     CHECK(make_schedule(q).digest != d);
+  }
+}
+
+TEST_CASE("with a device lane, relays carry each device byte to a node once, and the relay sends it on to its node's other keepers",
+          "[policy][schedule]") {
+  const auto tensors = deepseek_like(1u << 20);
+  plan_options o;
+  o.window_bytes = 64u << 10;
+  o.local_size = 2;  // two nodes of two
+  for (const auto split : {lane_split::one, lane_split::host_and_device}) {
+    INFO((split == lane_split::one ? "one lane" : "host and device lanes"));
+    // TP2 too (8 ranks, two nodes of four: each part kept twice per node):
+    // row parts and column parts relayed per part.
+    for (const std::size_t tp : {1, 2}) {
+      INFO("tp" << tp);
+      auto ot = o;
+      ot.local_size = 2 * tp;
+      const auto q = make_plan(tensors, classifier::deepseek(), tp, 4, 4 * tp, offload_kind::none, ot);
+      const auto plain = make_schedule(q, split, node_copy::page_cache, false);
+      const auto relayed = make_schedule(q, split, node_copy::page_cache, true);
+      require_schedule_delivers(q, relayed);
+      REQUIRE(plain.digest != relayed.digest);
+      std::uint64_t across = 0, once = 0, second = 0;
+      for (const auto& w : plain.windows)
+        for (const auto& L : w.lanes)
+          for (const auto& m : L.messages) across += m.size;
+      for (const auto& w : relayed.windows)
+        for (const auto& L : w.lanes) {
+          for (const auto& m : L.messages) once += m.size;
+          for (const auto& m : L.second) {
+            second += m.size;
+            REQUIRE(L.lane == window_lane::device);
+          }
+        }
+      REQUIRE(across > 0);
+      if (split == lane_split::host_and_device) REQUIRE(second > 0);
+      // What no longer crosses is what the relays send on (device lane) or
+      // their nodes' keepers copy from the node window (host lanes).
+      CHECK(once < across);
+      if (tp == 1) CHECK(once * 2 == across);  // everything crossing is kept by both ranks of the other node
+    }
   }
 }
 

@@ -69,7 +69,7 @@ class exchange_window : public pipeable {
         ws->stats.sent += L.sent;
         ws->stats.received += L.received;
         ws->stats.uploaded += L.uploaded;
-        ws->stats.messages += L.sends.size() + L.recvs.size();
+        ws->stats.messages += L.sends.size() + L.recvs.size() + L.sends2.size() + L.recvs2.size();
       }
       co_await out.send(std::move(*ws));
     }
@@ -97,6 +97,9 @@ class exchange_window : public pipeable {
         }
         for (const auto& [dst, src] : L.uploads) lane_->upload(dst, src);
         lane_->exchange(L.sends, L.recvs);
+        // Relayed device bytes: each node's relay received them from another
+        // node just now, and sends them on to the node's other keepers.
+        if (L.two_steps) lane_->exchange(L.sends2, L.recvs2);
       }
       // Bytes from other nodes that a relay of this node received into the
       // node window: once every relay has (a barrier: every rank, since the

@@ -213,6 +213,15 @@ class read_window : public pipeable {
         const auto& m = scheduled.messages[i];
         L.recvs.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
       }
+      L.two_steps = !scheduled.second.empty();
+      for (auto i : lay.sends2) {
+        const auto& m = scheduled.second[i];
+        L.sends2.push_back({m.to, m.tag, L.data_at(m.src, m.size)}), L.sent += m.size;
+      }
+      for (auto i : lay.recvs2) {
+        const auto& m = scheduled.second[i];
+        L.recvs2.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
+      }
       for (std::size_t x = 0; x < lay.reads.size(); ++x) {
         const auto& r = lay.reads[x];
         const auto& e = plan.entries[r.entry];

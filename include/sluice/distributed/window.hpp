@@ -44,6 +44,12 @@ struct lane_window {
   std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> uploads;  // (lane memory, host bytes)
   std::vector<comm::send_message> sends;
   std::vector<comm::recv_message> recvs;
+  /// The device lane's second step (lane_schedule::second): a relay's
+  /// sends to its node's other keepers, after `sends`/`recvs`. `two_steps`:
+  /// the window has one on some rank (every rank then takes it).
+  std::vector<comm::send_message> sends2;
+  std::vector<comm::recv_message> recvs2;
+  bool two_steps = false;
   std::uint64_t sent = 0, received = 0, uploaded = 0;
   // A layout region as host memory (where reads land), and as the memory that travels and the sink sees.
   [[nodiscard]] std::span<std::byte> host_at(policy::region at, std::size_t n) const {

@@ -123,6 +123,8 @@ struct rank_layout {
   std::vector<copy_at> copies;
   std::vector<std::size_t> sends;     ///< indexes into lane_schedule::messages, tag order
   std::vector<std::size_t> recvs;     ///< likewise
+  std::vector<std::size_t> sends2;    ///< indexes into lane_schedule::second, tag order
+  std::vector<std::size_t> recvs2;    ///< likewise
   std::uint64_t kept_bytes = 0, scratch_bytes = 0;
 };
 
@@ -131,6 +133,11 @@ struct lane_schedule {
   window_lane lane = window_lane::all;
   std::vector<rank_layout> ranks;           ///< by rank
   std::vector<scheduled_message> messages;  ///< tag order
+  /// The device lane's relays, second step (after `messages`): from the
+  /// rank of a node that received bytes from another node (its relay, which
+  /// keeps them) to the node's other keepers of them, device to device. Tag
+  /// order; tags of their own.
+  std::vector<scheduled_message> second;
 };
 
 /// One window: plan entries [begin, end) and its lanes (one, or host and device).
@@ -205,8 +212,11 @@ inline void hash_window(schedule_hash& d, const window_schedule& w) {
       for (const auto& c : r.copies) d.mix(c.entry), d.mix(c.from), d.mix(c.size), d.mix(c.to);
       for (auto i : r.sends) d.mix(i);
       for (auto i : r.recvs) d.mix(i);
+      for (auto i : r.sends2) d.mix(i);
+      for (auto i : r.recvs2) d.mix(i);
     }
     for (const auto& m : L.messages) d.mix(m.tag), d.mix(m.from), d.mix(m.to), d.mix(m.size), d.mix(m.src), d.mix(m.dst);
+    for (const auto& m : L.second) d.mix(m.tag), d.mix(m.from), d.mix(m.to), d.mix(m.size), d.mix(m.src), d.mix(m.dst);
   }
 }
 
@@ -218,6 +228,7 @@ struct tagged_message {
   rank_t from = 0;
   region src, dst;
   std::uint64_t relay_to = rank_layout::read_at::none;  // a relay's message: lands in the node window here
+  const planned_message* via = nullptr;  // a second step: the relay's own planned message (where it keeps the bytes)
 };
 
 // A relayed byte range one rank copies out of its node window (see copy_at),
@@ -245,8 +256,10 @@ using node_landing = std::map<std::pair<std::size_t, std::size_t>, std::uint64_t
 inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, std::size_t end, window_lane lane,
                          const std::vector<std::uint32_t>& mine, const std::vector<std::uint64_t>& receivers_key,
                          const std::vector<std::pair<std::size_t, std::size_t>>& takes, const node_landing& landing,
-                         const std::vector<pending_copy>& copies, std::vector<tagged_message>& msgs, rank_layout& out) {
+                         const std::vector<pending_copy>& copies, std::vector<tagged_message>& msgs,
+                         const std::vector<std::uint32_t>& mine2, std::vector<tagged_message>& msgs2, rank_layout& out) {
   std::size_t next_copy = 0;  // in `copies` (entry order)
+  std::size_t next2 = 0;      // in `mine2`
   auto takes_it = [&takes](std::size_t i, std::size_t k) { return std::binary_search(takes.begin(), takes.end(), std::pair{i, k}); };
   auto node_at = [&landing](std::size_t i, std::size_t k) {
     const auto it = landing.find({i, k});
@@ -262,6 +275,7 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
   // a whole huge page at a time).
   std::vector<bool> quiet(end - begin, true);
   for (auto tag : mine) quiet[msgs[tag].entry - begin] = false;
+  for (auto tag : mine2) quiet[msgs2[tag].entry - begin] = false;
   struct keyed { bool quiet; rank_t reader; std::uint64_t receivers; std::uint64_t size; std::size_t entry; };
   std::vector<keyed> order;
   for (std::size_t i = begin; i < end; ++i) {
@@ -329,6 +343,11 @@ inline void lay_out_rank(const load_plan& plan, rank_t me, std::size_t begin, st
       }
       if (m.to == me) t.dst = t.relay_to == rank_layout::read_at::none ? region{true, kept + m.at} : region{false, t.relay_to, true};
     }
+    for (; next2 < mine2.size() && msgs2[mine2[next2]].entry == i; ++next2) {  // second steps: kept to kept
+      auto& t = msgs2[mine2[next2]];
+      if (t.from == me) t.src = {true, kept + t.via->at};
+      if (t.m->to == me) t.dst = {true, kept + t.m->at};
+    }
     for (; next_copy < copies.size() && copies[next_copy].entry == i; ++next_copy) {
       const auto& c = copies[next_copy];
       out.copies.push_back({i, c.from, c.size, {true, kept + c.at}});
@@ -371,7 +390,9 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
 /// `relay`: a message to another node goes, per (read, part) and node, to
 /// one of its keepers there only (the relay), into its node window; the
 /// node's other keepers copy it from there after the exchange, so each byte
-/// crosses to a node once (host lanes; needs `node_fill`).
+/// crosses to a node once (host lanes; needs `node_fill`). In the device
+/// lane the relay receives it into its own (device) memory, and sends it on
+/// to the node's other keepers in a second step (lane_schedule::second).
 [[nodiscard]] inline lane_schedule schedule_lane(const load_plan& plan, std::size_t begin, std::size_t end,
                                                  window_lane lane, node_copy node = node_copy::none,
                                                  std::vector<std::uint64_t>* node_fill = nullptr, bool relay = false) {
@@ -388,7 +409,11 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   detail::node_landing landing;
   std::vector<std::vector<detail::pending_copy>> copies(plan.world);  // by rank, entry order
   std::map<std::tuple<std::size_t, std::size_t, std::uint32_t, std::size_t>, std::uint64_t> relayed;  // (entry, read, part, node) -> window offset
-  relay = relay && lane != window_lane::device && node_fill;
+  relay = relay && node_fill;
+  const bool two_steps = relay && lane == window_lane::device;
+  std::vector<detail::tagged_message> msgs2;  // second steps
+  std::vector<std::vector<std::uint32_t>> by_rank2(plan.world);
+  std::map<std::tuple<std::size_t, std::size_t, std::uint32_t, std::size_t>, const planned_message*> first_of;  // device lane: the relay's message
   // A place in node `n`'s window for `size` bytes, cache-line aligned (no
   // two ranks' copies share a line).
   auto land = [node_fill](std::size_t n, std::uint64_t size) {
@@ -400,7 +425,18 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
     if (!travels_in(e, lane)) continue;
     for (const auto& m : plan.messages_of(e)) {
       const auto& rd = e.reads[m.read];
-      if (relay && plan.node_of(rd.reader) != plan.node_of(m.to)) {
+      if (two_steps && plan.node_of(rd.reader) != plan.node_of(m.to)) {
+        const auto key = std::tuple{i, m.read, m.part, plan.node_of(m.to)};
+        const auto [it, first] = first_of.emplace(key, &m);
+        if (!first) {  // the node's relay (the first keeper in message order) sends it on
+          const auto tag = static_cast<std::uint32_t>(msgs2.size());
+          msgs2.push_back({i, &m, it->second->to, {}, {}, rank_layout::read_at::none, it->second});
+          by_rank2[msgs2.back().from].push_back(tag);
+          by_rank2[m.to].push_back(tag);
+          continue;
+        }
+        // The relay's own message: travels as any other (below).
+      } else if (relay && plan.node_of(rd.reader) != plan.node_of(m.to)) {
         const auto to_node = plan.node_of(m.to);
         const auto key = std::tuple{i, m.read, m.part, to_node};
         auto it = relayed.find(key);
@@ -431,11 +467,16 @@ inline std::vector<scheduled_message> coalesce(const std::vector<tagged_message>
   L.ranks.resize(plan.world);
   for (std::size_t r = 0; r < plan.world; ++r)
     detail::lay_out_rank(plan, static_cast<rank_t>(r), begin, end, lane, by_rank[r], receivers_key, takes[r], landing,
-                         copies[r], msgs, L.ranks[r]);
+                         copies[r], msgs, by_rank2[r], msgs2, L.ranks[r]);
   L.messages = detail::coalesce(msgs, plan);
   for (std::size_t k = 0; k < L.messages.size(); ++k) {
     L.ranks[L.messages[k].from].sends.push_back(k);
     L.ranks[L.messages[k].to].recvs.push_back(k);
+  }
+  L.second = detail::coalesce(msgs2, plan);
+  for (std::size_t k = 0; k < L.second.size(); ++k) {
+    L.ranks[L.second[k].from].sends2.push_back(k);
+    L.ranks[L.second[k].to].recvs2.push_back(k);
   }
   return L;
 }
