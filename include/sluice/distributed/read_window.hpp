@@ -205,23 +205,22 @@ class read_window : public pipeable {
         ws.kept_at[part.entry - ws.begin] = L.data_at({true, part.off}, plan.kept_bytes(plan.entries[part.entry]));
         ws.lane_of[part.entry - ws.begin] = k;
       }
-      for (auto i : lay.sends) {
-        const auto& m = scheduled.messages[i];
-        L.sends.push_back({m.to, m.tag, L.data_at(m.src, m.size)}), L.sent += m.size;
-      }
-      for (auto i : lay.recvs) {
-        const auto& m = scheduled.messages[i];
-        L.recvs.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
-      }
+      // This rank's ends of the lane's messages, and of its relays' second steps.
+      auto ends = [&L](const std::vector<policy::scheduled_message>& msgs, const std::vector<std::size_t>& sends,
+                       const std::vector<std::size_t>& recvs, std::vector<comm::send_message>& out_sends,
+                       std::vector<comm::recv_message>& out_recvs) {
+        for (auto i : sends) {
+          const auto& m = msgs[i];
+          out_sends.push_back({m.to, m.tag, L.data_at(m.src, m.size)}), L.sent += m.size;
+        }
+        for (auto i : recvs) {
+          const auto& m = msgs[i];
+          out_recvs.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
+        }
+      };
+      ends(scheduled.messages, lay.sends, lay.recvs, L.sends, L.recvs);
+      ends(scheduled.second, lay.sends2, lay.recvs2, L.sends2, L.recvs2);
       L.two_steps = !scheduled.second.empty();
-      for (auto i : lay.sends2) {
-        const auto& m = scheduled.second[i];
-        L.sends2.push_back({m.to, m.tag, L.data_at(m.src, m.size)}), L.sent += m.size;
-      }
-      for (auto i : lay.recvs2) {
-        const auto& m = scheduled.second[i];
-        L.recvs2.push_back({m.from, m.tag, L.data_at(m.dst, m.size)}), L.received += m.size;
-      }
       for (std::size_t x = 0; x < lay.reads.size(); ++x) {
         const auto& r = lay.reads[x];
         const auto& e = plan.entries[r.entry];
