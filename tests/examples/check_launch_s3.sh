@@ -36,10 +36,14 @@ PY
 # check N PER_RANK [extra sluice-load args...]
 check() {
   local n=$1 per_rank=$2; shift 2
-  rm -f "$work"/digests.*
-  (cd "$work" && "$launch" -n "$n" --json-out "$work/s3.json" -- sh -c \
-     'exec "$0" "$@" > "'"$work"'/digests.$RANK" 2>/dev/null' \
-     "$load" "s3://$bucket/ck/" --topology "tp1,dp$n,ep$n" --offload shared-cooperative --digest --no-progress "$@")
+  rm -f "$work"/digests.* "$work"/err.*
+  if ! (cd "$work" && "$launch" -n "$n" --json-out "$work/s3.json" -- sh -c \
+     'exec "$0" "$@" > "'"$work"'/digests.$RANK" 2>"'"$work"'/err.$RANK"' \
+     "$load" "s3://$bucket/ck/" --topology "tp1,dp$n,ep$n" --offload shared-cooperative --digest --no-progress "$@"); then
+    echo "FAIL: $n ranks over S3 ($*): the launcher failed; the ranks said:"
+    for f in "$work"/err.*; do echo "== $f"; cat "$f"; done
+    exit 1
+  fi
   /usr/bin/python3 - "$work/s3.json" "$total" "$per_rank" <<'PY'
 import json, sys
 j, total, per_rank = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
