@@ -2,8 +2,9 @@
 /// \file
 /// An asynchronous S3 client: range GETs straight into caller memory, HEAD,
 /// ListObjectsV2, PUT; SigV4, HTTPS, a keep-alive connection pool, retries with
-/// capped jittered backoff, ETag pinning. Boost.Beast does the HTTP/1.1, in one
-/// compiled translation unit (src/s3/client.cpp): this header has no Beast.
+/// capped jittered backoff, ETag pinning. The HTTP is the HTTP room's client
+/// (http/client.hpp, Boost.Beast in src/http); what is S3's (addressing,
+/// signing each attempt, error documents, typed errors) is src/s3/client.cpp.
 
 #include <utility>   // before Asio (Boost 1.74)
 
