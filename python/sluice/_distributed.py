@@ -123,36 +123,60 @@ def collective_open_options(world, store, timeout):
     return o
 
 
+def node_key():
+    """What makes two processes one node for sluice, as the kernel says it (a
+    host name says nothing: two containers or two machines may share one):
+    the same running kernel (its boot id: one page cache for the node's
+    files) and the same network namespace (a node's memory is handed over on
+    an abstract Unix socket, which lives in one)."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    try:
+        net = os.readlink("/proc/self/ns/net")
+    except OSError:
+        net = ""
+    return f"{boot}/{net}"
+
+
+def local_of(keys, mine):
+    """(local_rank, local_size) of rank `mine` among ranks whose node keys are
+    `keys` (by rank). The plan groups a node's ranks contiguously and every
+    node alike: otherwise every rank is its own node (local_size 1), which is
+    always correct (nothing is shared through memory then)."""
+    blocks = [[r for r in range(len(keys)) if keys[r] == k] for k in dict.fromkeys(keys)]
+    contiguous = all(b == list(range(b[0], b[0] + len(b))) and len(b) == len(blocks[0]) for b in blocks)
+    if not contiguous:
+        return 0, 1
+    same = next(b for b in blocks if mine in b)
+    return same.index(mine), len(same)
+
+
 def torch_world(group=None, prefix="sluice/group", rank=None):
     """(sluice.World, store) for one load across a torch.distributed group (the
     default group when None): this rank's place (`rank`, default its rank in
     the group: an engine whose ranks are ordered otherwise than sluice's plan
-    passes its sluice rank), the ranks on its host (an all-gather of host
-    names), and the default store under a key prefix that the group's rank 0
+    passes its sluice rank), the ranks on its node (an all-gather of
+    node_key(): the kernel's boot id and network namespace, never the host
+    name), and the default store under a key prefix that the group's rank 0
     draws and broadcasts, so that every load gets keys of its own even when
     only some processes load (a per-process counter would diverge there). The
-    plan groups a node's ranks contiguously: where a host's ranks are not
+    plan groups a node's ranks contiguously: where a node's ranks are not
     contiguous in that order, every rank is its own node (local_size 1). A
     collective over `group`: every rank calls it."""
-    import socket
     import uuid
     import torch.distributed as dist
     from . import ConfigError, World
     size = dist.get_world_size(group)
     mine = dist.get_rank(group) if rank is None else int(rank)
     places = [None] * size
-    dist.all_gather_object(places, (mine, socket.gethostname()), group=group)
+    dist.all_gather_object(places, (mine, node_key()), group=group)
     if sorted(p[0] for p in places) != list(range(size)):
         raise ConfigError(f"torch_world: the ranks given are {[p[0] for p in places]}, not each of 0..{size - 1} once")
-    hosts = [None] * size
-    for r, h in places:
-        hosts[r] = h
+    nodes = [None] * size
+    for r, k in places:
+        nodes[r] = k
     token = [uuid.uuid4().hex if dist.get_rank(group) == 0 else None]
     dist.broadcast_object_list(token, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     store = dist.PrefixStore(f"{prefix}/{token[0]}", dist.distributed_c10d._get_default_store())
-    blocks = [[r for r in range(size) if hosts[r] == h] for h in dict.fromkeys(hosts)]
-    contiguous = all(b == list(range(b[0], b[0] + len(b))) and len(b) == len(blocks[0]) for b in blocks)
-    if not contiguous:
-        return World(rank=mine, size=size, local_rank=0, local_size=1), store
-    same = next(b for b in blocks if mine in b)
-    return World(rank=mine, size=size, local_rank=same.index(mine), local_size=len(same)), store
+    local_rank, local_size = local_of(nodes, mine)
+    return World(rank=mine, size=size, local_rank=local_rank, local_size=local_size), store

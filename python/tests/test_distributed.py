@@ -215,3 +215,36 @@ def test_a_world_across_nodes_advertises_an_address_the_other_nodes_reach(monkey
     o2.world_size, o2.local_size = 4, 2
     _distributed._set_host(o2)
     assert o2.host == ""
+
+
+def test_a_node_is_what_the_kernel_says_not_the_host_name():
+    """Issue 42: a rank's node is never inferred from host names. node_key()
+    is the kernel's boot id and network namespace (sluice's node memory goes
+    over an abstract Unix socket, which lives in one): a process in another
+    network namespace has the same host name and is another node; one in
+    this namespace is this node. local_of() groups contiguous ranks alike,
+    else every rank is its own node."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    from sluice import _distributed
+    probe = [sys.executable, "-c",
+             "import socket; from sluice._distributed import node_key; print(node_key(), socket.gethostname())"]
+    env = dict(os.environ)
+    same = subprocess.run(probe, capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert same == [_distributed.node_key(), socket.gethostname()]
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("another network namespace needs root and unshare(1)")
+    other = subprocess.run(["unshare", "--net"] + probe, capture_output=True, text=True, env=env)
+    if other.returncode != 0:
+        pytest.skip(f"unshare --net failed here: {other.stderr.strip()}")
+    key, host = other.stdout.split()
+    assert host == socket.gethostname()          # the same host name...
+    assert key != _distributed.node_key()        # ...and another node
+    assert key.split("/")[0] == _distributed.node_key().split("/")[0]  # on the same kernel
+    # Grouping: contiguous nodes alike, else every rank alone.
+    assert [_distributed.local_of(["a", "a", "b", "b"], r) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert [_distributed.local_of(["a", "b", "a", "b"], r) for r in range(4)] == [(0, 1)] * 4
+    assert [_distributed.local_of(["a", "a", "a", "b"], r) for r in range(4)] == [(0, 1)] * 4
+    assert _distributed.local_of(["a"] * 3, 2) == (2, 3)

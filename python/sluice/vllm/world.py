@@ -70,8 +70,21 @@ class Peers:
     gathered once before anything else can fail, so that a failure names
     the rank that left by vLLM's (dp, pp, tp) as well as sluice's."""
 
-    def __init__(self, table, host, me):
-        self.table, self.host, self.me = table, host, me
+    def __init__(self, table, space, me):
+        self.table, self.space, self.me = table, space, me
+
+    @staticmethod
+    def pid_space():
+        """Whose process ids this process sees, as the kernel says it: its
+        boot id and PID namespace (a host name may be another machine's)."""
+        import os
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        try:
+            ns = os.readlink("/proc/self/ns/pid")
+        except OSError:
+            ns = ""
+        return f"{boot}/{ns}"
 
     @classmethod
     def gather(cls, rank, vllm_ranks, group):
@@ -79,19 +92,20 @@ class Peers:
         import socket
         import torch.distributed as dist
         everyone = [None] * dist.get_world_size(group)
-        host = socket.gethostname()
-        dist.all_gather_object(everyone, (rank, vllm_ranks, host, os.getpid()), group=group)
-        return cls({r: (v, h, p) for r, v, h, p in everyone}, host, rank)
+        space = cls.pid_space()
+        dist.all_gather_object(everyone, (rank, vllm_ranks, socket.gethostname(), os.getpid(), space), group=group)
+        return cls({r: (v, h, p, s) for r, v, h, p, s in everyone}, space, rank)
 
     def describe(self, rank) -> str:
-        v, host, pid = self.table[rank]
+        v, host, pid, _ = self.table[rank]
         return _named(rank, v, f"; pid {pid} on {host}")
 
     def gone(self) -> list:
-        """The ranks on this host whose process has ended (a zombie counts)."""
+        """The ranks whose process this one can see (same kernel and PID
+        namespace) and which has ended (a zombie counts)."""
         out = []
-        for rank, (_, host, pid) in sorted(self.table.items()):
-            if host != self.host or rank == self.me:
+        for rank, (_, _, pid, space) in sorted(self.table.items()):
+            if space != self.space or rank == self.me:
                 continue
             try:
                 with open(f"/proc/{pid}/stat") as f:
