@@ -123,19 +123,26 @@ def collective_open_options(world, store, timeout):
     return o
 
 
+def kernel_key(namespace):
+    """This process's running kernel (its boot id) and its `namespace`
+    ("net", "pid", ...) as the kernel names them: what two processes share
+    exactly when they share that kernel and namespace."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    try:
+        ns = os.readlink(f"/proc/self/ns/{namespace}")
+    except OSError:
+        ns = ""
+    return f"{boot}/{ns}"
+
+
 def node_key():
     """What makes two processes one node for sluice, as the kernel says it (a
     host name says nothing: two containers or two machines may share one):
     the same running kernel (its boot id: one page cache for the node's
     files) and the same network namespace (a node's memory is handed over on
     an abstract Unix socket, which lives in one)."""
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    try:
-        net = os.readlink("/proc/self/ns/net")
-    except OSError:
-        net = ""
-    return f"{boot}/{net}"
+    return kernel_key("net")
 
 
 def local_of(keys, mine):

@@ -105,11 +105,10 @@ class file_source {
   /// holds the range, io_error for other failures, cancelled_error after
   /// the ring was cancelled.
   [[nodiscard]] task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
-    auto& f = files_.at(file);
+    lease v = view(file, offset, length);   // the range checked, the mapping held
+    const auto& f = files_.at(file);
     const error_context where{f.path, "", byte_range{offset, offset + length}};
-    if (offset + length > f.size) throw truncated_error(fmt::format("the file holds {} bytes", f.size), where);
-    auto m = mapping_of(f);
-    std::byte* base = static_cast<std::byte*>(m.get());
+    std::byte* base = v.bytes().data() - offset;
     const std::uint64_t page = 4096;
     const std::uint64_t begin = offset / page * page, end = std::min((offset + length + page - 1) / page * page,
                                                                      (f.size + page - 1) / page * page);
@@ -128,7 +127,7 @@ class file_source {
     }
     counters_.bytes_read.fetch_add(length, std::memory_order_relaxed);
     mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
-    co_return lease(std::move(m), {base + offset, static_cast<std::size_t>(length)});
+    co_return v;
   }
   /// Whether every page of [offset, offset + length) of `file` is in the page cache.
   [[nodiscard]] bool cached(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {

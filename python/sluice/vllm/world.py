@@ -73,26 +73,14 @@ class Peers:
     def __init__(self, table, space, me):
         self.table, self.space, self.me = table, space, me
 
-    @staticmethod
-    def pid_space():
-        """Whose process ids this process sees, as the kernel says it: its
-        boot id and PID namespace (a host name may be another machine's)."""
-        import os
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        try:
-            ns = os.readlink("/proc/self/ns/pid")
-        except OSError:
-            ns = ""
-        return f"{boot}/{ns}"
-
     @classmethod
     def gather(cls, rank, vllm_ranks, group):
         import os
         import socket
         import torch.distributed as dist
         everyone = [None] * dist.get_world_size(group)
-        space = cls.pid_space()
+        from .._distributed import kernel_key
+        space = kernel_key("pid")   # whose process ids this one sees (a host name may be another machine's)
         dist.all_gather_object(everyone, (rank, vllm_ranks, socket.gethostname(), os.getpid(), space), group=group)
         return cls({r: (v, h, p, s) for r, v, h, p, s in everyone}, space, rank)
 
