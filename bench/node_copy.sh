@@ -8,6 +8,10 @@
 #   N ranks               sluice-launch -n N -- sluice-load SAMPLE --topology tp1,dpN,epN
 #                         --offload shared-cooperative (ranks of the node take what they keep
 #                         from its page cache)
+#   N ranks, status every window
+#                         the same with --status-every 0 (the failure protocol's status
+#                         exchange after every window, as before 2026-12-05: 8 processes
+#                         meet once per window though no window carries a message)
 #   N ranks, Gloo         the same with --exchange-all (every byte a rank keeps but did not
 #                         read crosses TCP loopback: the behaviour before the page cache)
 #   N processes           N concurrent sluice-load SAMPLE --staging 512MiB, started together,
@@ -54,9 +58,10 @@ run() {
   t0=$(now)
   case $kind in
     one) "$B/sluice-load" "$sample" --no-progress "$@" > /dev/null 2>&1 ;;
-    ranks|gloo)
+    ranks|gloo|every)
       local extra=()
       [[ $kind == gloo ]] && extra=(--exchange-all)
+      [[ $kind == every ]] && extra=(--status-every 0)
       "$B/sluice-launch" -n "$ranks" --json-out "$work/$kind.json" -- "$B/sluice-load" "$sample" \
         --topology "tp1,dp$ranks,ep$ranks" --offload shared-cooperative --no-progress "${extra[@]}" "$@" > /dev/null 2>&1 ;;
     procs)
@@ -88,9 +93,10 @@ for temp in "${temps[@]}"; do
     [[ $sink == views ]] && opts=(--map-above 1MiB)
     one=$(best one "$temp" "${opts[@]}")
     rk=$(best ranks "$temp" "${opts[@]}")
+    ev=$(best every "$temp" "${opts[@]}")
     gl=$(best gloo "$temp" "${opts[@]}")
     pr=$(best procs "$temp" "${opts[@]}")
-    for row in "one process:$one" "$ranks ranks:$rk" "$ranks ranks, Gloo loopback:$gl" "$ranks processes (baseline):$pr"; do
+    for row in "one process:$one" "$ranks ranks:$rk" "$ranks ranks, status each window:$ev" "$ranks ranks, Gloo loopback:$gl" "$ranks processes (baseline):$pr"; do
       name=${row%:*} t=${row##*:}
       printf "%-6s %-7s %-28s %9.2f %13.2fx %13.2fx\n" "$temp" "$sink" "$name" "$t" "$(echo "$t / $one" | bc -l)" "$(echo "$t / $pr" | bc -l)"
     done
@@ -104,7 +110,7 @@ print(f"       {'':7} start-up of the ranks {float(sys.argv[2]) - load:.2f} s (p
       f"{max(x['seconds']['setup'] for x in s):.2f} s, shared tables {max(x['seconds']['tables'] for x in s):.2f} s, "
       f"windows {max(x['seconds']['read'] - x['seconds']['tables'] for x in s):.2f} s; per rank: received "
       f"{max(x['bytes_received'] for x in s) / gib:.2f} GiB, from the page cache {max(x['page_cache_bytes'] for x in s) / gib:.2f} GiB, "
-      f"as views {max(x['mapped_bytes'] for x in s) / gib:.2f} GiB")
+      f"as views {max(x['mapped_bytes'] for x in s) / gib:.2f} GiB; status exchanges {s[0]['status_exchanges']} of {s[0]['windows']} windows")
 PY
   done
 done

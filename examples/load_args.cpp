@@ -76,6 +76,13 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                "communicator, also between ranks of one node (default: they read local files'\n"
                "bytes from the node's page cache themselves, and copy other bytes from the node\n"
                "window their readers read into)");
+  std::string status_every;
+  app.add_option("--status-every", status_every,
+                 "with --topology: in windows that carry no message (one node's ranks reading\n"
+                 "through its page cache), exchange the ranks' status only after this many bytes\n"
+                 "of windows (and after the last); a rank's failure stops its peers within them\n"
+                 "(default 2GiB; 0: after every window)")
+      ->type_name("SIZE");
   app.add_flag("--keep", o.keep,
                "with --topology: hold every tensor the rank owns until the load ends (its view,\n"
                "or a copy), as an engine holding its weights would: for measuring node memory");
@@ -114,6 +121,7 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   if (!staging.empty()) o.load.staging_budget = sluice_cli::parse_size(staging);
   if (!max_read.empty()) o.load.max_read = sluice_cli::parse_size(max_read);
   if (!cache_max.empty()) o.cache_max = sluice_cli::parse_size(cache_max);
+  if (!status_every.empty()) o.status_every = sluice_cli::parse_size(status_every);
   if (!map_above.empty()) o.load.map_above = std::max<std::uint64_t>(1, sluice_cli::parse_size(map_above));
   if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
   if (direct) o.load.io = io_mode::direct;

@@ -151,6 +151,7 @@ int run_distributed(const options& o) {
   dopt.load = o.load;
   dopt.connections_per_rank = o.connections_per_rank;
   dopt.page_cache = dopt.node_window = !o.exchange_all;
+  dopt.status_every = o.status_every;
   using om = distributed_options::overlap_mode;
   if (o.overlap == "auto") dopt.overlap = om::automatic;
   else if (o.overlap == "on") dopt.overlap = om::on;

@@ -16,6 +16,7 @@
 #include <sluice/checkpoint.hpp>
 #include <sluice/load.hpp>
 #include <sluice/location.hpp>
+#include <sluice/policy/schedule.hpp>
 #include <sluice/sink/digest_sink.hpp>
 
 namespace sluice_load {
@@ -33,6 +34,7 @@ struct options {
   bool digest = false, json = false, progress = true, probe = false, device = false;
   bool exchange_all = false;  // --exchange-all: distributed_options::page_cache off
   bool keep = false;          // --keep: hold every tensor until the load ends
+  std::uint64_t status_every = sluice::policy::default_status_every;  // --status-every
 };
 
 // Digests of what this rank holds: placeholders (tensors it does not own) are skipped.

@@ -187,7 +187,8 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // through the node window.
   const bool relay = opt.node_window && plan.local_size > 1 && plan.nodes() > 1;
   const auto schedule =
-      policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, node, relay);
+      policy::make_schedule(plan, with_lane ? policy::lane_split::host_and_device : policy::lane_split::one, node, relay,
+                            opt.status_every);
   fault_point("plan", me);
   {
     const std::uint64_t d = schedule.digest;
@@ -357,6 +358,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
   const auto& w = done.stats;
   st.read_seconds += w.read_seconds, st.exchange_seconds += w.exchange_seconds, st.deliver_seconds += w.deliver_seconds;
+  st.status_exchanges = w.status_exchanges;
   st.bytes_sent += w.sent, st.bytes_received += w.received, st.bytes_uploaded += w.uploaded, st.messages += w.messages;
   st.tensors += w.tensors, st.accepted += w.accepted, st.owned += w.owned, st.placeholders += w.placeholders;
   st.shared_views += w.shared_views, st.device_views += w.device_views, st.bytes_kept += w.kept;

@@ -224,7 +224,9 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
   const bool by_node = carrier != policy::node_copy::none;
   const bool relay = dopt.node_window && n / nodes > 1 && nodes > 1;
   const auto sched = policy::make_schedule(plan, mode == lane_mode::none ? policy::lane_split::one : policy::lane_split::host_and_device,
-                                           carrier, relay);
+                                           carrier, relay, dopt.status_every);
+  std::uint64_t status_windows = 0;  // window_schedule::status: the failure protocol's exchanges
+  for (const auto& w : sched.windows) status_windows += w.status;
   std::vector<std::uint64_t> gloo_in(n, 0), gloo_out(n, 0), taken(n, 0), copied(n, 0);
   for (const auto& w : sched.windows)
     for (const auto& L : w.lanes) {
@@ -265,6 +267,7 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
     // whole tensors) from ranks of other nodes, and took the rest from its
     // node's page cache.
     REQUIRE(j["stats"]["bytes_received"].get<std::uint64_t>() == gloo_in[r]);
+    REQUIRE(j["stats"]["status_exchanges"].get<std::uint64_t>() == status_windows);
     REQUIRE(j["stats"]["bytes_sent"].get<std::uint64_t>() == gloo_out[r]);
     std::uint64_t table_take = 0;  // tables as views: what its node's other ranks were to read
     if (dopt.load.map_above && carrier == policy::node_copy::page_cache)
@@ -474,9 +477,15 @@ TEST_CASE("8 ranks TP1/DP8/EP8 with cooperative offload", "[comm][distributed]")
   check_load(8, "tp1,dp8,ep8", "shared-cooperative");
 }
 
+// On one node (local_size 4) the windows carry no message (the page cache
+// carries what ranks keep): the failure is reported at the next status
+// exchange (window_schedule::status), not the window's own.
 TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear error", "[comm][distributed]") {
+ for (const std::size_t local : {std::size_t{1}, std::size_t{4}}) {
+  INFO("local_size " << local);
   auto ck = checkpoint::open(checkpoint_dir());
   auto opt = small_options();
+  opt.plan.local_size = local;
   const auto plan = plan_for(ck, "tp1,dp4,ep4", "none", opt);
   // A shard that rank 1 reads from.
   std::string victim;
@@ -492,7 +501,7 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
   const auto copy = sluice_test::fresh_dir("dist-bad");
   // Rank 1 reads a copy whose shard is cut short after its headers were read.
   const auto results = run_load(
-      4, "tp1,dp4,ep4", "none", small_options(),
+      4, "tp1,dp4,ep4", "none", opt,
       [&](std::size_t rank, fs::path& dir) {
         if (rank != 1) return;
         for (auto& f : fs::directory_iterator(checkpoint_dir())) fs::copy_file(f.path(), copy / f.path().filename());
@@ -508,8 +517,11 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
     const auto msg = results[r]["error"].get<std::string>();
     REQUIRE_THAT(msg, Catch::Contains("rank 1 failed while reading"));
     REQUIRE_THAT(msg, Catch::Contains(victim));
+    // One node: the status exchange that reports it covers the windows since the last one.
+    REQUIRE_THAT(msg, Catch::Contains(local == 1 ? "while reading window " : "while reading windows 1-"));
   }
   fs::remove_all(copy);
+ }
 }
 
 TEST_CASE("a pair's back-to-back slices travel as one message", "[comm][distributed]") {

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 
 #include <sluice/distributed.hpp>
+#include <fmt/format.h>
+
 #include <sluice/policy/schedule.hpp>
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/discard_sink.hpp>
@@ -339,47 +341,64 @@ TEST_CASE("with a device lane, the driver's thread takes the lane's buffers and 
   }
 }
 
-TEST_CASE("a read that fails on one window fails the load at that window's status exchange, naming the file",
+// Every window here carries no message (one rank): with status_every 0 each
+// window's status exchange reports its failure; by default the next status
+// exchange (here the last window's) does, naming the windows it covers, and
+// nothing after the failed window is read or delivered meanwhile.
+TEST_CASE("a read that fails on one window fails the load at the next status exchange, naming the file and the windows",
           "[distributed][pipeline]") {
-  for (const bool overlap : {false, true}) {
-    INFO((overlap ? "overlapped" : "serial"));
-    const auto ck = checkpoint::open(checkpoint_dir());
-    const auto opt = many_windows(overlap);
-    const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", opt);
-    REQUIRE(plan.windows >= 4);
-    event_log log;
-    logging_comm c{{}, &log};
-    discard_sink s;
-    // The third window's first read fails.
-    struct failing_source {
-      std::unique_ptr<any_source> inner;
-      const policy::load_plan* plan;
-      const checkpoint* ck;
-      [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
-        for (const auto& e : plan->entries) {
-          const auto& t = ck->tensors()[e.index];
-          if (e.window == 2 && t.shard == file && t.offset <= offset && offset < t.offset + t.size)
-            throw io_error("injected read failure", {inner->file_uri(file), t.name, byte_range{offset, offset + dst.size()}});
+  for (const bool overlap : {false, true})
+    for (const std::uint64_t every : {std::uint64_t{0}, policy::default_status_every}) {
+      INFO((overlap ? "overlapped" : "serial") << ", status_every " << every);
+      const auto ck = checkpoint::open(checkpoint_dir());
+      auto opt = many_windows(overlap);
+      opt.status_every = every;
+      const auto plan = plan_for(ck, "tp1,dp1,ep1", "per-rank", opt);
+      REQUIRE(plan.windows >= 4);
+      event_log log;
+      logging_comm c{{}, &log};
+      logging_sink s{{}, &log, {}};
+      for (const auto& e : plan.entries) s.window_of[e.info.name] = e.window;
+      // The third window's first read fails.
+      struct failing_source {
+        std::unique_ptr<any_source> inner;
+        const policy::load_plan* plan;
+        const checkpoint* ck;
+        event_log* log;
+        [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+          for (const auto& e : plan->entries) {
+            const auto& t = ck->tensors()[e.index];
+            if (t.shard != file || offset < t.offset || offset >= t.offset + t.size) continue;
+            log->add("read", e.window);
+            if (e.window == 2)
+              throw io_error("injected read failure", {inner->file_uri(file), t.name, byte_range{offset, offset + dst.size()}});
+          }
+          return inner->read_at(file, offset, dst);
         }
-        return inner->read_at(file, offset, dst);
+        [[nodiscard]] std::size_t file_count() const { return inner->file_count(); }
+        [[nodiscard]] std::string file_uri(std::uint32_t file) const { return inner->file_uri(file); }
+        [[nodiscard]] const io_counters& counters() const noexcept { return inner->counters(); }
+      };
+      try {
+        (void)load_distributed_with(ck, c, plan, s, opt, [&](asio::io_context& ioc) {
+          return std::make_unique<failing_source>(
+              failing_source{ck.storage().open_source(ck, ioc, opt.load.source()), &plan, &ck, &log});
+        });
+        FAIL("no error");
+      } catch (const distributed_error& e) {
+        const auto where = every == 0 ? std::string("rank 0 failed while reading window 3 of")
+                                      : fmt::format("rank 0 failed while reading windows 1-{} of {}", plan.windows, plan.windows);
+        REQUIRE_THAT(e.what(), Catch::Contains(where) && Catch::Contains("injected read failure") &&
+                                   Catch::Contains(".safetensors"));
       }
-      [[nodiscard]] std::size_t file_count() const { return inner->file_count(); }
-      [[nodiscard]] std::string file_uri(std::uint32_t file) const { return inner->file_uri(file); }
-      [[nodiscard]] const io_counters& counters() const noexcept { return inner->counters(); }
-    };
-    try {
-      (void)load_distributed_with(ck, c, plan, s, opt, [&](asio::io_context& ioc) {
-        return std::make_unique<failing_source>(failing_source{ck.storage().open_source(ck, ioc, opt.load.source()), &plan, &ck});
-      });
-      FAIL("no error");
-    } catch (const distributed_error& e) {
-      REQUIRE_THAT(e.what(), Catch::Contains("rank 0 failed while reading window 3 of") &&
-                                 Catch::Contains("injected read failure") && Catch::Contains(".safetensors"));
+      // Windows 0 and 1 travelled and were delivered, window 2 failed, and
+      // nothing after it was read, exchanged or delivered.
+      for (std::uint32_t w = 0; w < 2; ++w) REQUIRE((log.first("exchange", w) >= 0 && log.first("deliver", w) >= 0));
+      REQUIRE(log.first("read", 2) >= 0);
+      REQUIRE(log.first("exchange", 2) < 0);
+      for (std::uint32_t w = 2; w < plan.windows; ++w) REQUIRE(log.first("deliver", w) < 0);
+      for (std::uint32_t w = 3; w < plan.windows; ++w) REQUIRE(log.first("read", w) < 0);
     }
-    // Windows 0 and 1 travelled and nothing after: the status exchange of window 2 ended the load.
-    REQUIRE(log.first("exchange", 1) >= 0);
-    REQUIRE(log.first("exchange", 2) < 0);
-  }
 }
 
 namespace {

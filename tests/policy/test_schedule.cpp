@@ -388,6 +388,52 @@ TEST_CASE("through the page cache, a node's messages become its receivers' takes
   CHECK(once * 2 == plain);
 }
 
+// The failure protocol's pace (window_schedule::status): a window with a
+// message exchanges status, one without only once status_every bytes of
+// windows went by, and the last always does.
+TEST_CASE("ranks exchange status after every window with a message, else every status_every bytes and after the last",
+          "[policy][schedule]") {
+  const auto tensors = deepseek_like(4u << 20);
+  plan_options o;
+  o.window_bytes = 64u << 10;
+  o.local_size = 4;  // one node: through the page cache no window carries a message
+  const auto p = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::none, o);
+  REQUIRE(p.windows >= 8);
+  auto bytes = [&](const window_schedule& w) {
+    std::uint64_t n = 0;
+    for (auto i = w.begin; i < w.end; ++i) n += p.entries[i].info.size;
+    return n;
+  };
+  const std::uint64_t every = 256u << 10;
+  const auto s = make_schedule(p, lane_split::one, node_copy::page_cache, false, every);
+  std::uint64_t unchecked = 0;
+  std::size_t exchanges = 0;
+  for (const auto& w : s.windows) {
+    INFO("window " << w.window);
+    for (const auto& L : w.lanes) REQUIRE(L.messages.empty());
+    unchecked += bytes(w);
+    // No run of windows without one reaches `every` bytes; none is exchanged sooner.
+    REQUIRE(w.status == (unchecked >= every || w.window + 1 == p.windows));
+    if (w.status) unchecked = 0, ++exchanges;
+  }
+  REQUIRE(exchanges > 1);
+  REQUIRE(exchanges < p.windows);
+  REQUIRE(s.windows.back().status);
+  // 0: every window; ranks that pass different paces fail the plan check.
+  const auto all = make_schedule(p, lane_split::one, node_copy::page_cache, false, 0);
+  for (const auto& w : all.windows) REQUIRE(w.status);
+  REQUIRE(all.digest != s.digest);
+  // Messages (one rank per node), the node window's copies: every window.
+  o.local_size = 1;
+  const auto q = make_plan(tensors, classifier::deepseek(), 1, 4, 4, offload_kind::none, o);
+  for (const auto& w : make_schedule(q, lane_split::one, node_copy::none, false, every).windows) {
+    bool travels = false;
+    for (const auto& L : w.lanes) travels = travels || !L.messages.empty();
+    if (travels) REQUIRE(w.status);
+  }
+  for (const auto& w : make_schedule(p, lane_split::one, node_copy::window, false, every).windows) REQUIRE(w.status);
+}
+
 TEST_CASE("a rank's kept parts that no message carries lie last, smallest first: what it writes itself is one prefix", "[policy][schedule]") {
   const auto tensors = deepseek_like(1u << 20);
   plan_options o;

@@ -58,7 +58,10 @@ class deliver_window : public pipeable {
     for (;;) {
       auto ws = co_await in.receive();
       if (!ws) break;
-      window_ticket t{ws->window, {}, ws->stats};
+      // A failure no status exchange reported (its window had none) goes on
+      // with the ticket: the next window's reads stop, and the next status
+      // exchange reports it.
+      window_ticket t{ws->window, ws->failure, ws->stats};
       deliver(*ws, t);
       ws.reset();  // the window's buffers, before read_window reuses them
       co_await out.send(std::move(t));

@@ -27,6 +27,8 @@
 #include <string>
 
 #include <boost/asio/co_spawn.hpp>
+#include <functional>
+
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -53,7 +55,7 @@ class exchange_window : public pipeable {
   /// (null: inline, on the driver's thread).
   exchange_window(comm::any_communicator& c, const policy::load_plan& plan, any_device_lane* lane, std::uint32_t windows,
                   asio::thread_pool* thread)
-      : c_(&c), plan_(&plan), lane_(lane), windows_(windows), thread_(thread) {}
+      : c_(&c), plan_(&plan), lane_(lane), windows_(windows), thread_(thread), liveness_(c.liveness()) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
     for (;;) {
@@ -78,9 +80,24 @@ class exchange_window : public pipeable {
  private:
   task<double> on_thread(window_state* ws) { co_return travel(*ws); }
 
-  // The status exchange, then the window's messages; returns their seconds.
+  // The status exchange (where the schedule has one: window_schedule::status),
+  // then the window's messages; returns their seconds. A window without one
+  // carries its failure on to the next that has (its ticket, then the next
+  // window's reads), and only asks whether a peer died (the communicator's
+  // liveness signal, no collective). The status exchange reports the
+  // windows read since the last one.
   double travel(window_state& ws) {
-    check_peers(*c_, ws.failure, fmt::format("reading window {} of {}", ws.window + 1, windows_));
+    const auto phase = first_unchecked_ == ws.window
+                           ? fmt::format("reading window {} of {}", ws.window + 1, windows_)
+                           : fmt::format("reading windows {}-{} of {}", first_unchecked_ + 1, ws.window + 1, windows_);
+    if (ws.status) {
+      check_peers(*c_, ws.failure, phase);
+      first_unchecked_ = ws.window + 1;
+      ws.stats.status_exchanges = 1;
+    } else {
+      if (liveness_) in_phase(phase, liveness_);
+      if (ws.failure) return 0;  // a failed window has no layout: the next status exchange reports it
+    }
     const auto x0 = std::chrono::steady_clock::now();
     // Every rank has read the window: what lies in the node window is there
     // to copy (node_copy::window). Nothing writes this parity of it again
@@ -121,6 +138,8 @@ class exchange_window : public pipeable {
   any_device_lane* lane_;  // null: no device lane (no window has a device lane then)
   std::uint32_t windows_;
   asio::thread_pool* thread_;
+  std::function<void()> liveness_;   // comm::any_communicator::liveness(): empty where it has none
+  std::uint32_t first_unchecked_ = 0;  // the first window read since the last status exchange
 };
 
 }  // namespace sluice::inline v0::detail

@@ -69,6 +69,16 @@ struct distributed_options {
   /// then run one at a time. false: over the communicator. Every rank must
   /// pass the same.
   bool node_window = true;
+  /// The failure protocol's pace in windows that carry no message (all
+  /// their bytes come through the page cache or stay with their readers):
+  /// the ranks exchange their status after such windows only once this many
+  /// bytes of windows went by without one (and after the last window);
+  /// every window with a message, a relay or the node window exchanges it
+  /// (policy::window_schedule::status). A rank's failure stops its peers
+  /// within that many bytes; a dead peer, at their next window (the
+  /// communicator's liveness signal). 0: after every window. Every rank must
+  /// pass the same (the schedule's digest covers it).
+  std::uint64_t status_every = policy::default_status_every;
   /// S3 sources only: connections (pool size) of this rank's client. 0: the
   /// S3 config's `max_connections` counts for the node, and each of its
   /// `local_size` ranks gets max(1, max_connections / local_size): ranks on one
@@ -129,6 +139,7 @@ struct distributed_stats {
   std::uint64_t node_copied_bytes = 0;
   std::uint64_t node_window_bytes = 0;    ///< size of the node window this rank mapped (both parities)
   std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
+  std::uint64_t status_exchanges = 0;     ///< windows after which the ranks exchanged their status (distributed_options::status_every)
   std::uint64_t bytes_uploaded = 0;       ///< device lane: bytes it copied from host to lane memory (its reads, cut parts)
   std::uint64_t device_views = 0;         ///< device lane: tensors (parts) delivered in device memory
   std::uint64_t shared_bytes = 0;         ///< size of the node's shared segment
@@ -150,7 +161,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"cache", {{"hit_bytes", cache_hit_bytes}, {"fetched_bytes", cache_fetched_bytes}, {"refetched_bytes", cache_refetched_bytes}}}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"resident_bytes", resident_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"resident_bytes", resident_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"status_exchanges", status_exchanges}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
             {"overlapped", overlapped},

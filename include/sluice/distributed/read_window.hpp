@@ -156,6 +156,7 @@ class read_window : public pipeable {
   window_state failed(std::uint32_t w, std::uint64_t fetched) const {
     window_state ws;
     ws.window = w;
+    ws.status = schedule_->windows.at(w).status;  // every rank enters the same status exchanges
     ws.stats.fetched = fetched;
     return ws;
   }
@@ -172,6 +173,7 @@ class read_window : public pipeable {
     ws.begin = sched.begin;
     ws.end = sched.end;
     ws.relayed = sched.relayed;
+    ws.status = sched.status;
     ws.kept_at.resize(ws.end - ws.begin);
     ws.views.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);

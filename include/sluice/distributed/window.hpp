@@ -71,12 +71,14 @@ struct window_stats {
   std::uint64_t mapped = 0;   // bytes it keeps that it handed out as views of the page cache (read_window's map_above)
   std::uint64_t node = 0;     // bytes it copied from the node window instead of receiving them (node_copy::window)
   std::uint64_t sent = 0, received = 0, uploaded = 0, messages = 0;
+  std::uint64_t status_exchanges = 0;  // 1 if the ranks exchanged their status for it (window_schedule::status)
   std::uint64_t tensors = 0, accepted = 0, owned = 0, placeholders = 0, shared_views = 0, device_views = 0;
   std::uint64_t kept = 0;  // bytes of the tensors (parts) it delivered as its own
 
   window_stats& operator+=(const window_stats& o) noexcept {
     read_seconds += o.read_seconds, exchange_seconds += o.exchange_seconds, deliver_seconds += o.deliver_seconds;
     fetched += o.fetched, taken += o.taken, mapped += o.mapped, node += o.node, sent += o.sent, received += o.received, uploaded += o.uploaded, messages += o.messages;
+    status_exchanges += o.status_exchanges;
     tensors += o.tensors, accepted += o.accepted, owned += o.owned, placeholders += o.placeholders;
     shared_views += o.shared_views, device_views += o.device_views, kept += o.kept;
     return *this;
@@ -87,7 +89,9 @@ struct window_stats {
 // deliver_window is a stage from window_ticket to window_ticket). In: the
 // window to read, and this rank's failure so far that no status exchange has
 // reported yet (a delivery that failed). Out: the window delivered, its
-// stats, and the failure of its delivery, if any. A ticket is also the
+// stats, and this rank's failure that no status exchange has reported yet:
+// its delivery's, or its reads' when the window exchanged no status
+// (window_schedule::status). A ticket is also the
 // window's credit: the driver hands out the next one only when a window
 // comes out, so at most `credits` windows (and their buffers) are in flight.
 struct window_ticket {
@@ -116,6 +120,7 @@ struct window_state {
   std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> node_copies;
   bool cut_later = false;
   bool relayed = false;  // window_schedule::relayed: a barrier, then each lane's copies (rank_layout::copies)
+  bool status = true;    // window_schedule::status: the ranks exchange their status before its exchange
   std::exception_ptr failure;
   window_stats stats;
 };
