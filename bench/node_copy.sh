@@ -56,19 +56,21 @@ run() {
   if [[ $temp == cold ]]; then drop; else warm; fi
   local t0 t1
   t0=$(now)
+  local rc=0
   case $kind in
-    one) "$B/sluice-load" "$sample" --no-progress "$@" > /dev/null 2>&1 ;;
+    one) "$B/sluice-load" "$sample" --no-progress "$@" > /dev/null 2>&1 || rc=$? ;;
     ranks|gloo|every)
       local extra=()
       [[ $kind == gloo ]] && extra=(--exchange-all)
       [[ $kind == every ]] && extra=(--status-every 0)
       "$B/sluice-launch" -n "$ranks" --json-out "$work/$kind.json" -- "$B/sluice-load" "$sample" \
-        --topology "tp1,dp$ranks,ep$ranks" --offload shared-cooperative --no-progress "${extra[@]}" "$@" > /dev/null 2>&1 ;;
+        --topology "tp1,dp$ranks,ep$ranks" --offload shared-cooperative --no-progress "${extra[@]}" "$@" > /dev/null 2>&1 || rc=$? ;;
     procs)
       local pids=()
       for ((r = 0; r < ranks; r++)); do "$B/sluice-load" "$sample" --no-progress --staging 512MiB "$@" > /dev/null 2>&1 & pids+=($!); done
-      for p in "${pids[@]}"; do wait "$p"; done ;;
+      for p in "${pids[@]}"; do wait "$p" || rc=$?; done ;;
   esac
+  if ((rc)); then echo "bench/node_copy.sh: the $kind run failed (exit $rc): $*" >&2; return 1; fi
   t1=$(now)
   echo "$t1 - $t0" | bc -l
 }
@@ -76,10 +78,12 @@ run() {
 best() {  # best KIND TEMP OPTS...
   local b="" t
   for ((i = 0; i < repeat; i++)); do
-    t=$(run "$@")
-    if [[ -z $b ]] || (( $(echo "$t < $b" | bc -l) )); then b=$t; fi
+    t=$(run "$@") || exit 1
+    if [[ -z $b ]] || (( $(echo "$t < $b" | bc -l) )); then
+      b=$t
+      if [[ $1 == ranks ]]; then cp "$work/ranks.json" "$work/best-ranks.json"; fi  # the best run's own summary
+    fi
   done
-  if [[ $1 == ranks ]]; then cp "$work/ranks.json" "$work/best-ranks.json"; fi
   echo "$b"
 }
 

@@ -83,6 +83,11 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "of windows (and after the last); a rank's failure stops its peers within them\n"
                  "(default 2GiB; 0: after every window)")
       ->type_name("SIZE");
+  std::string window;
+  app.add_option("--window", window,
+                 "with --topology: bytes of tensors per exchange window (default 256MiB); each\n"
+                 "rank's window buffers are sized by its share of the largest window")
+      ->type_name("SIZE");
   app.add_flag("--keep", o.keep,
                "with --topology: hold every tensor the rank owns until the load ends (its view,\n"
                "or a copy), as an engine holding its weights would: for measuring node memory");
@@ -121,7 +126,8 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   if (!staging.empty()) o.load.staging_budget = sluice_cli::parse_size(staging);
   if (!max_read.empty()) o.load.max_read = sluice_cli::parse_size(max_read);
   if (!cache_max.empty()) o.cache_max = sluice_cli::parse_size(cache_max);
-  if (!status_every.empty()) o.status_every = sluice_cli::parse_size(status_every);
+  if (!window.empty()) o.window_bytes = sluice_cli::parse_size(window);
+  if (!status_every.empty()) o.status_every = status_every == "0" ? 0 : sluice_cli::parse_size(status_every);
   if (!map_above.empty()) o.load.map_above = std::max<std::uint64_t>(1, sluice_cli::parse_size(map_above));
   if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
   if (direct) o.load.io = io_mode::direct;

@@ -152,6 +152,7 @@ int run_distributed(const options& o) {
   dopt.connections_per_rank = o.connections_per_rank;
   dopt.page_cache = dopt.node_window = !o.exchange_all;
   dopt.status_every = o.status_every;
+  if (o.window_bytes) dopt.plan.window_bytes = o.window_bytes;
   using om = distributed_options::overlap_mode;
   if (o.overlap == "auto") dopt.overlap = om::automatic;
   else if (o.overlap == "on") dopt.overlap = om::on;

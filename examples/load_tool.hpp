@@ -35,6 +35,7 @@ struct options {
   bool exchange_all = false;  // --exchange-all: distributed_options::page_cache off
   bool keep = false;          // --keep: hold every tensor until the load ends
   std::uint64_t status_every = sluice::policy::default_status_every;  // --status-every
+  std::uint64_t window_bytes = 0;  // --window (0: the plan's default)
 };
 
 // Digests of what this rank holds: placeholders (tensors it does not own) are skipped.

@@ -341,6 +341,32 @@ TEST_CASE("with a device lane, the driver's thread takes the lane's buffers and 
   }
 }
 
+// plan_options_for: a node whose ranks take what they keep from its page
+// cache cuts windows of window_bytes / local ranks (the node's window buffers
+// together one process's); anything that carries messages keeps its windows.
+TEST_CASE("one node reading through its page cache cuts smaller windows, anything with messages keeps them",
+          "[distributed][pipeline]") {
+  const auto ck = checkpoint::open(checkpoint_dir());
+  distributed_options o;
+  const auto asked = o.plan.window_bytes;
+  REQUIRE(plan_options_for(ck, 8, o).window_bytes == asked / 8);  // local_size 0: the world is one node
+  o.plan.local_size = 4;
+  REQUIRE(plan_options_for(ck, 4, o).window_bytes == asked / 4);
+  REQUIRE(plan_options_for(ck, 8, o).window_bytes == asked);  // two nodes: messages between them
+  REQUIRE(plan_options_for(ck, 1, distributed_options{}).window_bytes == asked);  // one rank
+  o.plan.local_size = 64;
+  REQUIRE(plan_options_for(ck, 64, o).window_bytes == std::uint64_t{16} << 20);  // at least 16 MiB
+  o.plan.window_bytes = 1u << 20;
+  REQUIRE(plan_options_for(ck, 64, o).window_bytes == 1u << 20);  // never more than asked
+  o.plan.window_bytes = asked, o.plan.local_size = 4;
+  auto off = o;
+  off.page_cache = false;  // over the node window: its copies wait on every reader
+  REQUIRE(plan_options_for(ck, 4, off).window_bytes == asked);
+  off = o;
+  off.load.io = io_mode::direct;  // O_DIRECT reads do not share the page cache
+  REQUIRE(plan_options_for(ck, 4, off).window_bytes == asked);
+}
+
 // Every window here carries no message (one rank): with status_every 0 each
 // window's status exchange reports its failure; by default the next status
 // exchange (here the last window's) does, naming the windows it covers, and
