@@ -96,6 +96,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1, help="runs per row; the lowest peak is printed")
     ap.add_argument("--sample", type=Path)
+    ap.add_argument("--window", help="sluice-load --window SIZE on every row (default: the load's own)")
     a = ap.parse_args()
     size = os.environ.get("SLUICE_SAMPLE_SIZE", "2GiB")
     env = dict(os.environ, CCACHE_BASEDIR=str(HERE), CCACHE_NOHASHDIR="1")
@@ -113,7 +114,7 @@ def main():
     rows = [("page cache, views", ["--map-above", "1MiB"]), ("page cache, copies", []),
             ("node window", ["--direct"]), ("Gloo loopback", ["--exchange-all"])]
     gib = float(1 << 30)
-    print(f"# bench/node_memory.py --ranks {a.ranks} --repeat {a.repeat}  ({time.strftime('%Y-%m-%d', time.gmtime())}, "
+    print(f"# bench/node_memory.py --ranks {a.ranks} --repeat {a.repeat}{' --window ' + a.window if a.window else ''}  ({time.strftime('%Y-%m-%d', time.gmtime())}, "
           f"sample {size}, {os.cpu_count()} cores); Pss summed over the ranks, sampled every 20 ms")
     print(f"{'row':<20} {'peak Pss':>10} {'vs owned':>9} {'vs Gloo':>8} {'seconds':>8}  per rank: received, page cache, node window, views")
     results = []
@@ -121,7 +122,7 @@ def main():
         for name, extra in rows:
             best = None
             for _ in range(a.repeat):
-                r = run(sample, a.ranks, extra, work)
+                r = run(sample, a.ranks, extra + (["--window", a.window] if a.window else []), work)
                 if best is None or r[0] < best[0]:
                     best = r
             results.append((name, *best))
