@@ -4,10 +4,13 @@
 /// distributed load: each slice goes from the rank that read it to the ranks
 /// that keep it, and to no other (point-to-point messages over the host
 /// communicator; device-lane bytes are uploaded first and travel over the
-/// lane). Before each window's messages, the ranks exchange their status
+/// lane). Before a window's messages, the ranks exchange their status
 /// (peers.hpp), the one the window carries (window_state::failure): a rank
 /// whose reads or deliveries failed makes every rank throw distributed_error
-/// naming it, at the same point. That error, as a lost peer's, is the
+/// naming it, at the same point. A window with no message on any rank does
+/// so only where the schedule says (window_schedule::status: every
+/// status_every bytes, and the last); otherwise it asks only whether a peer
+/// died (the communicator's liveness signal) and calls no host exchange. That error, as a lost peer's, is the
 /// pipeline's: it leaves this stage as an exception, which aborts the
 /// pipeline's channels and so stops every other stage.
 ///
