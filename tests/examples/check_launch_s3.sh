@@ -109,7 +109,10 @@ PY
 exec {PROXY[1]}>&-
 
 # Rank 1 points at a prefix with no checkpoint: every rank fails, naming rank 1 and the prefix.
-if (cd "$work" && "$launch" -n 2 --timeout 30 -- sh -c \
+# --no-teardown: this checks the library's failure protocol on every rank; the
+# launcher's teardown would end rank 0 (SIGTERM) as soon as rank 1 exits,
+# sometimes before rank 0 has written its own error.
+if (cd "$work" && "$launch" -n 2 --timeout 30 --no-teardown -- sh -c \
      'p=ck/; [ "$RANK" = 1 ] && p=missing/; exec "$0" "s3://$1/$p" --topology tp1,dp2,ep2 --no-progress 2> "'"$work"'/err.$RANK"' \
      "$load" "$bucket" 2>/dev/null); then
   echo "FAIL: a rank with a missing prefix loaded"; exit 1
