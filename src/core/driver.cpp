@@ -72,15 +72,22 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
   const auto leader = me - local_rank;
   const auto receivers = std::min<std::size_t>(local_size, c.size() - leader) - 1;
   constexpr auto handoff_timeout = std::chrono::seconds(60);
-  run_phase(c, "creating the " + what, [&] {
-    if (local_rank != 0) return;
-    mem = memory::shared_host::create(size, name);
-    if (receivers == 0) return;
-    server.emplace(mem);
-    const auto t = server->ticket();
-    std::memcpy(mine.data(), t.data(), std::min(t.size(), ticket_bytes));
-  });
-  in_phase("sharing the " + what + "'s ticket", [&] { c.all_gather(mine, all); });
+  // Made, and its ticket shared, in one meeting of the ranks: the status
+  // exchange carries every rank's ticket (only local ranks 0 have one).
+  std::exception_ptr failure;
+  try {
+    if (local_rank == 0) {
+      mem = memory::shared_host::create(size, name);
+      if (receivers > 0) {
+        server.emplace(mem);
+        const auto t = server->ticket();
+        std::memcpy(mine.data(), t.data(), std::min(t.size(), ticket_bytes));
+      }
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  check_peers(c, failure, "creating the " + what, mine, all);
   run_phase(c, "handing over the " + what, [&] {  // also: every local rank has it
     if (local_rank == 0) {
       if (server) server->serve(receivers, handoff_timeout, c.liveness());
@@ -191,14 +198,18 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
                             opt.status_every);
   fault_point("plan", me);
   {
+    // One collective: every rank gets every digest and reaches the same
+    // verdict (rank 0's plan is the reference; the first rank whose digest
+    // differs is named), so no status exchange needs to follow.
     const std::uint64_t d = schedule.digest;
     std::vector<std::byte> all(8 * c.size());
     in_phase("comparing load plans", [&] { c.all_gather(std::as_bytes(std::span(&d, 1)), all); });
-    run_phase(c, "comparing load plans", [&] {
-      for (std::size_t r = 0; r < c.size(); ++r)
-        if (std::memcmp(all.data() + 8 * r, &d, 8) != 0)
-          throw config_error(fmt::format("rank {} computed a different load plan (checkpoint or options differ)", r));
-    });
+    for (std::size_t r = 1; r < c.size(); ++r)
+      if (std::memcmp(all.data() + 8 * r, all.data(), 8) != 0)
+        throw distributed_error(fmt::format("rank 0 failed while comparing load plans: rank {} computed a different load "
+                                            "plan (checkpoint or options differ)",
+                                            r),
+                                0);
   }
 
   // A load with a device lane delivers view_kind::device views: a sink that
@@ -213,10 +224,6 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
                                        s.name()));
     });
 
-  // A sink that sizes its memory from the plan does so once, before any read
-  // (cuda::device_sink: one arena for this rank's device tensors at their part
-  // sizes); a rank that cannot (out of memory) fails every rank.
-  run_phase(c, "reserving the sink's memory", [&] { s.reserve(plan, me); });
 
   // I/O set-up: one reader (source, staging pool) for every window, its
   // reads tasks on this io_context, which this thread runs for each phase
@@ -230,7 +237,12 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.table_readers = table_readers.size();
   asio::io_context ioc{1};  // before the readers, whose sources are bound to it: destroyed after them
   std::unique_ptr<slice_reader> reader, table_reader;
-  run_phase(c, "setting up I/O", [&] {
+  // A sink that sizes its memory from the plan does so once, before any read
+  // (cuda::device_sink: one arena for this rank's device tensors at their part
+  // sizes); a rank that cannot (out of memory) fails every rank, in the same
+  // status exchange as the I/O set-up (one meeting of the ranks for both).
+  run_phase(c, "reserving the sink's memory and setting up I/O", [&] {
+    s.reserve(plan, me);
     reader = std::make_unique<slice_reader>(open_source(ioc, {plan.local_size, opt.connections_per_rank, 0, page_cache}), opt.load);
     st.connections = reader->connections();
     if (reads_tables && table_readers.size() < plan.local_size && catalog_source)

@@ -73,9 +73,14 @@ check 2 3 --connections-per-rank 3
 # object bytes, and both give the local load's digests.
 two_nodes() {
   local store="$work/store-$1"; mkdir -m 700 "$store"
-  rm -f "$work"/digests.*
+  rm -f "$work"/digests.* "$work"/err.*
   local pids=()
   for k in 0 1; do
+    # Node 0's launcher requires the shared store empty: node 1 starts once
+    # node 0's first rank has started (its stderr file exists), past that check.
+    if ((k == 1)); then
+      for _ in $(seq 1 3000); do [[ -e "$work/err.0" ]] && break; sleep 0.01; done
+    fi
     (cd "$work" && SLUICE_CACHE_DIR="$work/cache-node$k" AWS_ENDPOINT_URL="$proxy" \
        "$launch" -n 2 --nnodes 2 --node-rank $k --host 127.0.0.1 --store "$store" -- sh -c \
        'exec "$0" "$@" > "'"$work"'/digests.$RANK" 2>"'"$work"'/err.$RANK"' \

@@ -122,7 +122,8 @@ void check_static_world(Comm& c) {
 /// `source`, or to an any_source; its reads must run on `ioc`, the driver's
 /// io_context). It is called once, after the ranks agreed on the plan and
 /// inside the failure protocol: if it throws on any rank, every rank throws
-/// distributed_error naming that rank ("... while setting up I/O: ...").
+/// distributed_error naming that rank ("... while reserving the sink's memory
+/// and setting up I/O: ...").
 /// Every rank must call it with the same checkpoint and plan. Throws
 /// distributed_error (a rank failed), comm::comm_error (a peer is gone) or
 /// config_error (the plan does not fit the world) — on every rank. The

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -49,10 +50,20 @@ decltype(auto) in_phase(std::string_view phase, F&& f) {
 
 /// The status exchange that ends a phase: every rank says whether it failed
 /// (`failure`, with its message); if any did, every rank throws
-/// distributed_error naming the lowest failed rank.
+/// distributed_error naming the lowest failed rank. `payload`: bytes of this
+/// rank's that travel in the same all-gather (what the next phase needs from
+/// every rank, so that one meeting of the ranks serves both), every rank's
+/// landing in `payloads` (rank r's at r * payload.size()) when none failed.
 template <comm::communicator Comm>
-void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
-  std::vector<std::byte> mine(status_bytes), all(status_bytes * c.size());
+void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase, std::span<const std::byte> payload = {},
+                 std::span<std::byte> payloads = {}) {
+  const std::size_t record = status_bytes + payload.size();
+  std::vector<std::byte> mine(record), all(record * c.size());
+  struct wiped {  // payloads may be secret (the node memory's tickets): zeroed however this returns
+    std::vector<std::byte>& a;
+    std::vector<std::byte>& b;
+    ~wiped() { std::fill(a.begin(), a.end(), std::byte{0}), std::fill(b.begin(), b.end(), std::byte{0}); }
+  } wipe{mine, all};
   if (failure) {
     std::string msg;
     try {
@@ -65,12 +76,16 @@ void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase) {
     mine[0] = std::byte{1};
     std::memcpy(mine.data() + 1, msg.data(), std::min(msg.size(), status_bytes - 2));
   }
+  if (!payload.empty()) std::memcpy(mine.data() + status_bytes, payload.data(), payload.size());
   in_phase(phase, [&] { c.all_gather(mine, all); });
   for (std::size_t r = 0; r < c.size(); ++r) {
-    if (all[r * status_bytes] == std::byte{0}) continue;
-    const char* m = reinterpret_cast<const char*>(all.data() + r * status_bytes + 1);
+    if (all[r * record] == std::byte{0}) continue;
+    const char* m = reinterpret_cast<const char*>(all.data() + r * record + 1);
     throw distributed_error(fmt::format("rank {} failed while {}: {}", r, phase, std::string(m, strnlen(m, status_bytes - 1))), r);
   }
+  if (!payload.empty())
+    for (std::size_t r = 0; r < c.size() && (r + 1) * payload.size() <= payloads.size(); ++r)
+      std::memcpy(payloads.data() + r * payload.size(), all.data() + r * record + status_bytes, payload.size());
 }
 
 /// One phase of the failure protocol: runs this rank's part (`f`), catches
