@@ -184,8 +184,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // memory region every local rank maps, which readers read into and keepers
   // copy from.
   const bool with_lane = lane != nullptr;
-  const bool page_cache = opt.page_cache && catalog_source && plan.local_size > 1 && ck.storage().shares_page_cache() &&
-                          opt.load.io != io_mode::direct;
+  const bool page_cache = opt.takes_from_page_cache(catalog_source && ck.storage().shares_page_cache(), plan.local_size);
   const auto node = page_cache                                    ? policy::node_copy::page_cache
                     : opt.node_window && plan.local_size > 1 ? policy::node_copy::window
                                                                   : policy::node_copy::none;

@@ -524,49 +524,6 @@ TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear er
  }
 }
 
-// The plan check is one all-gather of the schedule's digests: every rank
-// reaches the same verdict from them. A rank whose options differ (here the
-// status pace, which the digest covers) fails every rank before any read.
-TEST_CASE("ranks whose plans differ all fail before any read, naming the rank that differs", "[comm][distributed]") {
-  const auto store = sluice_test::fresh_dir("dist-plan-store");
-  const auto out = sluice_test::fresh_dir("dist-plan-out");
-  auto res = sluice_test::run_ranks(
-      4,
-      [&](std::size_t rank) {
-        nlohmann::json j;
-        try {
-          comm::rank_info who;
-          who.hostname = "127.0.0.1";
-          who.rank = rank, who.world_size = 4, who.local_rank = rank, who.local_size = 4;
-          who.store_dir = store.string();
-          who.timeout = 20s;
-          auto o = small_options();
-          if (rank == 2) o.status_every = 0;  // another schedule: another digest
-          recording_sink s;
-          (void)load_distributed(checkpoint::open(checkpoint_dir()), "tp1,dp4,ep4", "none", who, s, o);
-          j["calls"] = s.calls.size();
-        } catch (const distributed_error& e) {
-          j["error"] = e.what();
-          j["failed_rank"] = e.failed_rank();
-        } catch (const std::exception& e) {
-          j["other"] = e.what();
-        }
-        sluice_test::write_rank_json(out, rank, j);
-        return 0;
-      },
-      120s);
-  const auto results = sluice_test::read_rank_jsons(out, res);
-  for (std::size_t r = 0; r < 4; ++r) {
-    INFO("rank " << r << ": " << results[r].dump());
-    REQUIRE(results[r].contains("error"));
-    REQUIRE_THAT(results[r]["error"].get<std::string>(),
-                 Catch::Contains("rank 0 failed while comparing load plans: rank 2 computed a different load plan"));
-    REQUIRE(results[r]["failed_rank"] == 0);
-  }
-  fs::remove_all(store);
-  fs::remove_all(out);
-}
-
 TEST_CASE("a pair's back-to-back slices travel as one message", "[comm][distributed]") {
   auto o = small_options();
   o.plan.local_size = 4;
@@ -1285,6 +1242,28 @@ fs::path spoiled_copy(const std::string& tag, const std::function<void(const fs:
 }
 
 }  // namespace
+
+// The plan check is one all-gather of the schedule's digests: every rank
+// reaches the same verdict from them. A rank whose options differ (here the
+// status pace, which the digest covers) fails every rank before any read.
+TEST_CASE("ranks whose plans differ all fail before any read, naming the rank that differs", "[comm][distributed]") {
+  const auto results = run_collective(4, [](std::size_t rank, comm::gloo& c) {
+    auto o = small_options();
+    o.plan.local_size = 4;
+    if (rank == 2) o.status_every = 0;  // another schedule: another digest
+    const auto ck = checkpoint::open(checkpoint_dir());
+    recording_sink s;
+    (void)load_distributed(ck, c, plan_for(ck, "tp1,dp4,ep4", "none", o), s, o);
+    return nlohmann::json{{"calls", s.calls.size()}};
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r].dump());
+    REQUIRE(results[r].contains("error"));
+    REQUIRE_THAT(results[r]["error"]["what"].get<std::string>(),
+                 Catch::Contains("rank 0 failed while comparing load plans: rank 2 computed a different load plan"));
+    REQUIRE(results[r]["error"]["failed_rank"] == 0);
+  }
+}
 
 TEST_CASE("4 ranks open a checkpoint collectively: rank 0 alone reads the headers, every rank gets the same checkpoint",
           "[comm][distributed][open]") {

@@ -10,9 +10,10 @@
 /// naming it, at the same point. A window with no message on any rank does
 /// so only where the schedule says (window_schedule::status: every
 /// status_every bytes, and the last); otherwise it asks only whether a peer
-/// died (the communicator's liveness signal) and calls no host exchange. That error, as a lost peer's, is the
-/// pipeline's: it leaves this stage as an exception, which aborts the
-/// pipeline's channels and so stops every other stage.
+/// died (the communicator's liveness signal) and calls no host exchange.
+/// That error, as a lost peer's, is the pipeline's: it leaves this stage as
+/// an exception, which aborts the pipeline's channels and so stops every
+/// other stage.
 ///
 /// Where cores allow (distributed_options::overlap), the status exchange and
 /// the messages run on one long-lived thread of the stage's own, so the
@@ -27,11 +28,10 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <boost/asio/co_spawn.hpp>
-#include <functional>
-
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 

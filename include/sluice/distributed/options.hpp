@@ -94,6 +94,14 @@ struct distributed_options {
   /// segments apart (the failure tests count a load's segments by it).
   std::string segment_name = "sluice-shared";
 
+  /// Whether ranks of one node take the bytes they keep from its page cache
+  /// (policy::node_copy::page_cache) rather than receive them: `page_cache`
+  /// on, not io_mode::direct, more than one rank per node, and storage whose
+  /// reads one process can read again from memory (`storage_shares`: the
+  /// catalog's own sources and catalog::shares_page_cache()).
+  [[nodiscard]] bool takes_from_page_cache(bool storage_shares, std::size_t local_ranks) const noexcept {
+    return page_cache && storage_shares && local_ranks > 1 && load.io != io_mode::direct;
+  }
   /// Whether `overlap` means overlapping with `local_ranks` ranks on this machine.
   [[nodiscard]] bool overlaps(std::size_t local_ranks) const noexcept {
     if (overlap != overlap_mode::automatic) return overlap == overlap_mode::on;

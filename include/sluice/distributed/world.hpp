@@ -57,8 +57,7 @@ namespace sluice::inline v0 {
 [[nodiscard]] inline policy::plan_options plan_options_for(const checkpoint& ck, std::size_t world, const distributed_options& opt) {
   auto po = opt.plan;
   const auto local = po.local_size ? po.local_size : world;
-  const bool one_node = local >= world;
-  if (one_node && local > 1 && opt.page_cache && opt.load.io != io_mode::direct && ck.storage().shares_page_cache()) {
+  if (local >= world && opt.takes_from_page_cache(ck.storage().shares_page_cache(), local)) {  // one node
     constexpr std::uint64_t least = std::uint64_t{16} << 20;
     po.window_bytes = std::min(po.window_bytes, std::max(least, po.window_bytes / local));
   }
