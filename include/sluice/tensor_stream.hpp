@@ -95,6 +95,8 @@ struct stream_stats {
   std::uint64_t peak_ahead_bytes = 0;    ///< most tensor bytes read (or reading) and not yet handed out
   std::uint64_t peak_own_bytes = 0;      ///< most bytes of own buffers ahead or held at once
   std::uint64_t gate_waits = 0;          ///< reads the gate held back
+  std::uint64_t full_waits = 0;          ///< times the load found the queue full (it waits until half is taken)
+  std::uint64_t skipped = 0;             ///< tensors stream_options::skip kept from the queue
 };
 
 struct stream_options {
@@ -112,6 +114,11 @@ struct stream_options {
   /// Where the pool and the own buffers come from and go back to between
   /// loads; null: memory_cache::process(). Must outlive the stream.
   memory_cache* cache = nullptr;
+  /// Tensors next() never hands out (e.g. another rank's placeholders the
+  /// consumer does not want): the sink takes them without queueing, so
+  /// they cost neither a place in the queue nor a wake of the consumer.
+  /// Called on the load thread; empty: every tensor is handed out.
+  std::function<bool(const tensor_view&)> skip;
 };
 
 namespace detail {

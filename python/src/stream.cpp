@@ -66,6 +66,12 @@ class stream {
     lopt_ = make_load_options(opt_);
     so.map_cached = opt_.map_cached;
     so.load = lopt_;
+    // Another rank's tensor never reaches Python, but where this rank's
+    // model still wants the call (stand_ins: a byte-less stand-in).
+    if (!opt_.placeholders)
+      so.skip = [this](const tensor_view& v) {
+        return v.kind == view_kind::placeholder && !opt_.stand_ins.contains(v.name());
+      };
     distributed_ = opt_.world_size > 1 || !opt_.topology.empty();
     if (!distributed_) {
       s_ = std::make_unique<tensor_stream>(ck_.ck, std::move(so));
@@ -92,9 +98,6 @@ class stream {
         r = s_->next(50ms, t);
       }
       if (r == pull_status::tensor) {
-        // Another rank's tensor never reaches Python, but where this rank's
-        // model still wants the call (stand_ins: a byte-less stand-in).
-        if (!opt_.placeholders && t.view.kind == view_kind::placeholder && !opt_.stand_ins.contains(t.view.name())) continue;
         tensor_view v = std::move(t.view);  // the capsule's deleter releases `t` (the pin, the budget) after the bytes
         return tensor_item(std::move(v), std::move(t));
       }

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -82,9 +83,17 @@ struct stream_state final : admission {
   };
 
   std::mutex mu;
-  std::condition_variable changed;  // an item, room, the end, a stop
+  // Two sides, each woken only when the other changed what it waits for:
+  // a wake is two context switches, and with one per tensor a load of a few
+  // thousand tensors on ranks sharing cores spent more time switching than
+  // handing out (bench/README.md, the peers race's ranks row).
+  std::condition_variable items;  // next(): an item, the end
+  std::condition_variable room;   // the sink: room in the queue, pins dropped, the consumer waiting; both: a stop
   std::deque<queued> queue;
   std::size_t capacity = 8;
+  bool producer_waiting = false;  // the sink waits on `room`
+  std::function<bool(const tensor_view&)> skip;  // stream_options::skip
+  std::atomic<std::uint64_t> skipped{0};          // by it (no lock: the load thread alone)
   bool done = false;
   std::exception_ptr error, consumer_error;
   std::stop_source stop;
@@ -111,12 +120,23 @@ struct stream_state final : admission {
   double cpu0 = 0, cpu1 = -1;
 
   void wake_gate() noexcept { gate_waiters.wake_all(); }  // under mu
+  // A full queue waits until the consumer has taken half of it: the sink
+  // then queues a run of tensors per wake instead of one.
+  [[nodiscard]] std::size_t low_water() const noexcept { return capacity / 2; }
+  void wake_producer() noexcept {  // under mu
+    if (producer_waiting) room.notify_all();
+  }
+  void wake_all() noexcept {  // under mu: the end, a stop, a failure
+    items.notify_all();
+    room.notify_all();
+    wake_gate();
+  }
 
   void release(int slot, std::size_t own_bytes) noexcept {
     std::lock_guard g(mu);
     if (slot >= 0 && --pins[static_cast<std::size_t>(slot)] == 0) --pinned_slots;
     own_held -= own_bytes;
-    changed.notify_all();
+    wake_producer();
     wake_gate();
   }
 
@@ -229,6 +249,10 @@ class queue_sink {
 
   bool accept(tensor_view v) {
     auto& st = *st_;
+    if (st.skip && st.skip(v)) {
+      st.skipped.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     std::unique_lock l(st.mu);
     std::size_t own = 0;
     bool alone = false;
@@ -258,9 +282,11 @@ class queue_sink {
       // them: wait for that. Once the queue is empty and the consumer waits
       // for more, the pins are tensors it holds, and waiting would be for
       // ever.
-      st.changed.wait(l, [&] {
+      st.producer_waiting = true;
+      st.room.wait(l, [&] {
         return !over() || (st.queue.empty() && st.consumer_waiting) || st.stop.stop_requested() || st.consumer_error;
       });
+      st.producer_waiting = false;
       if (st.consumer_error) std::rethrow_exception(st.consumer_error);
       if (st.stop.stop_requested()) throw cancelled_error();
     }
@@ -286,14 +312,19 @@ class queue_sink {
       st.counters.copied_out_bytes += v.bytes.size();
     }
     if (slot >= 0 && st.pins[static_cast<std::size_t>(slot)]++ == 0) ++st.pinned_slots;
-    st.changed.wait(l, [&] { return st.queue.size() < st.capacity || st.stop.stop_requested() || st.consumer_error; });
+    if (st.queue.size() >= st.capacity) {
+      st.counters.full_waits += 1;
+      st.producer_waiting = true;
+      st.room.wait(l, [&] { return st.queue.size() <= st.low_water() || st.stop.stop_requested() || st.consumer_error; });
+      st.producer_waiting = false;
+    }
     if (st.consumer_error || st.stop.stop_requested()) {
       if (slot >= 0 && --st.pins[static_cast<std::size_t>(slot)] == 0) --st.pinned_slots;
       if (st.consumer_error) std::rethrow_exception(st.consumer_error);
       throw cancelled_error();
     }
     st.queue.push_back({std::move(v), slot, own, alone});
-    st.changed.notify_all();
+    if (st.consumer_waiting) st.items.notify_all();
     return true;
   }
 
@@ -324,7 +355,10 @@ stream_tensor::~stream_tensor() { reset(); }
 void stream_tensor::reset() noexcept {
   view.hold.reset();  // the slot or buffer goes back first (to the pool, to the cache)
   view.bytes = {};
-  if (auto st = std::move(state_)) st->release(slot_, own_);
+  // A view that pins no slot and holds no own buffer (the page cache's,
+  // a window buffer's, a placeholder) changes nothing the load waits on:
+  // no lock to take, no one to wake.
+  if (auto st = std::move(state_); st && (slot_ >= 0 || own_ > 0)) st->release(slot_, own_);
   slot_ = -1;
   own_ = 0;
 }
@@ -337,6 +371,7 @@ tensor_stream::tensor_stream(std::shared_ptr<const checkpoint> ck, stream_option
   auto& st = *st_;
   st.capacity = std::max<std::size_t>(1, opt_.queue);
   st.exhausted = opt_.exhausted;
+  st.skip = opt_.skip;
   st.cache = opt_.cache ? opt_.cache : &memory_cache::process();
   st.plan = stream_memory_plan::make(opt_.load.staging_budget, opt_.load.max_read, opt_.load.queue_depth, *ck_);
   st.counters.plan = st.plan;
@@ -361,6 +396,7 @@ tensor_stream::tensor_stream(producer run, stream_options opt)
     : run_(std::move(run)), opt_(std::move(opt)), st_(std::make_shared<detail::stream_state>()) {
   st_->capacity = std::max<std::size_t>(1, opt_.queue);
   st_->exhausted = opt_.exhausted;
+  st_->skip = opt_.skip;
   // A producer's load (a distributed one) hands out views of the page cache
   // for what its rank keeps whole and reads or takes itself, as a load of
   // the stream's own would (read_window's map_above).
@@ -404,8 +440,7 @@ void tensor_stream::body() {
   st_->error = failure;
   st_->done = true;
   st_->cpu1 = process_cpu_seconds();
-  st_->changed.notify_all();
-  st_->wake_gate();
+  st_->wake_all();
 }
 
 pull_status tensor_stream::next(std::chrono::milliseconds timeout, stream_tensor& out) {
@@ -416,8 +451,8 @@ pull_status tensor_stream::next(std::chrono::milliseconds timeout, stream_tensor
     if (!thread_.joinable()) throw usage_error("next() on a stream that was not started");
     st.consumer_waiting = true;
     st.wake_gate();
-    st.changed.notify_all();  // a sink waiting for pins to be dropped: they are held
-    st.changed.wait_for(l, timeout, ready);
+    st.wake_producer();  // a sink waiting for pins to be dropped: they are held
+    st.items.wait_for(l, timeout, ready);
     st.consumer_waiting = false;
   }
   if (!st.queue.empty()) {
@@ -429,7 +464,7 @@ pull_status tensor_stream::next(std::chrono::milliseconds timeout, stream_tensor
       st.own_held += q.own;
       if (q.alone) st.alone_ahead = false;
     }
-    st.changed.notify_all();
+    if (st.queue.size() <= st.low_water()) st.wake_producer();
     st.wake_gate();
     l.unlock();
     out.reset();
@@ -462,8 +497,7 @@ void tensor_stream::stop() {
   {
     std::lock_guard g(st_->mu);
     st_->stop.request_stop();
-    st_->changed.notify_all();
-    st_->wake_gate();
+    st_->wake_all();
   }
   if (thread_.joinable()) thread_.join();
   std::deque<detail::stream_state::queued> dropped;
@@ -482,8 +516,7 @@ void tensor_stream::fail(std::exception_ptr e) {
   {
     std::lock_guard g(st_->mu);
     if (!st_->consumer_error) st_->consumer_error = e;
-    st_->changed.notify_all();
-    st_->wake_gate();
+    st_->wake_all();
   }
   if (thread_.joinable()) thread_.join();
   std::lock_guard g(st_->mu);
@@ -497,7 +530,9 @@ bool tensor_stream::done() const {
 
 stream_stats tensor_stream::stats() const {
   std::lock_guard g(st_->mu);
-  return st_->counters;
+  auto s = st_->counters;
+  s.skipped = st_->skipped.load(std::memory_order_relaxed);
+  return s;
 }
 
 const staging_pool* tensor_stream::pool() const noexcept { return pool_.get(); }

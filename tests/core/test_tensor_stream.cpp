@@ -313,6 +313,43 @@ TEST_CASE("a producer's stream queues the views of the caller's load", "[core][t
   CHECK(n == ck->tensors().size());
 }
 
+TEST_CASE("a full queue wakes the load once half of it is taken, not per tensor", "[core][tensor_stream][concurrent]") {
+  sluice_test::scratch_dir dir;
+  auto ck = write_sized(dir.path, std::vector<std::uint64_t>(64, 4 * KiB));
+  stream_options o;
+  o.queue = 8;
+  tensor_stream s([&](any_sink sink, const load_options& l) { (void)load(*ck, sink, l); }, o);
+  s.start();
+  std::size_t n = 0;
+  while (auto t = s.next()) {
+    REQUIRE(has_its_bytes(t->view));
+    ++n;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a consumer slower than the load: the queue fills
+  }
+  CHECK(n == 64);
+  // Each wait ends with at most 4 of 8 queued: the load queues 4 or more per
+  // wake (one wake per tensor taken would make about 56 waits).
+  CHECK(s.stats().full_waits <= 64 / 4 + 1);
+}
+
+TEST_CASE("tensors the consumer skips never reach the queue", "[core][tensor_stream]") {
+  sluice_test::scratch_dir dir;
+  auto ck = write_sized(dir.path, std::vector<std::uint64_t>(20, 1 * KiB));
+  stream_options o;
+  o.queue = 2;
+  o.skip = [](const tensor_view& v) { return v.name().back() % 2 == 1; };  // t001, t003, ...
+  tensor_stream s([&](any_sink sink, const load_options& l) { (void)load(*ck, sink, l); }, o);
+  s.start();
+  std::vector<std::string> seen;
+  while (auto t = s.next()) {
+    REQUIRE(has_its_bytes(t->view));
+    seen.emplace_back(t->view.name());
+  }
+  REQUIRE(seen.size() == 10);
+  for (const auto& name : seen) CHECK(name.back() % 2 == 0);
+  CHECK(s.stats().skipped == 10);
+}
+
 TEST_CASE("next() before start() and start() twice are usage errors", "[core][tensor_stream][errors]") {
   sluice_test::scratch_dir dir;
   auto ck = write_sized(dir.path, {10});

@@ -314,6 +314,47 @@ TEST_CASE("cached says whether every page of a range is in the page cache, view 
   }
 }
 
+TEST_CASE("map maps a small range whose every page is cached on the calling thread, any other through io-wq, every page in either way",
+          "[core][uring][map]") {
+  sluice_test::scratch_dir dir;
+  const std::uint64_t limit = file_source::inline_populate_max;
+  const auto data = pattern(static_cast<std::size_t>(limit + (4 << 20)));
+  const auto path = dir.path / "f";
+  write_file(path, data);
+  asio::io_context ioc;
+  uring_context ring(ioc);
+  file_source src(ring, {path.string()}, io_mode::buffered);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  std::vector<char> buf(data.size());
+  REQUIRE(::pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size()));  // every page in
+  if (!src.cached(0, 0, data.size())) {
+    ::close(fd);
+    WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every map goes through io-wq");
+    return;
+  }
+  const auto check = [&](const lease& v, std::uint64_t off) {
+    REQUIRE(present_pages(v.bytes()) == (off + v.bytes().size() + 4095) / 4096 - off / 4096);
+    REQUIRE(std::memcmp(v.bytes().data(), data.data() + off, v.bytes().size()) == 0);
+  };
+  const lease small = map_range(ioc, src, 4097, (1 << 20) + 3);  // cached, small: here
+  CHECK(src.inline_maps() == 1);
+  check(small, 4097);
+  const lease large = map_range(ioc, src, 0, limit + (2 << 20));  // cached, larger than the limit: io-wq
+  CHECK(src.inline_maps() == 1);
+  check(large, 0);
+  // Dropped (clean pages): a small range that is not cached goes through io-wq too.
+  REQUIRE(::fdatasync(fd) == 0);
+  REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  ::close(fd);
+  const std::uint64_t off = limit + (3 << 20);
+  REQUIRE_FALSE(src.cached(0, off, 1 << 20));
+  const lease cold = map_range(ioc, src, off, 1 << 20);
+  CHECK(src.inline_maps() == 1);
+  check(cold, off);
+  CHECK(src.mapped_bytes() == small.bytes().size() + large.bytes().size() + cold.bytes().size());
+}
+
 // io_uring_submit_and_wait, as this executable sees it: the real one, unless
 // a test asks for EINTR first (the error io_uring_enter gives when a signal
 // arrives during the wait: a Ctrl-C in Python). The definition here

@@ -17,7 +17,8 @@
 /// range under io_mode::buffered) can be handed out instead of read, as a view into a private mapping of its file
 /// (one per file, made at the first map and kept alive by the views' leases),
 /// its pages mapped in beforehand by MADV_POPULATE_READ on the ring's io-wq
-/// workers. No copy and no memory of the process's own: what a hot load of a
+/// workers (a range of at most inline_populate_max bytes, every page cached,
+/// on the calling thread). No copy and no memory of the process's own: what a hot load of a
 /// tensor larger than a staging slot would otherwise first-touch. The view
 /// is writable (copy on write: the file is never written). A file shortened
 /// after it was opened fails the map with truncated_error; one shortened
@@ -56,6 +57,10 @@ namespace sluice::inline v0 {
 
 class file_source {
  public:
+  /// Page-cache views of at most this many bytes, every page cached, are
+  /// mapped in on the calling thread (see map).
+  static constexpr std::uint64_t inline_populate_max = std::uint64_t{16} << 20;
+
   /// Opens every path (throws io_error naming the first that fails).
   /// `punt_buffered`: hand buffered reads to io-wq workers (IOSQE_ASYNC), so
   /// that page-cache copies of the reads in flight run on several cores
@@ -113,6 +118,22 @@ class file_source {
     const std::uint64_t begin = offset / page * page, end = std::min((offset + length + page - 1) / page * page,
                                                                      (f.size + page - 1) / page * page);
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
+    // A small range whose every page is cached is mapped in here: no disk
+    // read can block the thread, the work is a few page-table entries (one
+    // per 2 MiB folio), and a trip through io-wq (two thread wakes) cost
+    // more than the work; on ranks sharing cores, most of their context
+    // switches (bench/README.md, the peers race's ranks row).
+    if (end - begin <= inline_populate_max && detail::fully_cached(f.fd, begin, end - begin)) {
+      if (::madvise(base + begin, static_cast<std::size_t>(end - begin), MADV_POPULATE_READ) != 0) {
+        const int e = errno;
+        if (e == EFAULT) throw truncated_error("the file is shorter than when it was opened", where, e);
+        throw io_error(fmt::format("mapping the pages in failed: {}", std::strerror(e)), where, e);
+      }
+      counters_.bytes_read.fetch_add(length, std::memory_order_relaxed);
+      mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
+      inline_maps_.fetch_add(1, std::memory_order_relaxed);
+      co_return v;
+    }
     // In pieces: the SQE's length is 32 bits, and one piece keeps one io-wq
     // worker busy for a bounded time.
     constexpr std::uint64_t piece = std::uint64_t{256} << 20;
@@ -150,6 +171,8 @@ class file_source {
 
   /// Bytes handed out as page-cache views so far.
   [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_bytes_.load(); }
+  /// Of the views, those mapped in on the calling thread (see map).
+  [[nodiscard]] std::uint64_t inline_maps() const noexcept { return inline_maps_.load(); }
 
   /// Reads up to dst.size() bytes at `offset` of file `file`; returns the
   /// count (short near end of file, 0 at or past it).
@@ -239,6 +262,7 @@ class file_source {
   std::atomic<std::uint64_t> counters_direct_{0};
   std::atomic<std::uint64_t> counters_buffered_{0};
   std::atomic<std::uint64_t> mapped_bytes_{0};
+  std::atomic<std::uint64_t> inline_maps_{0};
   std::mutex map_mu_;
 };
 
