@@ -292,7 +292,10 @@ def load(spec, conc, mem, rank, ranks, experts):
         sluice.release_memory()  # a first load: nothing kept from an earlier one in this process
         kw = dict(staging=mem, queue_depth=conc, io=spec["backend"], progress=False)
         if ranks > 1:
-            kw.update(topology=f"tp1,dp{ranks},ep{ranks}", timeout=300)
+            # placeholders=False: the rank asks only for what it keeps, as the
+            # safe_open loop above does (the default hands another rank's
+            # tensors out as empty placeholders, for loaders that want every name)
+            kw.update(topology=f"tp1,dp{ranks},ep{ranks}", timeout=300, placeholders=False)
         with sluice.iter_weights(sluice.open(ck), **kw) as it:
             for name, t in it:
                 consume(name, t)
