@@ -262,6 +262,17 @@ std::size_t present_pages(std::span<const std::byte> b) {
   ::close(fd);
   return n;
 }
+
+// Opens `path` (of `n` bytes) and reads all of it: every page in the page
+// cache, written back (clean pages: posix_fadvise can drop them). The caller closes it.
+int open_cached(const std::filesystem::path& path, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::fdatasync(fd) == 0);
+  std::vector<char> buf(n);
+  REQUIRE(::pread(fd, buf.data(), n, 0) == static_cast<ssize_t>(n));
+  return fd;
+}
 }  // namespace
 
 TEST_CASE("cached says whether every page of a range is in the page cache, view maps a range without mapping it in", "[core][uring][map]") {
@@ -272,11 +283,8 @@ TEST_CASE("cached says whether every page of a range is in the page cache, view 
   asio::io_context ioc;
   uring_context ring(ioc);
   file_source src(ring, {path.string()}, io_mode::buffered);
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  REQUIRE(fd >= 0);
-  REQUIRE(::fdatasync(fd) == 0);
-  std::vector<char> buf(data.size());
-  REQUIRE(::pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size()));  // every page in
+  const int fd = open_cached(path, data.size());
+  std::vector<char> buf(4096);
   if (!src.cached(0, 0, data.size())) {
     ::close(fd);
     WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached");
@@ -324,10 +332,7 @@ TEST_CASE("map maps a small range whose every page is cached on the calling thre
   asio::io_context ioc;
   uring_context ring(ioc);
   file_source src(ring, {path.string()}, io_mode::buffered);
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  REQUIRE(fd >= 0);
-  std::vector<char> buf(data.size());
-  REQUIRE(::pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size()));  // every page in
+  const int fd = open_cached(path, data.size());
   if (!src.cached(0, 0, data.size())) {
     ::close(fd);
     WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every map goes through io-wq");
@@ -344,7 +349,6 @@ TEST_CASE("map maps a small range whose every page is cached on the calling thre
   CHECK(src.inline_maps() == 1);
   check(large, 0);
   // Dropped (clean pages): a small range that is not cached goes through io-wq too.
-  REQUIRE(::fdatasync(fd) == 0);
   REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
   ::close(fd);
   const std::uint64_t off = limit + (3 << 20);
