@@ -11,7 +11,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -55,49 +55,75 @@ namespace sluice::inline v0::comm {
 
 using unbound_buffers = std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>>;
 
+// Gloo's TCP loop wakes from epoll_wait every 10 ms, and a thread that
+// removes a descriptor from it waits for its next wake
+// (Loop::unregisterDescriptor: so that no handler runs after it returns):
+// each pair's connecting side does so for its listening socket, each pair's
+// teardown for its connection. 8 ranks spent 25-38 ms connecting their mesh
+// and up to 80 ms closing it, every rank mostly idle (4 Python ranks: 17-44
+// ms of a 0.6 s load closing). While the mesh connects and while it closes,
+// a timer registered on the loop wakes it every 200 us, so each wait ends
+// within that; in between it is disarmed and the loop sleeps as Gloo made it.
+class loop_ticker final : public ::gloo::transport::tcp::Handler {
+ public:
+  loop_ticker() : fd_(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) {}
+  ~loop_ticker() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  loop_ticker(const loop_ticker&) = delete;
+  loop_ticker& operator=(const loop_ticker&) = delete;
+  // Registers the timer on `device`'s loop (a timer that cannot be made or
+  // registered leaves the loop at its own pace: slower, never wrong).
+  void attach(::gloo::transport::Device& device) noexcept {
+    auto* tcp = dynamic_cast<::gloo::transport::tcp::Device*>(&device);
+    if (!tcp || fd_ < 0) return;
+    try {
+      tcp->registerDescriptor(fd_, EPOLLIN, this);
+      attached_ = true;
+    } catch (...) {
+    }
+  }
+  void run(bool on) noexcept {
+    if (!attached_) return;
+    itimerspec t{};
+    if (on) t.it_value.tv_nsec = t.it_interval.tv_nsec = 200'000;
+    (void)::timerfd_settime(fd_, 0, &t, nullptr);
+  }
+  void handleEvents(int) override {  // on the loop's thread: the wake is all it is for
+    std::uint64_t expirations = 0;
+    (void)!::read(fd_, &expirations, sizeof expirations);
+  }
+
+ private:
+  int fd_;
+  bool attached_ = false;
+};
+
 struct gloo::impl {
-  // Buffers of failed collectives (see fail()): declared first, freed last.
+  // Declared first, gone last: the loop it is registered on (held by the
+  // device, the context and the buffers below) is gone before it.
+  loop_ticker ticker;
+  // Buffers of failed collectives (see fail()): freed after the context.
   unbound_buffers failed;
   std::string broken;  // why an earlier collective failed; empty while the communicator works
   std::optional<std::size_t> broken_lost;   // ... because this peer died
   std::optional<std::vector<std::size_t>> broken_lagging;  // ... because it timed out (these had not arrived)
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
-  // The peers' liveness (peer_watch.hpp). Declared after the context: it
-  // goes first, saying its last word before the pairs close.
+  // The peers' liveness (peer_watch.hpp). Goes first, saying its last word
+  // before the pairs close.
   std::shared_ptr<detail::peer_watch> watch;  // shared only with liveness()'s weak references
   std::chrono::milliseconds timeout{};
   std::uint64_t exchanges = 0;  // exchange() calls so far: the same count on every rank
   std::uint64_t calls = 0;      // collectives so far: the same count on every rank
   bool proving = false;         // in the rendezvous's pair proof (prove_pairs)
 
-  // Gloo's TCP loop wakes from epoll_wait every 10 ms, and each pair's
-  // teardown waits for its next wake (Loop::unregisterDescriptor: so that
-  // no handler runs after it returns): an 8-rank world took up to 70 ms
-  // to close its 7 pairs and the loop's thread another 10, every rank
-  // idle meanwhile (4 Python ranks: 17-44 ms of a 0.6 s load). While the
-  // pairs close, an always-readable descriptor keeps the loop turning, so
-  // each wait ends at once; the watch still goes first, with its last word.
-  struct turning final : ::gloo::transport::tcp::Handler {
-    void handleEvents(int) override {}
-  };
   ~impl() {
     watch.reset();
-    auto* tcp = dynamic_cast<::gloo::transport::tcp::Device*>(device.get());
-    const int fd = tcp && context ? ::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
-    static turning spin;  // never gone: the loop may hold its event a moment after the descriptor closes
-    if (fd >= 0) {
-      try {
-        tcp->registerDescriptor(fd, EPOLLIN, &spin);
-      } catch (...) {  // not turned: the pairs close at the loop's own pace
-        ::close(fd);
-        context.reset();
-        return;
-      }
-    }
+    ticker.run(true);  // the pairs close and the loop's thread ends within a tick each
     context.reset();
-    device.reset();  // the loop's thread ends, at once: it is turning
-    if (fd >= 0) ::close(fd);
+    failed.clear();
+    device.reset();
   }
 };
 
@@ -423,7 +449,9 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
       auto watch = std::make_unique<detail::peer_watch>(rank, size, opt.hostname);
       const auto& a = watch->address();
       store.set(fmt::format("sluice-watch-{}", rank), std::vector<char>(a.begin(), a.end()));
+      impl_->ticker.run(true);  // each pair's connecting side waits for the loop (loop_ticker)
       ctx->connectFullMesh(store, impl_->device);
+      impl_->ticker.run(false);
       if (!secret) {
         const auto v = store.get("sluice-secret");
         secret = load_secret::from(std::as_bytes(std::span(v)));
@@ -451,6 +479,7 @@ gloo::gloo(std::size_t rank, std::size_t size, const gloo_options& opt)
     ::gloo::transport::tcp::attr attr;
     attr.hostname = opt.hostname;
     impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
+    impl_->ticker.attach(*impl_->device);
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
     ctx->setTimeout(opt.timeout);
     if (opt.store.kv) {
