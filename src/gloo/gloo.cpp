@@ -103,7 +103,7 @@ struct gloo::impl {
   // Declared first, gone last: the loop it is registered on (held by the
   // device, the context and the buffers below) is gone before it.
   loop_ticker ticker;
-  // Buffers of failed collectives (see fail()): freed after the context.
+  // Buffers of failed collectives (see fail()): freed after the context and the device.
   unbound_buffers failed;
   std::string broken;  // why an earlier collective failed; empty while the communicator works
   std::optional<std::size_t> broken_lost;   // ... because this peer died
@@ -118,13 +118,10 @@ struct gloo::impl {
   std::uint64_t calls = 0;      // collectives so far: the same count on every rank
   bool proving = false;         // in the rendezvous's pair proof (prove_pairs)
 
-  ~impl() {
-    watch.reset();
-    ticker.run(true);  // the pairs close and the loop's thread ends within a tick each
-    context.reset();
-    failed.clear();
-    device.reset();
-  }
+  // The members then go in reverse order: the watch (its last word), the
+  // pairs (with the context), the loop's thread (with the device), the
+  // failed collectives' buffers, the ticker.
+  ~impl() { ticker.run(true); }  // the pairs close and the loop's thread ends within a tick each
 };
 
 namespace {
