@@ -115,6 +115,7 @@ struct gloo::impl {
   std::shared_ptr<detail::peer_watch> watch;  // shared only with liveness()'s weak references
   std::chrono::milliseconds timeout{};
   std::uint64_t exchanges = 0;  // exchange() calls so far: the same count on every rank
+  std::uint64_t gathers = 0;    // direct all_gather() calls so far: the same count on every rank
   std::uint64_t calls = 0;      // collectives so far: the same count on every rank
   bool proving = false;         // in the rendezvous's pair proof (prove_pairs)
 
@@ -595,6 +596,62 @@ void gloo::broadcast(std::span<std::byte> buf, std::size_t root) {
       [&](unbound_buffers& to) { o.hand_over(to); });
 }
 
+namespace {
+
+// Posts `recvs` and `sends` (skipping empty ones) as Gloo unbound buffers,
+// each under the slot `prefix` | `seq` | its tag (a prefix byte that Gloo's
+// own collectives do not use), and waits for all of them, within `timeout`.
+// The test fault `fault` (a phase name, or null) lands once they are in
+// flight. `to` keeps the buffers for guarded()'s hand-over.
+template <class Arm>
+void post_and_wait(::gloo::Context& ctx, Arm& arm, std::size_t rank, const char* what, std::uint64_t prefix, std::uint64_t seq,
+                   std::span<const send_message> sends, std::span<const recv_message> recvs, std::chrono::milliseconds timeout,
+                   const char* fault, unbound_buffers& rx, unbound_buffers& tx) {
+  auto slot = [&](std::uint32_t tag) { return (prefix << 56) | ((seq & 0xffffffu) << 32) | tag; };
+  rx.reserve(recvs.size()), tx.reserve(sends.size());
+  for (const auto& m : recvs) {
+    if (m.bytes.empty()) continue;
+    rx.push_back(ctx.createUnboundBuffer(m.bytes.data(), m.bytes.size()));
+    rx.back()->recv(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+  }
+  for (const auto& m : sends) {
+    if (m.bytes.empty()) continue;
+    // Gloo's buffer type is not const-correct; a send only reads it.
+    tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
+    tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
+  }
+  std::vector<::gloo::transport::UnboundBuffer*> waited;
+  for (auto* v : {&rx, &tx})
+    for (auto& b : *v) waited.push_back(b.get());
+  arm(waited);
+  if (fault) ::sluice::detail::fault_point(fault, rank);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+  };
+  // A wait that returns false was interrupted by the peer watch (a lost
+  // peer: guarded() says which).
+  for (auto& b : rx)
+    if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo {}: a receive on rank {} was interrupted", what, rank));
+  for (auto& b : tx)
+    if (!b->waitSend(left())) throw comm_error(fmt::format("gloo {}: a send on rank {} was interrupted", what, rank));
+}
+
+// The all-gathers whose parts are at most this size go directly from every
+// rank to every other (gloo::all_gather); larger ones take Gloo's ring.
+constexpr std::size_t direct_gather_max = std::size_t{64} << 10;
+
+// guarded()'s hand-over of post_and_wait's buffers.
+auto hand_over_both(unbound_buffers& rx, unbound_buffers& tx) {
+  return [&](unbound_buffers& to) {
+    for (auto* v : {&rx, &tx})
+      for (auto& b : *v) to.push_back(std::move(b));
+  };
+}
+
+}  // namespace
+
 void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
   if (out.size() != in.size() * size_)
     throw config_error(fmt::format("gloo all_gather: output of {} bytes for {} ranks x {}", out.size(), size_, in.size()));
@@ -603,6 +660,30 @@ void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
     return;
   }
   if (in.empty()) return barrier();
+  if (in.size() <= direct_gather_max) {
+    // Every rank sends its part to every other at once. Gloo's all-gather is
+    // a ring: size - 1 steps, each waiting for the previous one's rank to
+    // run, which for the failure protocol's small status records made every
+    // meeting of 8 ranks on 2 cores cost 5-14 ms (bench/README.md). Each
+    // rank sends and receives the same bytes either way.
+    if (in.data() != out.data() + rank_ * in.size()) std::memmove(out.data() + rank_ * in.size(), in.data(), in.size());
+    std::vector<send_message> sends;
+    std::vector<recv_message> recvs;
+    for (std::size_t r = 0; r < size_; ++r)
+      if (r != rank_) {
+        sends.push_back({r, 0, in});
+        recvs.push_back({r, 0, out.subspan(r * in.size(), in.size())});
+      }
+    const std::uint64_t seq = impl_->gathers++;
+    unbound_buffers rx, tx;
+    guarded(
+        *impl_, rank_, "all_gather",
+        [&](auto& arm) {
+          post_and_wait(*impl_->context, arm, rank_, "all_gather", 0xa6, seq, sends, recvs, impl_->timeout, nullptr, rx, tx);
+        },
+        hand_over_both(rx, tx));
+    return;
+  }
   holding<::gloo::AllgatherOptions> o(impl_->context);
   guarded(
       *impl_, rank_, "all_gather",
@@ -642,50 +723,18 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
   };
   for (const auto& m : sends) check(m.peer, "send to");
   for (const auto& m : recvs) check(m.peer, "receive from");
-  // A slot per message: this exchange's sequence number and the message's
-  // tag, under a prefix byte that Gloo's own collectives do not use.
-  const std::uint64_t seq = impl_->exchanges++ & 0xffffffu;
-  auto slot = [seq](std::uint32_t tag) { return (std::uint64_t{0xa5} << 56) | (seq << 32) | tag; };
+  // A slot per message: this exchange's sequence number and the message's tag.
+  const std::uint64_t seq = impl_->exchanges++;
   unbound_buffers rx, tx;
   guarded(
       *impl_, rank_, "exchange",
       [&](auto& arm) {
-        auto& ctx = *impl_->context;
-        rx.reserve(recvs.size()), tx.reserve(sends.size());
-        for (const auto& m : recvs) {
-          if (m.bytes.empty()) continue;
-          rx.push_back(ctx.createUnboundBuffer(m.bytes.data(), m.bytes.size()));
-          rx.back()->recv(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
-        }
-        for (const auto& m : sends) {
-          if (m.bytes.empty()) continue;
-          // Gloo's buffer type is not const-correct; a send only reads it.
-          tx.push_back(ctx.createUnboundBuffer(const_cast<std::byte*>(m.bytes.data()), m.bytes.size()));
-          tx.back()->send(static_cast<int>(m.peer), slot(m.tag), 0, m.bytes.size());
-        }
-        std::vector<::gloo::transport::UnboundBuffer*> waited;
-        for (auto* v : {&rx, &tx})
-          for (auto& b : *v) waited.push_back(b.get());
-        arm(waited);
-        // The test fault of phase "exchange" lands here: with messages in
-        // flight (a load's, not the rendezvous's pair proof).
-        if (!impl_->proving) ::sluice::detail::fault_point("exchange", rank_);
-        const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
-        auto left = [&] {
-          return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                            deadline - std::chrono::steady_clock::now()));
-        };
-        // A wait that returns false was interrupted by the peer watch (a
-        // lost peer: guarded() says which).
-        for (auto& b : rx)
-          if (!b->waitRecv(left())) throw comm_error(fmt::format("gloo exchange: a receive on rank {} was interrupted", rank_));
-        for (auto& b : tx)
-          if (!b->waitSend(left())) throw comm_error(fmt::format("gloo exchange: a send on rank {} was interrupted", rank_));
+        // The test fault of phase "exchange" lands with messages in flight
+        // (a load's, not the rendezvous's pair proof).
+        post_and_wait(*impl_->context, arm, rank_, "exchange", 0xa5, seq, sends, recvs, impl_->timeout,
+                      impl_->proving ? nullptr : "exchange", rx, tx);
       },
-      [&](unbound_buffers& to) {
-        for (auto* v : {&rx, &tx})
-          for (auto& b : *v) to.push_back(std::move(b));
-      });
+      hand_over_both(rx, tx));
 }
 
 std::function<void()> gloo::liveness() const {

@@ -116,13 +116,20 @@ TEST_CASE("4 gloo ranks broadcast, all-gather and all-gather-v over loopback", "
     c.broadcast(buf, 2);
     for (std::size_t i = 0; i < buf.size(); i += 4093)
       if (buf[i] != pattern(2, i)) return 10;
-    // all_gather 16 bytes each
-    std::vector<std::byte> mine(16), all(64);
-    for (std::size_t i = 0; i < 16; ++i) mine[i] = pattern(rank, i);
-    c.all_gather(mine, all);
-    for (std::size_t r = 0; r < 4; ++r)
-      for (std::size_t i = 0; i < 16; ++i)
-        if (all[r * 16 + i] != pattern(r, i)) return 11;
+    // all_gather: small parts go from every rank to every other, parts over
+    // 64 KiB take Gloo's ring; either way every part lands in its rank's
+    // place, also when this rank's part already lies there (in place).
+    for (const std::size_t n : {std::size_t{16}, std::size_t{64} << 10, (std::size_t{64} << 10) + 1, std::size_t{1} << 20})
+      for (const bool in_place : {false, true}) {
+        std::vector<std::byte> mine(n), all(4 * n);
+        auto& part = in_place ? all : mine;
+        const std::size_t at = in_place ? rank * n : 0;
+        for (std::size_t i = 0; i < n; ++i) part[at + i] = pattern(rank + n, i);
+        c.all_gather(std::span(part).subspan(at, n), all);
+        for (std::size_t r = 0; r < 4; ++r)
+          for (std::size_t i = 0; i < n; i += (n > 4096 ? 61 : 1))
+            if (all[r * n + i] != pattern(r + n, i)) return 11;
+      }
     // all_gather_v, uneven (one rank contributes nothing), in place
     const std::vector<std::size_t> counts{1000, 0, 333333, 17};
     std::vector<std::byte> v(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
