@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <boost/asio/co_spawn.hpp>
@@ -200,6 +202,39 @@ TEST_CASE("map hands out a range as a writable view of the page cache that outli
   char c = 0;
   f.read(&c, 1);
   REQUIRE(static_cast<std::byte>(c) == data[4097]);
+}
+
+// The VmFlags line of the mapping holding `p` in /proc/self/smaps ("rd mr ...").
+static std::string vma_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) inside = lo <= at && at < hi;
+    if (inside && line.starts_with("VmFlags:")) return line.substr(8) + " ";
+  }
+  return {};
+}
+
+// A view's pages come from disk in 2 MiB folios where the file system makes
+// them (mmap readahead in a huge-page mapping), which every later view maps
+// with one entry per 2 MiB: the flag is what sluice controls, the folio
+// sizes are the kernel's.
+TEST_CASE("a file's mapping asks for huge pages, so the page cache it fills comes in 2 MiB folios", "[core][uring][map]") {
+  sluice_test::scratch_dir dir;
+  const auto data = pattern(6 << 20);
+  const auto path = dir.path / "f";
+  write_file(path, data);
+  asio::io_context ioc;
+  uring_context ring(ioc);
+  file_source src(ring, {path.string()}, io_mode::buffered);
+  const auto view = map_range(ioc, src, 0, data.size());
+  const auto flags = vma_flags(view.bytes().data());
+  INFO("VmFlags:" << flags);
+  REQUIRE_FALSE(flags.empty());
+  REQUIRE(flags.find(" hg ") != std::string::npos);
+  REQUIRE(std::memcmp(view.bytes().data(), data.data(), data.size()) == 0);
 }
 
 TEST_CASE("map fails with truncated_error naming the file and bytes when the file was cut after it was opened", "[core][uring][map][errors]") {
