@@ -598,11 +598,11 @@ void gloo::broadcast(std::span<std::byte> buf, std::size_t root) {
 
 namespace {
 
-// Posts `recvs` and `sends` (skipping empty ones) as Gloo unbound buffers,
-// each under the slot `prefix` | `seq` | its tag (a prefix byte that Gloo's
-// own collectives do not use), and waits for all of them, within `timeout`.
-// The test fault `fault` (a phase name, or null) lands once they are in
-// flight. `to` keeps the buffers for guarded()'s hand-over.
+// Posts `recvs` and `sends` (skipping empty ones) as Gloo unbound buffers
+// (kept in `rx` and `tx`), each under the slot `prefix` | `seq` | its tag (a
+// prefix byte that Gloo's own collectives do not use), and waits for all of
+// them, within `timeout`. The test fault `fault` (a phase name, or null)
+// lands once they are in flight.
 template <class Arm>
 void post_and_wait(::gloo::Context& ctx, Arm& arm, std::size_t rank, const char* what, std::uint64_t prefix, std::uint64_t seq,
                    std::span<const send_message> sends, std::span<const recv_message> recvs, std::chrono::milliseconds timeout,
@@ -642,12 +642,19 @@ void post_and_wait(::gloo::Context& ctx, Arm& arm, std::size_t rank, const char*
 // rank to every other (gloo::all_gather); larger ones take Gloo's ring.
 constexpr std::size_t direct_gather_max = std::size_t{64} << 10;
 
-// guarded()'s hand-over of post_and_wait's buffers.
-auto hand_over_both(unbound_buffers& rx, unbound_buffers& tx) {
-  return [&](unbound_buffers& to) {
-    for (auto* v : {&rx, &tx})
-      for (auto& b : *v) to.push_back(std::move(b));
-  };
+// One point-to-point round as a collective (post_and_wait under guarded(),
+// which keeps its buffers if it fails). (Impl is gloo::impl, deduced.)
+template <class Impl>
+void transfer(Impl& m, std::size_t rank, const char* what, std::uint64_t prefix, std::uint64_t seq,
+              std::span<const send_message> sends, std::span<const recv_message> recvs, const char* fault) {
+  unbound_buffers rx, tx;
+  guarded(
+      m, rank, what,
+      [&](auto& arm) { post_and_wait(*m.context, arm, rank, what, prefix, seq, sends, recvs, m.timeout, fault, rx, tx); },
+      [&](unbound_buffers& to) {
+        for (auto* v : {&rx, &tx})
+          for (auto& b : *v) to.push_back(std::move(b));
+      });
 }
 
 }  // namespace
@@ -674,15 +681,7 @@ void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
         sends.push_back({r, 0, in});
         recvs.push_back({r, 0, out.subspan(r * in.size(), in.size())});
       }
-    const std::uint64_t seq = impl_->gathers++;
-    unbound_buffers rx, tx;
-    guarded(
-        *impl_, rank_, "all_gather",
-        [&](auto& arm) {
-          post_and_wait(*impl_->context, arm, rank_, "all_gather", 0xa6, seq, sends, recvs, impl_->timeout, nullptr, rx, tx);
-        },
-        hand_over_both(rx, tx));
-    return;
+    return transfer(*impl_, rank_, "all_gather", 0xa6, impl_->gathers++, sends, recvs, nullptr);
   }
   holding<::gloo::AllgatherOptions> o(impl_->context);
   guarded(
@@ -723,18 +722,10 @@ void gloo::exchange(std::span<const send_message> sends, std::span<const recv_me
   };
   for (const auto& m : sends) check(m.peer, "send to");
   for (const auto& m : recvs) check(m.peer, "receive from");
-  // A slot per message: this exchange's sequence number and the message's tag.
-  const std::uint64_t seq = impl_->exchanges++;
-  unbound_buffers rx, tx;
-  guarded(
-      *impl_, rank_, "exchange",
-      [&](auto& arm) {
-        // The test fault of phase "exchange" lands with messages in flight
-        // (a load's, not the rendezvous's pair proof).
-        post_and_wait(*impl_->context, arm, rank_, "exchange", 0xa5, seq, sends, recvs, impl_->timeout,
-                      impl_->proving ? nullptr : "exchange", rx, tx);
-      },
-      hand_over_both(rx, tx));
+  // A slot per message: this exchange's sequence number and the message's
+  // tag. The test fault of phase "exchange" lands with messages in flight
+  // (a load's, not the rendezvous's pair proof).
+  transfer(*impl_, rank_, "exchange", 0xa5, impl_->exchanges++, sends, recvs, impl_->proving ? nullptr : "exchange");
 }
 
 std::function<void()> gloo::liveness() const {

@@ -46,6 +46,23 @@ task<void> read_into(file_source& src, std::uint64_t off, std::span<std::byte> d
 task<void> map_into(file_source& src, std::uint64_t off, std::uint64_t len, lease* out) {
   *out = co_await src.map(0, off, len);
 }
+// Writes `v` to `p`; returns `p`.
+std::filesystem::path written(std::filesystem::path p, const std::vector<std::byte>& v) {
+  write_file(p, v);
+  return p;
+}
+// A scratch file of `n` pattern bytes and a buffered source over it on a
+// ring of its own: the map tests' setup.
+struct buffered_file {
+  explicit buffered_file(std::size_t n) : data(pattern(n)), path(written(dir.path / "f", data)) {}
+  sluice_test::scratch_dir dir;
+  std::vector<std::byte> data;
+  std::filesystem::path path;
+  asio::io_context ioc;
+  uring_context ring{ioc};
+  file_source src{ring, {path.string()}, io_mode::buffered};
+};
+
 // Runs src.map(0, off, len) on `ioc` to completion; rethrows its error.
 lease map_range(asio::io_context& ioc, file_source& src, std::uint64_t off, std::uint64_t len) {
   lease view;
@@ -222,38 +239,26 @@ static std::string vma_flags(const void* p) {
 // with one entry per 2 MiB: the flag is what sluice controls, the folio
 // sizes are the kernel's.
 TEST_CASE("a file's mapping asks for huge pages, so the page cache it fills comes in 2 MiB folios", "[core][uring][map]") {
-  sluice_test::scratch_dir dir;
-  const auto data = pattern(6 << 20);
-  const auto path = dir.path / "f";
-  write_file(path, data);
-  asio::io_context ioc;
-  uring_context ring(ioc);
-  file_source src(ring, {path.string()}, io_mode::buffered);
-  const auto view = map_range(ioc, src, 0, data.size());
+  buffered_file f(6 << 20);
+  const auto view = map_range(f.ioc, f.src, 0, f.data.size());
   const auto flags = vma_flags(view.bytes().data());
   INFO("VmFlags:" << flags);
   REQUIRE_FALSE(flags.empty());
   REQUIRE(flags.find(" hg ") != std::string::npos);
-  REQUIRE(std::memcmp(view.bytes().data(), data.data(), data.size()) == 0);
+  REQUIRE(std::memcmp(view.bytes().data(), f.data.data(), f.data.size()) == 0);
 }
 
 TEST_CASE("map fails with truncated_error naming the file and bytes when the file was cut after it was opened", "[core][uring][map][errors]") {
-  sluice_test::scratch_dir dir;
-  const auto data = pattern(4 << 20);
-  const auto path = dir.path / "f";
-  write_file(path, data);
-  asio::io_context ioc;
-  uring_context ring(ioc);
-  file_source src(ring, {path.string()}, io_mode::buffered);
-  std::filesystem::resize_file(path, 1 << 20);  // the source saw 4 MiB
+  buffered_file f(4 << 20);
+  std::filesystem::resize_file(f.path, 1 << 20);  // the source saw 4 MiB
   try {
-    (void)map_range(ioc, src, 2 << 20, 1 << 20);
+    (void)map_range(f.ioc, f.src, 2 << 20, 1 << 20);
     FAIL("no error");
   } catch (const truncated_error& e) {
-    REQUIRE(e.file() == path.string());
+    REQUIRE(e.file() == f.path.string());
     REQUIRE(e.range() == byte_range{2 << 20, 3 << 20});
   }
-  REQUIRE(src.mapped_bytes() == 0);
+  REQUIRE(f.src.mapped_bytes() == 0);
 }
 
 TEST_CASE("io_mode::direct never maps, automatic maps what is cached", "[core][uring][map]") {
@@ -311,87 +316,75 @@ int open_cached(const std::filesystem::path& path, std::size_t n) {
 }  // namespace
 
 TEST_CASE("cached says whether every page of a range is in the page cache, view maps a range without mapping it in", "[core][uring][map]") {
-  sluice_test::scratch_dir dir;
-  const auto data = pattern((2 << 20) + 777);
-  const auto path = dir.path / "f";
-  write_file(path, data);
-  asio::io_context ioc;
-  uring_context ring(ioc);
-  file_source src(ring, {path.string()}, io_mode::buffered);
-  const int fd = open_cached(path, data.size());
+  buffered_file f((2 << 20) + 777);
+  const int fd = open_cached(f.path, f.data.size());
   std::vector<char> buf(4096);
-  if (!src.cached(0, 0, data.size())) {
+  if (!f.src.cached(0, 0, f.data.size())) {
     ::close(fd);
     WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached");
     return;
   }
-  REQUIRE_FALSE(src.cached(0, 0, data.size() + 1));  // past the end
+  REQUIRE_FALSE(f.src.cached(0, 0, f.data.size() + 1));  // past the end
   // Dropped (clean pages), then its first page read again (and what the
   // kernel reads ahead with it, far less than the file): that page is
   // cached, the whole range is not.
   REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
-  REQUIRE_FALSE(src.cached(0, 0, 4096));
+  REQUIRE_FALSE(f.src.cached(0, 0, 4096));
   REQUIRE(::pread(fd, buf.data(), 4096, 0) == 4096);
-  REQUIRE(src.cached(0, 0, 4096));
-  REQUIRE(src.cached(0, 100, 200));
-  REQUIRE_FALSE(src.cached(0, 0, data.size()));
+  REQUIRE(f.src.cached(0, 0, 4096));
+  REQUIRE(f.src.cached(0, 100, 200));
+  REQUIRE_FALSE(f.src.cached(0, 0, f.data.size()));
 
   // A view: the file's bytes, not counted as read, no page mapped in until touched.
-  lease v = src.view(0, 4097, (1 << 20) + 10);
+  lease v = f.src.view(0, 4097, (1 << 20) + 10);
   REQUIRE(v.bytes().size() == (1 << 20) + 10);
-  REQUIRE(src.counters().bytes_read == 0);
-  REQUIRE(src.mapped_bytes() == 0);
+  REQUIRE(f.src.counters().bytes_read == 0);
+  REQUIRE(f.src.mapped_bytes() == 0);
   REQUIRE(present_pages(v.bytes()) == 0);
-  REQUIRE(std::memcmp(v.bytes().data(), data.data() + 4097, v.bytes().size()) == 0);
+  REQUIRE(std::memcmp(v.bytes().data(), f.data.data() + 4097, v.bytes().size()) == 0);
   REQUIRE(present_pages(v.bytes()) > 0);  // touched: in now
   // map, on the same mapping, maps its pages in.
-  const lease m = map_range(ioc, src, 0, 4096);
+  const lease m = map_range(f.ioc, f.src, 0, 4096);
   REQUIRE(present_pages(m.bytes()) == 1);
   ::close(fd);
   try {
-    (void)src.view(0, data.size() - 10, 11);
+    (void)f.src.view(0, f.data.size() - 10, 11);
     FAIL("no error");
   } catch (const truncated_error& e) {
-    REQUIRE(e.file() == path.string());
-    REQUIRE(e.range() == byte_range{data.size() - 10, data.size() + 1});
+    REQUIRE(e.file() == f.path.string());
+    REQUIRE(e.range() == byte_range{f.data.size() - 10, f.data.size() + 1});
   }
 }
 
 TEST_CASE("map maps a small range whose every page is cached on the calling thread, any other through io-wq, every page in either way",
           "[core][uring][map]") {
-  sluice_test::scratch_dir dir;
   const std::uint64_t limit = file_source::inline_populate_max;
-  const auto data = pattern(static_cast<std::size_t>(limit + (4 << 20)));
-  const auto path = dir.path / "f";
-  write_file(path, data);
-  asio::io_context ioc;
-  uring_context ring(ioc);
-  file_source src(ring, {path.string()}, io_mode::buffered);
-  const int fd = open_cached(path, data.size());
-  if (!src.cached(0, 0, data.size())) {
+  buffered_file f(static_cast<std::size_t>(limit + (4 << 20)));
+  const int fd = open_cached(f.path, f.data.size());
+  if (!f.src.cached(0, 0, f.data.size())) {
     ::close(fd);
     WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every map goes through io-wq");
     return;
   }
   const auto check = [&](const lease& v, std::uint64_t off) {
     REQUIRE(present_pages(v.bytes()) == (off + v.bytes().size() + 4095) / 4096 - off / 4096);
-    REQUIRE(std::memcmp(v.bytes().data(), data.data() + off, v.bytes().size()) == 0);
+    REQUIRE(std::memcmp(v.bytes().data(), f.data.data() + off, v.bytes().size()) == 0);
   };
-  const lease small = map_range(ioc, src, 4097, (1 << 20) + 3);  // cached, small: here
-  CHECK(src.inline_maps() == 1);
+  const lease small = map_range(f.ioc, f.src, 4097, (1 << 20) + 3);  // cached, small: here
+  CHECK(f.src.inline_maps() == 1);
   check(small, 4097);
-  const lease large = map_range(ioc, src, 0, limit + (2 << 20));  // cached, larger than the limit: io-wq
-  CHECK(src.inline_maps() == 1);
+  const lease large = map_range(f.ioc, f.src, 0, limit + (2 << 20));  // cached, larger than the limit: io-wq
+  CHECK(f.src.inline_maps() == 1);
   check(large, 0);
   // Dropped (clean pages): a small range that is not cached goes through io-wq too.
   REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
   ::close(fd);
   const std::uint64_t off = limit + (3 << 20);
-  REQUIRE_FALSE(src.cached(0, off, 1 << 20));
-  const lease cold = map_range(ioc, src, off, 1 << 20);
-  CHECK(src.inline_maps() == 1);
+  REQUIRE_FALSE(f.src.cached(0, off, 1 << 20));
+  const lease cold = map_range(f.ioc, f.src, off, 1 << 20);
+  CHECK(f.src.inline_maps() == 1);
   check(cold, off);
-  CHECK(src.mapped_bytes() == small.bytes().size() + large.bytes().size() + cold.bytes().size());
+  CHECK(f.src.mapped_bytes() == small.bytes().size() + large.bytes().size() + cold.bytes().size());
 }
 
 // io_uring_submit_and_wait, as this executable sees it: the real one, unless

@@ -118,6 +118,10 @@ class file_source {
     const std::uint64_t begin = offset / page * page, end = std::min((offset + length + page - 1) / page * page,
                                                                      (f.size + page - 1) / page * page);
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
+    const auto count_mapped = [&] {
+      counters_.bytes_read.fetch_add(length, std::memory_order_relaxed);
+      mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
+    };
     // A small range whose every page is cached is mapped in here: no disk
     // read can block the thread, the work is a few page-table entries (one
     // per 2 MiB folio), and a trip through io-wq (two thread wakes) cost
@@ -129,8 +133,7 @@ class file_source {
         if (e == EFAULT) throw truncated_error("the file is shorter than when it was opened", where, e);
         throw io_error(fmt::format("mapping the pages in failed: {}", std::strerror(e)), where, e);
       }
-      counters_.bytes_read.fetch_add(length, std::memory_order_relaxed);
-      mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
+      count_mapped();
       inline_maps_.fetch_add(1, std::memory_order_relaxed);
       co_return v;
     }
@@ -146,8 +149,7 @@ class file_source {
         throw truncated_error("the file is shorter than when it was opened", where, ec.value());
       if (ec) throw io_error(fmt::format("mapping the pages in failed: {}", ec.message()), where, ec.value());
     }
-    counters_.bytes_read.fetch_add(length, std::memory_order_relaxed);
-    mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
+    count_mapped();
     co_return v;
   }
   /// Whether every page of [offset, offset + length) of `file` is in the page cache.
