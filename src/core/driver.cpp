@@ -356,15 +356,19 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
 
   // The windows. Overlapped: window w's exchange runs on its own thread while
   // this one reads window w+1 (two credits: two windows' buffers); serial:
-  // one window at a time, the exchange inline. Through the node window,
-  // serial: a parity is read into again only after every local rank has
-  // copied from it (exchange_window).
-  const bool overlap = opt.overlaps(plan.local_size) && schedule.node_window_bytes == 0;
+  // one window at a time, the exchange inline. Overlapped through the node
+  // window, a parity is read into again only after every local rank has
+  // copied from it: the parity_gate (window.hpp) holds window w's reads
+  // until window w - 1's status exchange.
+  const bool overlap = opt.overlaps(plan.local_size);
   st.overlapped = overlap;
   std::optional<asio::thread_pool> exchange_thread;
   if (overlap) exchange_thread.emplace(1);
-  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above, node_window ? &node_window : nullptr) |
-                  exchange_window(c, plan, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr) |
+  std::optional<parity_gate> gate;
+  if (overlap && node_window) gate.emplace(plan.windows);
+  auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above, node_window ? &node_window : nullptr,
+                              gate ? &*gate : nullptr) |
+                  exchange_window(c, plan, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr, gate ? &*gate : nullptr) |
                   deliver_window(ck, plan, me, segment, tables, s, opt.placeholders);
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
   const auto& w = done.stats;

@@ -268,6 +268,7 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
     // node's page cache.
     REQUIRE(j["stats"]["bytes_received"].get<std::uint64_t>() == gloo_in[r]);
     REQUIRE(j["stats"]["status_exchanges"].get<std::uint64_t>() == status_windows);
+    REQUIRE(j["stats"]["overlapped"].get<bool>() == dopt.overlaps(n / nodes));
     REQUIRE(j["stats"]["bytes_sent"].get<std::uint64_t>() == gloo_out[r]);
     std::uint64_t table_take = 0;  // tables as views: what its node's other ranks were to read
     if (dopt.load.map_above && carrier == policy::node_copy::page_cache)
@@ -571,6 +572,23 @@ TEST_CASE("the node window: without the page cache, a node's ranks copy what the
   check_load(4, "tp4,dp1,ep1", "per-rank", o);
   check_load(4, "tp2,dp1,ep2,pp2", "shared-single", o);
   check_load(4, "tp2,dp2,ep4", "shared-cooperative", o, lane_mode::emulated);
+}
+
+TEST_CASE("the node window, overlapped: a parity is read into again only once every local rank has copied from it",
+          "[comm][distributed][node_window]") {
+  // Window w + 1 is read while window w travels; window w + 2 lands where
+  // window w lay, so it waits for window w + 1's status exchange, which every
+  // rank enters only after copying window w out. A rank slow to copy its
+  // first window (300 ms) must then hold the others' reads two windows on,
+  // or the bytes it copies are another window's: the digests say which.
+  auto o = small_options();
+  o.page_cache = false;
+  o.overlap = distributed_options::overlap_mode::on;
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+  check_load(4, "tp2,dp2,ep4", "shared-cooperative", o, lane_mode::emulated);
+  ::setenv("SLUICE_TEST_FAULT", "node copies:1:PAUSE300", 1);
+  check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+  ::unsetenv("SLUICE_TEST_FAULT");
 }
 
 TEST_CASE("page-cache views (map_above): what a rank keeps and reads or takes itself comes as a view of the file, the same bytes",

@@ -260,6 +260,14 @@ TEST_CASE("a rank killed mid-load through the node window: the others throw peer
   // windows must not leave it mapped or open in any survivor.
   run(killed<comm::peer_lost>("killed-window", "none", [](distributed_options& o) { o.page_cache = false; },
                               [](const comm::peer_lost& e) { return e.lost_rank() == 3; }));
+  // Overlapped: a survivor may be waiting for the node window's parity
+  // (parity_gate) when the status exchange finds rank 3 gone.
+  run(killed<comm::peer_lost>("killed-window-overlap", "none",
+                              [](distributed_options& o) {
+                                o.page_cache = false;
+                                o.overlap = distributed_options::overlap_mode::on;
+                              },
+                              [](const comm::peer_lost& e) { return e.lost_rank() == 3; }));
 }
 
 TEST_CASE("a corrupt shard on one rank: every rank throws distributed_error naming it and leaves nothing behind",

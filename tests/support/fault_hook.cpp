@@ -33,7 +33,8 @@ int signal_named(const std::string& s) {
 }  // namespace
 
 // SLUICE_TEST_FAULT=PHASE:RANK:SIGNAL: raises SIGNAL on this process when a
-// load enters PHASE on RANK, the first time.
+// load enters PHASE on RANK, the first time; SIGNAL PAUSE<ms> instead
+// sleeps the entering thread that many milliseconds.
 extern "C" __attribute__((visibility("default"))) void sluice_test_fault_hook(const char* phase_data, std::size_t phase_size,
                                                                              std::size_t rank) noexcept {
   static std::atomic<bool> fired{false};
@@ -44,7 +45,16 @@ extern "C" __attribute__((visibility("default"))) void sluice_test_fault_hook(co
   const auto a = s.find(':'), b = a == std::string::npos ? a : s.find(':', a + 1);
   if (b == std::string::npos || s.compare(0, a, phase) != 0 || a != phase.size()) return;
   if (std::strtoull(s.c_str() + a + 1, nullptr, 10) != rank) return;
-  const int sig = signal_named(s.substr(b + 1));
+  const std::string action = s.substr(b + 1);
+  // PAUSE<ms>: the thread entering PHASE sleeps that long (a slow rank, not a dead one).
+  if (action.rfind("PAUSE", 0) == 0) {
+    if (fired.exchange(true)) return;
+    const long ms = std::atol(action.c_str() + 5);
+    const timespec d{ms / 1000, (ms % 1000) * 1000000};
+    ::nanosleep(&d, nullptr);
+    return;
+  }
+  const int sig = signal_named(action);
   if (sig <= 0 || fired.exchange(true)) return;
   // The moment of the fault, for bench/dead_peer.sh (kill to last exit).
   timespec t{};

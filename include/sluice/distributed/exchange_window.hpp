@@ -41,6 +41,7 @@
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/distributed/fault.hpp>
 #include <sluice/distributed/peers.hpp>
 #include <sluice/distributed/read_window.hpp>
 #include <sluice/distributed/window.hpp>
@@ -55,20 +56,40 @@ class exchange_window : public pipeable {
 
   /// `lane`: the load's device lane (null: none); `windows`: the plan's
   /// window count (for phase names); `thread`: where the exchange runs
-  /// (null: inline, on the driver's thread).
+  /// (null: inline, on the driver's thread); `gate`: where windows overlap
+  /// through the node window, its parity_gate (window.hpp), opened after
+  /// each window's status exchange.
   exchange_window(comm::any_communicator& c, const policy::load_plan& plan, any_device_lane* lane, std::uint32_t windows,
-                  asio::thread_pool* thread)
-      : c_(&c), plan_(&plan), lane_(lane), windows_(windows), thread_(thread), liveness_(c.liveness()) {}
+                  asio::thread_pool* thread, parity_gate* gate = nullptr)
+      : c_(&c), plan_(&plan), lane_(lane), windows_(windows), thread_(thread), gate_(gate), liveness_(c.liveness()) {}
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
+    try {
+      co_await each_window(in, out);
+    } catch (...) {
+      if (gate_) gate_->abort(std::current_exception());  // a read waiting on it stops too
+      throw;
+    }
+    if (gate_) gate_->close();
+  }
+
+ private:
+  task<void> each_window(channel<input_type>& in, channel<output_type>& out) {
     for (;;) {
       auto ws = co_await in.receive();
       if (!ws) break;
       double seconds = 0;
-      if (thread_)
+      if (thread_ && gate_) {
+        // The status exchange, then the gate opens the next window's
+        // parity (on this strand), then the copies and messages.
+        const bool moves = co_await asio::co_spawn(*thread_, on_thread_check(&*ws), asio::use_awaitable);
+        co_await gate_->open(ws->window + 1);
+        if (moves) seconds = co_await asio::co_spawn(*thread_, on_thread_move(&*ws), asio::use_awaitable);
+      } else if (thread_) {
         seconds = co_await asio::co_spawn(*thread_, on_thread(&*ws), asio::use_awaitable);
-      else
+      } else {
         seconds = travel(*ws);
+      }
       ws->stats.exchange_seconds = seconds;
       for (const auto& L : ws->lanes) {
         ws->stats.sent += L.sent;
@@ -80,16 +101,19 @@ class exchange_window : public pipeable {
     }
   }
 
- private:
   task<double> on_thread(window_state* ws) { co_return travel(*ws); }
+  task<bool> on_thread_check(window_state* ws) { co_return check(*ws); }
+  task<double> on_thread_move(window_state* ws) { co_return move(*ws); }
 
-  // The status exchange (where the schedule has one: window_schedule::status),
-  // then the window's messages; returns their seconds. A window without one
-  // carries its failure on to the next that has (its ticket, then the next
-  // window's reads), and only asks whether a peer died (the communicator's
-  // liveness signal, no collective). The status exchange reports the
-  // windows read since the last one.
-  double travel(window_state& ws) {
+  double travel(window_state& ws) { return check(ws) ? move(ws) : 0; }
+
+  // The status exchange (where the schedule has one: window_schedule::status);
+  // returns whether the window moves (move). A window without one carries
+  // its failure on to the next that has (its ticket, then the next window's
+  // reads), and only asks whether a peer died (the communicator's liveness
+  // signal, no collective). The status exchange reports the windows read
+  // since the last one.
+  bool check(window_state& ws) {
     const auto phase = first_unchecked_ == ws.window
                            ? fmt::format("reading window {} of {}", ws.window + 1, windows_)
                            : fmt::format("reading windows {}-{} of {}", first_unchecked_ + 1, ws.window + 1, windows_);
@@ -99,13 +123,19 @@ class exchange_window : public pipeable {
       ws.stats.status_exchanges = 1;
     } else {
       if (liveness_) in_phase(phase, liveness_);
-      if (ws.failure) return 0;  // a failed window has no layout: the next status exchange reports it
+      if (ws.failure) return false;  // a failed window has no layout: the next status exchange reports it
     }
+    return true;
+  }
+
+  // The window's copies out of the node window and its messages; returns their seconds.
+  double move(window_state& ws) {
     const auto x0 = std::chrono::steady_clock::now();
     // Every rank has read the window: what lies in the node window is there
     // to copy (node_copy::window). Nothing writes this parity of it again
-    // before every local rank has copied: the windows run one at a time
-    // then, and window w + 2's reads follow window w + 1's status exchange.
+    // before every local rank has copied: window w + 2's reads follow window
+    // w + 1's status exchange (serial windows, or the parity_gate).
+    if (!ws.node_copies.empty()) fault_point("node copies", c_->rank());
     for (const auto& [dst, src] : ws.node_copies) std::memcpy(dst.data(), src.data(), src.size());
     if (ws.cut_later)
       for (auto& L : ws.lanes) cut_and_list_uploads(*plan_, L);
@@ -144,6 +174,7 @@ class exchange_window : public pipeable {
   any_device_lane* lane_;  // null: no device lane (no window has a device lane then)
   std::uint32_t windows_;
   asio::thread_pool* thread_;
+  parity_gate* gate_;  // null: serial windows, or no node window
   std::function<void()> liveness_;   // comm::any_communicator::liveness(): empty where it has none
   std::uint32_t first_unchecked_ = 0;  // the first window read since the last status exchange
 };

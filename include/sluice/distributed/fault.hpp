@@ -5,10 +5,12 @@
 /// Python interpreter started with libsluice_test_faults.so in LD_PRELOAD), a
 /// rank whose environment has `SLUICE_TEST_FAULT=PHASE:RANK:SIGNAL` (e.g.
 /// `exchange:0:KILL`, `tables:2:STOP`, a signal by name or number) raises
-/// that signal on itself when the load enters PHASE, the first time. Phases,
-/// in load order: `open`, `plan`, `tables` (shared table reads), `reads`
-/// (the first window's reads), `exchange` (the first window's messages, once
-/// posted), `delivery` (the first window handed to the sink). Elsewhere the
+/// that signal on itself when the load enters PHASE, the first time
+/// (`PAUSE200` instead: the entering thread sleeps 200 ms). Phases, in load
+/// order: `open`, `plan`, `tables` (shared table reads), `reads` (the first
+/// window's reads), `node copies` (the first copies out of the node window),
+/// `exchange` (the first window's messages, once posted), `delivery` (the
+/// first window handed to the sink). Elsewhere the
 /// hook does nothing and reads no environment: a fault is placed by the
 /// test, not by the clock (a timed kill of a one-second load on two busy
 /// cores lands anywhere).

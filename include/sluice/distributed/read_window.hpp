@@ -91,12 +91,13 @@ class read_window : public pipeable {
   /// where the source can map it, not read into the window
   /// (load_options::map_above; 0: never).
   /// `node_window`: under node_copy::window, the node window
-  /// (schedule::node_window_bytes per parity), mapped by every local rank.
+  /// (schedule::node_window_bytes per parity), mapped by every local rank;
+  /// `gate`: where windows overlap, the node window's parity_gate (window.hpp).
   read_window(const checkpoint& ck, const policy::load_plan& plan, const policy::schedule& schedule, policy::rank_t me,
               any_device_lane* lane, window_buffers& buffers, slice_reader& reader, std::uint64_t map_above = 0,
-              const memory::node_window* node_window = nullptr)
+              const memory::node_window* node_window = nullptr, parity_gate* gate = nullptr)
       : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(lane), buffers_(&buffers), reader_(&reader),
-        map_above_(map_above), node_window_(node_window) {
+        map_above_(map_above), node_window_(node_window), gate_(gate) {
     // Each lane's regions at the largest size they have in any window: every
     // window then fits every buffer, which the next window of its kind
     // takes again once free (memory/window_buffers.hpp); the host lane's
@@ -118,6 +119,7 @@ class read_window : public pipeable {
       if (!t) break;
       if (t->failure && !failure_) failure_ = t->failure;
       fault_point("reads", me_);
+      if (gate_) co_await gate_->wait(t->window);  // its parity of the node window is free on every local rank
       const auto r0 = clock::now();
       window_state ws;
       planned_reads reads;
@@ -295,6 +297,7 @@ class read_window : public pipeable {
   slice_reader* reader_;
   std::uint64_t map_above_;
   const memory::node_window* node_window_;
+  parity_gate* gate_;  // overlapped windows through the node window: null otherwise
   std::exception_ptr failure_;   // this rank's first failure (sticky)
 };
 

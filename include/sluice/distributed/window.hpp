@@ -18,6 +18,8 @@
 #include <vector>
 
 #include <sluice/comm/concepts.hpp>
+#include <sluice/core/channel.hpp>
+#include <sluice/core/task.hpp>
 #include <sluice/comm/device_lane.hpp>
 #include <sluice/memory/lease.hpp>
 #include <sluice/memory/window_buffers.hpp>
@@ -123,6 +125,35 @@ struct window_state {
   bool status = true;    // window_schedule::status: the ranks exchange their status before its exchange
   std::exception_ptr failure;
   window_stats stats;
+};
+
+// The node window's two parities when windows overlap (read w + 1 while w
+// travels): window w lands in parity w % 2, which window w - 2 used. Every
+// local rank has copied window w - 2 out once it has entered window w - 1's
+// status exchange (it copies a window before it takes the next one's status),
+// so this rank may read window w into its parity once that exchange is done
+// here: exchange_window opens window w + 1 after window w's status exchange
+// (open), read_window waits for it before reading window w >= 2 (wait).
+// Serial windows need no gate: each is copied before the next is read.
+// Strand-confined, as its channel; a failed exchange aborts it (abort), so a
+// read waiting on it stops too.
+class parity_gate {
+ public:
+  explicit parity_gate(std::uint32_t windows) : opened_(std::size_t{windows} + 2) {}
+  [[nodiscard]] task<void> open(std::uint32_t w) { return opened_.send(w); }
+  [[nodiscard]] task<void> wait(std::uint32_t w) {
+    while (w >= 2 && open_through_ < w) {
+      auto next = co_await opened_.receive();
+      if (!next) co_return;  // closed: the exchange stage has ended, nothing more travels
+      open_through_ = *next;
+    }
+  }
+  void close() noexcept { opened_.close(); }
+  void abort(std::exception_ptr e) noexcept { opened_.abort(e); }
+
+ private:
+  channel<std::uint32_t> opened_;
+  std::uint32_t open_through_ = 1;
 };
 
 }  // namespace sluice::inline v0::detail
