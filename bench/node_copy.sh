@@ -96,7 +96,7 @@ for temp in "${temps[@]}"; do
   # folio sizes (2 MiB, or 4-128 KiB where cat or small reads filled it) set
   # the cost of every view, 0.07-0.64 s for the one process on this VM
   # before this line. warm() then only fills what a row dropped.
-  [[ $temp == hot ]] && { drop; "$B/sluice-load" "$sample" --no-progress --map-above 1MiB > /dev/null; }
+  [[ $temp == hot ]] && { drop; "$B/sluice-load" "$sample" --no-progress --map-above 1MiB > /dev/null 2>&1; }
   for sink in copies views; do
     opts=()
     [[ $sink == views ]] && opts=(--map-above 1MiB)
