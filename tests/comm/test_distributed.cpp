@@ -576,11 +576,11 @@ TEST_CASE("the node window: without the page cache, a node's ranks copy what the
 
 TEST_CASE("the node window, overlapped: a parity is read into again only once every local rank has copied from it",
           "[comm][distributed][node_window]") {
-  // Window w + 1 is read while window w travels; window w + 2 lands where
-  // window w lay, so it waits for window w + 1's status exchange, which every
-  // rank enters only after copying window w out. A rank slow to copy its
-  // first window (300 ms) must then hold the others' reads two windows on,
-  // or the bytes it copies are another window's: the digests say which.
+  // Window w + 1 is read while window w travels, so the node window has
+  // three parities, and window w + 3 lands where window w lay: it is read
+  // only once every rank has copied window w out. A rank slow to copy its
+  // first window (300 ms) must then hold the others' reads three windows
+  // on, or the bytes it copies are another window's: the digests say which.
   auto o = small_options();
   o.page_cache = false;
   o.overlap = distributed_options::overlap_mode::on;

@@ -80,10 +80,10 @@ class exchange_window : public pipeable {
       if (!ws) break;
       double seconds = 0;
       if (thread_ && gate_) {
-        // The status exchange, then the gate opens the next window's
-        // parity (on this strand), then the copies and messages.
+        // The status exchange, then the gate opens the parity it freed (on
+        // this strand), then the copies and messages.
         const bool moves = co_await asio::co_spawn(*thread_, on_thread_check(&*ws), asio::use_awaitable);
-        co_await gate_->open(ws->window + 1);
+        co_await gate_->open_after(ws->window);
         if (moves) seconds = co_await asio::co_spawn(*thread_, on_thread_move(&*ws), asio::use_awaitable);
       } else if (thread_) {
         seconds = co_await asio::co_spawn(*thread_, on_thread(&*ws), asio::use_awaitable);
@@ -133,8 +133,9 @@ class exchange_window : public pipeable {
     const auto x0 = std::chrono::steady_clock::now();
     // Every rank has read the window: what lies in the node window is there
     // to copy (node_copy::window). Nothing writes this parity of it again
-    // before every local rank has copied: window w + 2's reads follow window
-    // w + 1's status exchange (serial windows, or the parity_gate).
+    // before every local rank has copied: serial windows read window w + 2
+    // after window w + 1's status exchange, overlapped ones as the
+    // parity_gate says.
     if (!ws.node_copies.empty()) fault_point("node copies", c_->rank());
     for (const auto& [dst, src] : ws.node_copies) std::memcpy(dst.data(), src.data(), src.size());
     if (ws.cut_later)

@@ -145,7 +145,7 @@ struct distributed_stats {
   /// Bytes of tensors it keeps that another rank of its node read into the
   /// node window and this rank copied from there (distributed_options::node_window).
   std::uint64_t node_copied_bytes = 0;
-  std::uint64_t node_window_bytes = 0;    ///< size of the node window this rank mapped (both parities)
+  std::uint64_t node_window_bytes = 0;    ///< size of the node window this rank mapped (every parity: two, three when overlapped)
   std::uint64_t messages = 0;             ///< point-to-point messages it posted (sends + receives, coalesced)
   std::uint64_t status_exchanges = 0;     ///< windows after which the ranks exchanged their status (distributed_options::status_every)
   std::uint64_t bytes_uploaded = 0;       ///< device lane: bytes it copied from host to lane memory (its reads, cut parts)

@@ -127,22 +127,30 @@ struct window_state {
   window_stats stats;
 };
 
-// The node window's two parities when windows overlap (read w + 1 while w
-// travels): window w lands in parity w % 2, which window w - 2 used. Every
-// local rank has copied window w - 2 out once it has entered window w - 1's
-// status exchange (it copies a window before it takes the next one's status),
-// so this rank may read window w into its parity once that exchange is done
-// here: exchange_window opens window w + 1 after window w's status exchange
-// (open), read_window waits for it before reading window w >= 2 (wait).
+// The order of the node window's parities when windows overlap (read w + 1
+// while w travels): window w lands in parity w % P (memory::node_window),
+// which window w - P used. Every local rank has copied window w - P out
+// once it has entered window w - P + 1's status exchange (it copies a
+// window before it takes the next one's status), so this rank may read
+// window w into its parity once that exchange is done here: exchange_window
+// opens window w + P - 1 after window w's status exchange (open), and
+// read_window waits for it before reading window w >= P (wait). With P = 2,
+// a rank reads window w + 1 only once every rank has read window w - 1;
+// with P = 3 (the driver's choice when overlapped) the gate's condition is
+// the window credits' own (window w - 2 delivered here), so it never holds a
+// read back and a rank may run a window ahead of the slowest, as over Gloo.
 // Serial windows need no gate: each is copied before the next is read.
 // Strand-confined, as its channel; a failed exchange aborts it (abort), so a
 // read waiting on it stops too.
 class parity_gate {
  public:
-  explicit parity_gate(std::uint32_t windows) : opened_(std::size_t{windows} + 2) {}
-  [[nodiscard]] task<void> open(std::uint32_t w) { return opened_.send(w); }
+  parity_gate(std::uint32_t windows, std::uint32_t parities)
+      : opened_(std::size_t{windows} + parities), parities_(parities), open_through_(parities - 1) {}
+  /// After window w's status exchange.
+  [[nodiscard]] task<void> open_after(std::uint32_t w) { return opened_.send(w + parities_ - 1); }
+  /// Before reading window w.
   [[nodiscard]] task<void> wait(std::uint32_t w) {
-    while (w >= 2 && open_through_ < w) {
+    while (w >= parities_ && open_through_ < w) {
       auto next = co_await opened_.receive();
       if (!next) co_return;  // closed: the exchange stage has ended, nothing more travels
       open_through_ = *next;
@@ -153,7 +161,8 @@ class parity_gate {
 
  private:
   channel<std::uint32_t> opened_;
-  std::uint32_t open_through_ = 1;
+  std::uint32_t parities_;
+  std::uint32_t open_through_;  // windows up to this one may be read
 };
 
 }  // namespace sluice::inline v0::detail
