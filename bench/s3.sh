@@ -12,6 +12,9 @@
 # Authorization ignored) and moto (scripts/s3-server.sh, its own state dir)
 # are stopped on exit. SERVE_ONLY=SECONDS starts both servers, prints their
 # URLs and keeps them up that long instead of running the benchmark (profiling).
+# RATE (e.g. 24m) limits nginx's bytes per second on each connection (its
+# limit_rate), as a remote store's per-connection throughput bounds a GET, so
+# that reads wait on the network rather than on this machine's cores.
 set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-build/release}
@@ -61,6 +64,7 @@ http {
   server {
     listen 127.0.0.1:$nginx_port;
     root $ng/www;
+    ${RATE:+limit_rate $RATE;}
   }
 }
 EOF

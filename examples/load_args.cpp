@@ -69,7 +69,7 @@ std::optional<int> parse(options& o, int argc, char** argv) {
       ->type_name("MODE");
   app.add_option("--overlap", o.overlap,
                  "read the next window while this one's collective runs (default auto:\n"
-                 "on with at least two hardware threads per local rank)")
+                 "on from S3, or with at least two hardware threads per local rank)")
       ->type_name("auto|on|off");
   app.add_flag("--exchange-all", o.exchange_all,
                "with --topology: send every byte a rank keeps but did not read over the\n"

@@ -342,7 +342,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // Overlapped: window w's exchange runs on its own thread while this one
   // reads window w+1 (two credits: two windows' buffers); serial: one
   // window at a time, the exchange inline.
-  const bool overlap = opt.overlaps(plan.local_size);
+  const bool overlap = opt.overlaps(plan.local_size, catalog_source && !ck.storage().shares_page_cache());
   st.overlapped = overlap;
 
   // The node window (node_copy::window): its parities in one memfd, made by

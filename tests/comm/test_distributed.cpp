@@ -814,15 +814,17 @@ TEST_CASE("window reads overlapped with the collectives, or serial, deliver the 
   check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
 }
 
-TEST_CASE("automatic overlap needs two hardware threads per local rank", "[comm][distributed]") {
+TEST_CASE("automatic overlap needs two hardware threads per local rank, or remote storage", "[comm][distributed]") {
   distributed_options o;
   const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
   CHECK(o.overlaps(hw / 2 == 0 ? 1 : hw / 2) == (hw >= 2));
   CHECK_FALSE(o.overlaps(hw));
+  CHECK(o.overlaps(hw, true));  // remote storage: reads wait on the network, not the cores
   o.overlap = distributed_options::overlap_mode::on;
   CHECK(o.overlaps(hw * 4));
   o.overlap = distributed_options::overlap_mode::off;
   CHECK_FALSE(o.overlaps(1));
+  CHECK_FALSE(o.overlaps(1, true));
 }
 
 namespace {
