@@ -362,7 +362,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
                                      fmt::format("{}-window-rank{}", opt.segment_name, me - st.local_rank), "node window"),
                    schedule.node_window_bytes, parities};
     st.setup_seconds += since(setup0);
-    st.node_window_bytes = parities * schedule.node_window_bytes;
+    st.node_window_bytes = node_window.size();
   }
   // The device lane uploads what it keeps of the node window from there:
   // pinned once for the load (the lane's own host buffers are pinned already).

@@ -79,16 +79,15 @@ class exchange_window : public pipeable {
       auto ws = co_await in.receive();
       if (!ws) break;
       double seconds = 0;
-      if (thread_ && gate_) {
-        // The status exchange, then the gate opens the parity it freed (on
-        // this strand), then the copies and messages.
+      if (thread_) {
+        // The status exchange, then (through the node window) the gate
+        // opens the parity it freed, on this strand, then the copies and
+        // messages.
         const bool moves = co_await asio::co_spawn(*thread_, on_thread_check(&*ws), asio::use_awaitable);
-        co_await gate_->open_after(ws->window);
+        if (gate_) co_await gate_->open_after(ws->window);
         if (moves) seconds = co_await asio::co_spawn(*thread_, on_thread_move(&*ws), asio::use_awaitable);
-      } else if (thread_) {
-        seconds = co_await asio::co_spawn(*thread_, on_thread(&*ws), asio::use_awaitable);
       } else {
-        seconds = travel(*ws);
+        seconds = check(*ws) ? move(*ws) : 0;
       }
       ws->stats.exchange_seconds = seconds;
       for (const auto& L : ws->lanes) {
@@ -101,11 +100,8 @@ class exchange_window : public pipeable {
     }
   }
 
-  task<double> on_thread(window_state* ws) { co_return travel(*ws); }
   task<bool> on_thread_check(window_state* ws) { co_return check(*ws); }
   task<double> on_thread_move(window_state* ws) { co_return move(*ws); }
-
-  double travel(window_state& ws) { return check(ws) ? move(ws) : 0; }
 
   // The status exchange (where the schedule has one: window_schedule::status);
   // returns whether the window moves (move). A window without one carries

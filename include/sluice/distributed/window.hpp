@@ -18,9 +18,9 @@
 #include <vector>
 
 #include <sluice/comm/concepts.hpp>
+#include <sluice/comm/device_lane.hpp>
 #include <sluice/core/channel.hpp>
 #include <sluice/core/task.hpp>
-#include <sluice/comm/device_lane.hpp>
 #include <sluice/memory/lease.hpp>
 #include <sluice/memory/window_buffers.hpp>
 #include <sluice/policy/plan.hpp>

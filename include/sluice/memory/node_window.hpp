@@ -34,7 +34,6 @@ class node_window {
     return parity_ ? mem_.bytes().subspan(static_cast<std::size_t>(w % parities_) * parity_, parity_) : std::span<std::byte>{};
   }
   [[nodiscard]] std::size_t parity_bytes() const noexcept { return parity_; }
-  [[nodiscard]] std::uint32_t parities() const noexcept { return parities_; }
   /// Every parity (what a device lane pins once per load).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return mem_.bytes(); }
   /// Keeps the mapping alive (shared_host::keep).
