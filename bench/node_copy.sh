@@ -18,8 +18,11 @@
 #                         each reading everything (the baseline)
 # each with copies (the default sink path) and with page-cache views (--map-above 1MiB), hot
 # (the sample in the page cache) and, with --cold, cold (caches dropped before each run: root).
-# The ranks' start-up (processes, Gloo rendezvous) is the launcher's wall clock minus the
-# slowest rank's load, printed on its own. The header names the system's huge-page policy
+# The ranks' start-up is the launcher's wall clock minus the slowest rank's load, printed on
+# its own and split by the ranks' summaries (seconds.join, seconds.open): processes and exit
+# (the launcher's wall clock minus the longest-lived rank's join, open and load), joining the
+# world (the store's rendezvous, the connections), opening the checkpoint (rank 0 reads the
+# headers, the others replay its record) and planning it. The header names the system's huge-page policy
 # for shared memory (/sys/kernel/mm/transparent_hugepage/shmem_enabled), which sets the
 # cost of filling the node's shared table segment (advise: 2 MiB pages, about twice as fast).
 set -euo pipefail
@@ -116,9 +119,11 @@ for temp in "${temps[@]}"; do
 import json, sys
 t = json.load(open(sys.argv[1]))
 s = [r["summary"] for r in t["ranks"]]
-load = max(x["seconds"]["total"] for x in s)
+sec = [x["seconds"] for x in s]
+lived = max(x["join"] + x["open"] + x["total"] for x in sec)
 gib = 1 << 30
-print(f"       {'':7} start-up of the ranks {float(sys.argv[2]) - load:.2f} s (processes, rendezvous); in the load: setup "
+print(f"       {'':7} start-up of the ranks {float(sys.argv[2]) - max(x['total'] for x in sec):.2f} s: processes and exit "
+      f"{float(sys.argv[2]) - lived:.2f} s, joining {max(x['join'] for x in sec):.2f} s, opening {max(x['open'] for x in sec):.2f} s; in the load: setup "
       f"{max(x['seconds']['setup'] for x in s):.2f} s, shared tables {max(x['seconds']['tables'] for x in s):.2f} s, "
       f"windows {max(x['seconds']['read'] - x['seconds']['tables'] for x in s):.2f} s; per rank: received "
       f"{max(x['bytes_received'] for x in s) / gib:.2f} GiB, from the page cache {max(x['page_cache_bytes'] for x in s) / gib:.2f} GiB, "

@@ -1358,7 +1358,7 @@ TEST_CASE("a rank whose selection needs shards rank 0 did not open reads their h
   REQUIRE(results[1]["header_bytes_read"].get<std::uint64_t>() == full.header_bytes_read() - part.header_bytes_read());
 }
 
-TEST_CASE("load_distributed from a path: the bytes read to open, summed over 4 ranks, are one rank's worth",
+TEST_CASE("load_distributed from a path: the bytes read to open, summed over 4 ranks, are one rank's worth, and its start-up is timed",
           "[comm][distributed][open]") {
   const auto single = checkpoint::open(checkpoint_dir());
   const auto ref = reference_digests();
@@ -1390,6 +1390,9 @@ TEST_CASE("load_distributed from a path: the bytes read to open, summed over 4 r
     for (auto& [n, sha] : j["digests"].items()) REQUIRE(sha.get<std::string>() == ref.at(n));
     opened += j["stats"]["header_bytes_read"].get<std::uint64_t>();
     read += j["stats"]["bytes_read"].get<std::uint64_t>();
+    // The start-up, reported on its own: joining the world, then opening and planning.
+    CHECK(j["stats"]["seconds"]["join"].get<double>() > 0);
+    CHECK(j["stats"]["seconds"]["open"].get<double>() > 0);
   }
   CHECK(read == single.tensor_bytes());
   REQUIRE(opened == single.header_bytes_read());

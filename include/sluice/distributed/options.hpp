@@ -169,6 +169,11 @@ struct distributed_stats {
   bool overlapped = false;                ///< window reads overlapped the collectives (distributed_options::overlap)
   double seconds = 0, setup_seconds = 0, read_seconds = 0, exchange_seconds = 0, deliver_seconds = 0;
   double table_seconds = 0;  ///< reading shared tables into the segment (included in read_seconds), barrier included
+  /// Start-up before `seconds` (the tool-level calls that join the world and
+  /// open the checkpoint; 0 where the caller did): joining the world (the
+  /// store's rendezvous, every connection), then opening and planning the
+  /// checkpoint (rank 0 reads the metadata, the others take it from rank 0).
+  double join_seconds = 0, open_seconds = 0;
 
   [[nodiscard]] nlohmann::json to_json() const {
     return {{"rank", rank}, {"world_size", world}, {"local_rank", local_rank}, {"topology", topology},
@@ -180,7 +185,8 @@ struct distributed_stats {
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
             {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
-                         {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds}}}};
+                         {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds},
+                         {"join", join_seconds}, {"open", open_seconds}}}};
   }
 };
 

@@ -102,16 +102,18 @@ distributed_stats in_world(const comm::rank_info& who, F&& f) {
   if constexpr (World == 1) {
     comm::local c;
     return f(c);
-  } else if constexpr (World != std::dynamic_extent) {
-    const auto c = in_phase("joining the world", [&] { return comm::join_world(who); });
-    return f(*c);
   } else {
-    if (who.world_size == 1) {
-      comm::local c;
-      return f(c);
-    }
+    if constexpr (World == std::dynamic_extent)
+      if (who.world_size == 1) {
+        comm::local c;
+        return f(c);
+      }
+    const auto t0 = std::chrono::steady_clock::now();
     const auto c = in_phase("joining the world", [&] { return comm::join_world(who); });
-    return f(*c);
+    const std::chrono::duration<double> joined = std::chrono::steady_clock::now() - t0;
+    auto st = f(*c);
+    st.join_seconds = joined.count();
+    return st;
   }
 }
 
@@ -137,17 +139,34 @@ inline policy::load_plan tool_plan(const checkpoint& ck, policy::topology_spec t
 // (`make(ck)`: a load_plan, or a typed policy::plan) inside the failure
 // protocol, so that a rank that cannot open it fails every rank at once
 // rather than leaving its peers to time out.
+template <class Plan>
+struct opened {
+  checkpoint ck;
+  Plan plan;
+  double seconds;  ///< opening and planning, the failure protocol's status exchange included
+};
+
 template <comm::communicator Comm, class Open, class Make>
 auto open_and_plan(Comm& c, Open&& open, Make&& make) {
   using plan_type = std::invoke_result_t<Make&, const checkpoint&>;
   std::optional<checkpoint> ck;
   std::optional<plan_type> plan;
+  const auto t0 = std::chrono::steady_clock::now();
   fault_point("open", c.rank());
   run_phase(c, "opening the checkpoint", [&] {
     ck.emplace(open());
     plan.emplace(make(*ck));
   });
-  return std::pair<checkpoint, plan_type>{std::move(*ck), std::move(*plan)};
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  return opened<plan_type>{std::move(*ck), std::move(*plan), took.count()};
+}
+
+// The load of an opened checkpoint, with the opening's time in its stats.
+template <class Plan, class Load>
+distributed_stats load_opened(const opened<Plan>& o, Load&& load) {
+  auto st = load(o.ck, o.plan);
+  st.open_seconds = o.seconds;
+  return st;
 }
 
 }  // namespace detail
@@ -184,9 +203,9 @@ distributed_stats load_distributed(const location& where, policy::topology_spec 
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
     // Rank 0 reads the metadata for every rank (one request per header, not one per rank).
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
-                                            [&](const checkpoint& k) { return detail::tool_plan(k, topology, offload, who, opt); });
-    return load_distributed(ck, c, plan, s, opt, lane);
+    const auto o = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
+                                         [&](const checkpoint& k) { return detail::tool_plan(k, topology, offload, who, opt); });
+    return detail::load_opened(o, [&](const checkpoint& ck, const auto& plan) { return load_distributed(ck, c, plan, s, opt, lane); });
   });
 }
 /// Like the call above, with the device lane made once the world is joined:
@@ -213,11 +232,11 @@ distributed_stats load_distributed(const location& where, policy::topology_spec 
                                    MakeLane&& make_lane) {
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world(who, [&](auto& c) {
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
-                                            [&](const checkpoint& k) { return detail::tool_plan(k, topology, offload, who, opt); });
+    const auto o = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
+                                         [&](const checkpoint& k) { return detail::tool_plan(k, topology, offload, who, opt); });
     auto lane = detail::in_phase("making the device lane", [&] { return make_lane(c); });
     static_assert(device_lane<decltype(lane)>, "sluice: make_lane(host) must return a device_lane");
-    return load_distributed(ck, c, plan, s, opt, lane);
+    return detail::load_opened(o, [&](const checkpoint& ck, const auto& plan) { return load_distributed(ck, c, plan, s, opt, lane); });
   });
 }
 
@@ -254,9 +273,9 @@ distributed_stats load_distributed(const location& where, const Topology& topolo
   detail::check_world_size(topology, who);
   if (!opt.plan.local_size) opt.plan.local_size = who.local_size;
   return detail::in_world<Topology{}.world_size()>(who, [&](auto& c) {
-    auto [ck, plan] = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
-                                            [&](const checkpoint& k) { return plan_for(k, topology, offload, opt); });
-    return load_distributed(ck, c, plan, s, opt);
+    const auto o = detail::open_and_plan(c, [&] { return checkpoint::open(where, c, open); },
+                                         [&](const checkpoint& k) { return plan_for(k, topology, offload, opt); });
+    return detail::load_opened(o, [&](const checkpoint& ck, const auto& plan) { return load_distributed(ck, c, plan, s, opt); });
   });
 }
 
