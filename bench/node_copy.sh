@@ -2,7 +2,9 @@
 # One node, one copy: 8 ranks of one node against one process and against 8
 # independent processes, in one run, on the demo's sample checkpoint.
 #   bench/node_copy.sh [--repeat N] [--cold] [--ranks N]
-#   SLUICE_SAMPLE_SIZE=8GiB (default)
+#   SLUICE_SAMPLE_SIZE=8GiB (default); SLUICE_SAMPLES: where the sample is made (default .samples);
+#   SLUICE_BIN: a folder with sluice-load, sluice-launch and gen-checkpoint built already
+#   (default: build/release/examples, built first)
 # Rows (each the best of N runs, wall clock of the whole command, processes included):
 #   one process           sluice-load SAMPLE
 #   N ranks               sluice-launch -n N -- sluice-load SAMPLE --topology tp1,dpN,epN
@@ -38,13 +40,21 @@ while (($#)); do
   esac
 done
 size=${SLUICE_SAMPLE_SIZE:-8GiB}
-sample="$here/.samples/deepseek-like-$size"
-B="$here/build/release/examples"
-export CCACHE_BASEDIR="$here" CCACHE_NOHASHDIR=1
-cmake --preset release >/dev/null
-cmake --build --preset release --target sluice-load sluice-launch gen-checkpoint -j "$(nproc)" >/dev/null
+sample="${SLUICE_SAMPLES:-$here/.samples}/deepseek-like-$size"
+if [[ -n ${SLUICE_BIN:-} ]]; then
+  B=$SLUICE_BIN  # built already (bench/gpu/run.sh's node step)
+else
+  B="$here/build/release/examples"
+  export CCACHE_BASEDIR="$here" CCACHE_NOHASHDIR=1
+  cmake --preset release >/dev/null
+  cmake --build --preset release --target sluice-load sluice-launch gen-checkpoint -j "$(nproc)" >/dev/null
+fi
+py=$(command -v python3 || echo /usr/bin/python3)
+# Arithmetic in awk, not bc: a bare machine may lack bc.
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
 if [[ ! -f "$sample/.complete" ]]; then
   rm -rf "$sample"
+  mkdir -p "$(dirname "$sample")"
   "$B/gen-checkpoint" "$sample" --size "$size" >/dev/null
   touch "$sample/.complete"
 fi
@@ -77,14 +87,14 @@ run() {
   esac
   if ((rc)); then echo "bench/node_copy.sh: the $kind run failed (exit $rc): $*" >&2; return 1; fi
   t1=$(now)
-  echo "$t1 - $t0" | bc -l
+  calc "$t1 - $t0"
 }
 
 best() {  # best KIND TEMP OPTS...
   local b="" t
   for ((i = 0; i < repeat; i++)); do
     t=$(run "$@") || exit 1
-    if [[ -z $b ]] || (( $(echo "$t < $b" | bc -l) )); then
+    if [[ -z $b ]] || (( $(awk "BEGIN { print ($t < $b) }") )); then
       b=$t
       if [[ $1 == ranks ]]; then cp "$work/ranks.json" "$work/best-ranks.json"; fi  # the best run's own summary
     fi
@@ -102,7 +112,7 @@ for temp in "${temps[@]}"; do
   # folio sizes (2 MiB, or 4-128 KiB where cat or small reads filled it) set
   # the cost of every view, 0.07-0.64 s for the one process on this VM
   # before this line. warm() then only fills what a row dropped.
-  [[ $temp == hot ]] && { drop; "$B/sluice-load" "$sample" --no-progress --map-above 1MiB > /dev/null 2>&1; }
+  [[ $temp == hot ]] && { drop 2>/dev/null || echo "# (could not drop the page cache: the hot rows start from what it holds)"; "$B/sluice-load" "$sample" --no-progress --map-above 1MiB > /dev/null 2>&1; }
   for sink in copies views; do
     opts=()
     [[ $sink == views ]] && opts=(--map-above 1MiB)
@@ -113,9 +123,9 @@ for temp in "${temps[@]}"; do
     pr=$(best procs "$temp" "${opts[@]}")
     for row in "one process:$one" "$ranks ranks:$rk" "$ranks ranks, status each window:$ev" "$ranks ranks, Gloo loopback:$gl" "$ranks processes (baseline):$pr"; do
       name=${row%:*} t=${row##*:}
-      printf "%-6s %-7s %-28s %9.2f %13.2fx %13.2fx\n" "$temp" "$sink" "$name" "$t" "$(echo "$t / $one" | bc -l)" "$(echo "$t / $pr" | bc -l)"
+      printf "%-6s %-7s %-28s %9.2f %13.2fx %13.2fx\n" "$temp" "$sink" "$name" "$t" "$(calc "$t / $one")" "$(calc "$t / $pr")"
     done
-    /usr/bin/python3 - "$work/best-ranks.json" "$rk" <<'PY'
+    "$py" - "$work/best-ranks.json" "$rk" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
 s = [r["summary"] for r in t["ranks"]]

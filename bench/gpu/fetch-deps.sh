@@ -2,7 +2,7 @@
 # bench/gpu/fetch-deps.sh — run HERE (a Debian 12 dev machine), not on the GPU
 # machine: puts what bench/gpu/run.sh carries to a machine that lacks it (it
 # has no network) into .gpudeps/ (git-ignored, ~17 MB):
-#   .gpudeps/debs/    the Debian packages of lib.sh's gpu_debs (headers, CMake
+#   .gpudeps/debs/    the Debian packages of lib.sh's gpu_debs and node_debs (headers, CMake
 #                     configs, the runtime libraries they link)
 #   .gpudeps/wheels/  pybind11 from PyPI, the version python/requirements.lock
 #                     pins (>= 2.11: Debian's 2.10 predates Python 3.12)
@@ -22,7 +22,7 @@ mkdir -p "$cache/debs" "$cache/wheels" "$dest/debs" "$dest/wheels"
 exec 9>"$cache/.lock"
 flock 9
 
-for p in "${gpu_debs[@]}"; do
+for p in "${gpu_debs[@]}" "${node_debs[@]}"; do
   if ! ls "$cache/debs/${p}"_*.deb >/dev/null 2>&1; then
     (cd "$cache/debs" && apt-get download -q "$p" >/dev/null 2>&1) ||
       (apt-get update -qq >/dev/null && cd "$cache/debs" && apt-get download -q "$p" >/dev/null)

@@ -34,6 +34,9 @@ digests_match() {
 # exactly these). -dev packages and the runtime libraries they link.
 gpu_debs=(libboost1.74-dev libfmt-dev libfmt9 nlohmann-json3-dev liburing-dev liburing2
           libssl-dev libssl3 catch2 libcli11-dev libdlpack-dev libre2-dev libre2-9)
+# And for run.sh's node step (sluice-load and sluice-launch with Gloo, no
+# CUDA): Gloo and the libraries Debian's libgloo links (hiredis, ibverbs, netlink).
+node_debs=(libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200)
 
 # The multiarch folder of include/ and lib/ (Debian's libssl-dev puts
 # openssl/opensslconf.h and openssl/configuration.h there, not in include/).
@@ -55,6 +58,25 @@ missing_headers() {
   done
 }
 
+# Gloo's header, for the node step: prints it where none of PREFIX... has it.
+#   missing_gloo PREFIX...
+missing_gloo() {
+  local p
+  for p in "$@"; do [ -e "$p/include/gloo/rendezvous/file_store.h" ] && return 0; done
+  echo gloo/rendezvous/file_store.h
+}
+
+# Debian's Gloo CMake package names its library by absolute path
+# (/usr/lib/libgloo.so.0.5.0): unpacked under PREFIX, it must name PREFIX's.
+#   relocate_gloo PREFIX
+relocate_gloo() {
+  local f
+  for f in "$1"/share/cmake/Gloo/GlooTargets-*.cmake; do
+    [ -e "$f" ] && sed -i "s|\"/usr/lib/|\"$1/lib/|g" "$f"
+  done
+  return 0
+}
+
 # Unpacks .deb files into DEST (dpkg-deb where there is one, else ar + tar).
 #   unpack_debs DEST DEB...
 unpack_debs() {
@@ -68,6 +90,12 @@ unpack_debs() {
       rm -rf "$t"
     fi
   done
+  # Debian 12 is merged-/usr (/lib is /usr/lib), but some packages still ship
+  # files under /lib (libnl-3-200): merged here too, so that the linker finds
+  # them beside the libraries that need them (libibverbs needs libnl).
+  if [ -d "$dest/lib" ] && [ ! -L "$dest/lib" ]; then
+    mkdir -p "$dest/usr/lib" && cp -a "$dest/lib/." "$dest/usr/lib/" && rm -rf "$dest/lib"
+  fi
 }
 
 # Unpacks a pybind11 wheel (a zip) into DEST with PYTHON's zipfile and prints

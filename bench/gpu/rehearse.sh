@@ -8,7 +8,7 @@
 # through the project's Python environment (.venv), whose own pybind11 is
 # hidden too: the carried wheel must be the one the extension builds with.
 #
-#   bench/gpu/rehearse.sh [--quick] [--build DIR] [--python PY] [--jobs N]
+#   bench/gpu/rehearse.sh [--quick | --node] [--build DIR] [--python PY] [--jobs N]
 #
 # Full (default): run.sh's preflight, deps, configure and build (Release,
 # run.sh's targets), then its CPU-runnable steps: ctest -L cuda (the device
@@ -17,6 +17,9 @@
 # at -O0 the units that a missing header or package breaks: examples/load.cpp,
 # bench/gpu.cpp, one cuda and one nccl unit, the Python extension's DLPack unit
 # (pybind11 and dlpack.h).
+# --node: the node step's call (preflight, deps, node) on a 1 GiB sample, with
+# Gloo's runtime libraries (node_debs) hidden too: the GPU machine has none,
+# so the programs must find the carried ones.
 #
 # Not hidden, as the GPU machine brings its own: the compiler
 # (build-essential), CMake, and a python with its headers (python3-dev,
@@ -28,12 +31,14 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 quick=""
+node=""
 build=""
 py=""
 jobs=$(nproc)
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
+    --node) node=1 ;;
     --build) build=$2; shift ;;
     --python) py=$2; shift ;;
     --jobs) jobs=$2; shift ;;
@@ -41,7 +46,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-build=${build:-$here/build/rehearsal${quick:+-quick}}
+build=${build:-$here/build/rehearsal${quick:+-quick}${node:+-node}}
 py=${py:-$here/.venv/bin/python}
 skip() { echo "SKIPPED: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "not root (a mount namespace and an overlay on /usr need it)"
@@ -73,7 +78,12 @@ toolchain_dev='^(libc6-dev|linux-libc-dev|libcrypt-dev|libnsl-dev|libtirpc-dev|l
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 declare -A hide=()
 queue=()
-for p in "${apt_pkgs[@]}" pybind11-dev python3-pybind11 python3-torch; do
+runtime=()
+if [ -n "$node" ]; then
+  eval "$(sed -n '/^node_debs=(/,/)/p' "$here/bench/gpu/lib.sh")"
+  for p in "${node_debs[@]}"; do [[ $p == *-dev ]] || runtime+=("$p"); done
+fi
+for p in "${apt_pkgs[@]}" pybind11-dev python3-pybind11 python3-torch "${runtime[@]}"; do
   [[ $keep == *" $p "* ]] && continue
   installed "$p" && queue+=("$p")
 done
@@ -117,7 +127,15 @@ echo "rehearse: hiding ${#hide[@]} packages (${nfiles} files): $(echo "${!hide[@
 pybind11_dir=$("$py" -c 'import os, pybind11; print(os.path.dirname(pybind11.__file__))' 2>/dev/null || true)
 venv_bin=$(dirname "$py")
 
-if [ -n "$quick" ]; then
+node_env=""
+if [ -n "$node" ]; then
+  steps=preflight,deps,node
+  build_type=Release
+  extra=""
+  targets=""
+  deadline=1800
+  node_env="NODE_SIZE=1GiB NODE_ARGS=--repeat\ 1\ --ranks\ 8 NODE_SAMPLES=$work/samples NODE_BUILD=$work/node"
+elif [ -n "$quick" ]; then
   steps=preflight,deps,configure,build
   build_type=None
   extra="-DCMAKE_CXX_FLAGS=-O0"
@@ -149,6 +167,12 @@ export PATH=$venv_bin:$PATH PY=$py STEPS=$steps BUILD=$work/gpu GPUDEPS=$work/gp
        OUT=$work/out JOBS=$jobs BUILD_TYPE=$build_type CMAKE_EXTRA=$extra TARGETS=$targets DEADLINE=$deadline \
        BUDGET_SCALE=10
 unset CMAKE_PREFIX_PATH CPATH CPLUS_INCLUDE_PATH LIBRARY_PATH
+if [ -n "$node_env" ]; then
+  [ -e /usr/lib/libgloo.so.0 ] && { echo "FAIL: still visible after hiding: /usr/lib/libgloo.so.0"; exit 1; }
+  eval "export $node_env"
+  bash "$here/bench/gpu/run.sh"
+  exit $?
+fi
 bash "$here/bench/gpu/run.sh"
 rc=$?
 # The extension must be configured: the GPU machine's python may have no pybind11.
@@ -156,7 +180,7 @@ grep -q "sluice: Python package for $py" "$work/gpu/logs/configure.txt" 2>/dev/n
   { echo "FAIL: the Python package was not configured with only what run.sh carries"; rc=1; }
 exit $rc
 SH
-export work py pybind11_dir venv_bin steps jobs build_type extra targets deadline here
+export work py pybind11_dir venv_bin steps jobs build_type extra targets deadline here node_env
 unshare -m --propagation private bash "$work/inside.sh"
 rc=$?
 echo "rehearse: rc $rc in $(( $(date +%s) - T0 ))s (logs: $work/gpu/logs)"

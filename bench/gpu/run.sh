@@ -26,6 +26,10 @@
 #                  from "no torch"
 #   bench      22  bench-gpu (BENCH_ARGS, default --no-cold: the cold rows read
 #                  ~24 GiB from disk at REPEAT=2; BENCH_ARGS= for every row)
+#   node      not in the default STEPS: a call of its own (STEPS=preflight,deps,node):
+#             node-configure 25, node-build 90, node-bench 135: bench/node_copy.sh's
+#             8 ranks of one node on this machine's cores, sluice built with the
+#             carried Gloo (see the step below); node-copy.txt
 # Results: stdout, and under $OUT at most 8 files (what the device returns):
 # run.txt (this output), bench-gpu.txt, logs.tar.gz (configure, build, tests,
 # device load, python, NCCL's own log: NCCL_DEBUG_FILE, since NCCL writes its
@@ -137,6 +141,7 @@ deps_lib=""  # library folders for sluice's own programs only (never for python 
 if has deps; then
   stamp "deps"
   mapfile -t missing < <(missing_headers /usr /usr/local)
+  has node && missing+=($(missing_gloo /usr /usr/local))
   [ -n "${FORCE_CARRIED_DEPS:-}" ] && missing+=("(FORCE_CARRIED_DEPS set)")
   if [ ${#missing[@]} -gt 0 ]; then
     stamp "missing on this machine: ${missing[*]}"
@@ -147,7 +152,9 @@ if has deps; then
     rm -rf "$P"
     export -f unpack_debs
     bounded deps 15 bash -c 'unpack_debs "$0" "$@"' "$P" "$GPUDEPS"/debs/*.deb || { fail "unpacking the carried packages"; exit 2; }
+    relocate_gloo "$P/usr"
     still=$(missing_headers /usr /usr/local "$P/usr" | tr '\n' ' ')
+    has node && still+=$(missing_gloo /usr /usr/local "$P/usr")
     [ -n "$still" ] && stamp "missing even with the carried packages: $still"
     stamp "unpacked $(ls "$GPUDEPS"/debs/*.deb | wc -l) carried packages into $P"
     cmake_args+=(-DCMAKE_PREFIX_PATH="$P/usr" -DOPENSSL_ROOT_DIR="$P/usr" -DCMAKE_INCLUDE_PATH="$P/usr/include"
@@ -156,7 +163,7 @@ if has deps; then
     # the multiarch folder, which the compiler searches only under /usr.
     [ -d "$P/usr/include/$MA" ] && cmake_args+=(-DCMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES="$P/usr/include/$MA")
     export PKG_CONFIG_PATH=$P/usr/lib/$MA/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-    deps_lib=$P/usr/lib/$MA
+    deps_lib=$P/usr/lib/$MA:$P/usr/lib  # Debian's libgloo0 is in lib/, not the multiarch folder
   fi
   whl=$(ls "$GPUDEPS"/wheels/pybind11-*.whl 2>/dev/null | head -1)
   if [ -n "$whl" ] && [ -n "$PY" ]; then
@@ -271,5 +278,32 @@ if has bench; then
   with_deps bounded bench 22 "$BUILD/bench/bench-gpu" "$CKPT" --size "$SIZE" --staging "$STAGING" --repeat "$REPEAT" $BENCH_ARGS \
     > "$LOG/bench-gpu.txt" 2>&1 || fail "bench-gpu (rc $?)"
   cat "$LOG/bench-gpu.txt"
+fi
+# ---- node: one node's ranks against one process (bench/node_copy.sh) on this
+# machine's cores, 8 ranks with 2 cores each on a 16-core machine: not in the
+# default STEPS (it needs a call of its own, within the same deadline):
+#   run(carry=[".gpudeps"], timeout_s=330, command="STEPS=preflight,deps,node bench/gpu/run.sh")
+# sluice-load and sluice-launch built with Gloo (carried, node_debs), CUDA and
+# S3 off, in NODE_BUILD; the sample (NODE_SIZE, 8GiB) generated in
+# NODE_SAMPLES; NODE_ARGS for node_copy.sh (default --repeat 2 --ranks 8: hot;
+# add --cold where drop_caches is writable).
+if has node; then
+  NB=${NODE_BUILD:-$ROOT/build/node}
+  stamp "node: configure and build sluice-load, sluice-launch, gen-checkpoint with Gloo in $NB"
+  bounded node-configure 25 cmake -S "$ROOT" -B "$NB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_EXAMPLES=ON \
+    -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCH=OFF -DSLUICE_ENABLE_CUDA=OFF -DSLUICE_ENABLE_S3=OFF -DSLUICE_ENABLE_GLOO=ON \
+    -DSLUICE_ENABLE_FUZZ=OFF -DSLUICE_BUILD_PYTHON=OFF "${cmake_args[@]}" > "$LOG/node-configure.txt" 2>&1 ||
+    { tail -30 "$LOG/node-configure.txt"; fail "node: configure"; exit 4; }
+  grep -E "sluice components" "$LOG/node-configure.txt"
+  bounded node-build 90 cmake --build "$NB" --target sluice-load sluice-launch gen-checkpoint -j "$JOBS" > "$LOG/node-build.txt" 2>&1 ||
+    { grep -E -A6 "error|FAILED" "$LOG/node-build.txt" | head -40; fail "node: build"; exit 4; }
+  echo "gloo: $(with_deps ldd "$NB/examples/sluice-load" | grep -o 'libgloo[^ ]* => [^ ]*')"
+  stamp "node: bench/node_copy.sh ${NODE_ARGS:---repeat 2 --ranks 8} on a ${NODE_SIZE:-8GiB} sample"
+  # shellcheck disable=SC2086
+  with_deps bounded node-bench 135 env SLUICE_BIN="$NB/examples" SLUICE_SAMPLES="${NODE_SAMPLES:-/tmp/sluice-node-samples}" \
+    SLUICE_SAMPLE_SIZE="${NODE_SIZE:-8GiB}" bash "$ROOT/bench/node_copy.sh" ${NODE_ARGS:---repeat 2 --ranks 8} \
+    > "$LOG/node-copy.txt" 2>&1 || fail "node: bench/node_copy.sh (rc $?)"
+  cat "$LOG/node-copy.txt"
+  cp "$LOG/node-copy.txt" "$OUT/node-copy.txt"
 fi
 exit $rc_all

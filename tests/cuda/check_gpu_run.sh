@@ -89,11 +89,16 @@ el=$(( $(date +%s) - t ))
 ( T0=$(date +%s) DEADLINE=100 bounded fine 10 sh -c 'exit 5' ); rc=$?
 [ $rc -eq 5 ] || bad "bounded did not return the step's status (5): $rc"
 # Every step of run.sh is bounded, and the budgets (plus the kill grace each)
-# leave the run under 300 s even if every step hangs.
-budgets=$(grep -o 'bounded [a-z-]* [0-9]*' "$src/bench/gpu/run.sh" | awk '{s += $3 + 3} END {print s}')
+# leave a run under 300 s even if every step hangs: the default steps, and
+# the node step's call (preflight, deps and its own node-* steps).
+budgets=$(grep -o 'bounded [a-z-]* [0-9]*' "$src/bench/gpu/run.sh" | awk '$2 !~ /^node-/ {s += $3 + 3} END {print s}')
 [ -n "$budgets" ] && [ "$budgets" -lt 300 ] && echo "ok: run.sh's step budgets with kill grace: ${budgets}s" ||
   bad "run.sh's step budgets with kill grace sum to ${budgets}s, not under 300"
-for step in preflight deps configure build tests device python bench; do
+node=$(grep -o 'bounded [a-z-]* [0-9]*' "$src/bench/gpu/run.sh" |
+  awk '$2 ~ /^(node-|preflight$|deps$)/ {s += $3 + 3; n += ($2 ~ /^node-/)} END {print s, n}')
+[ "${node#* }" -ge 3 ] 2>/dev/null && [ "${node% *}" -lt 300 ] && echo "ok: the node call's budgets with kill grace: ${node% *}s" ||
+  bad "the node call's budgets (preflight, deps, node-*) with kill grace: '${node}' (sum, node steps), not under 300 s with 3 steps"
+for step in preflight deps configure build tests device python bench node-configure node-build node-bench; do
   grep -q "bounded $step [0-9]" "$src/bench/gpu/run.sh" || bad "run.sh's $step step is not bounded"
 done
 
@@ -105,6 +110,15 @@ got=$(missing_headers "$pre" | tr '\n' ' ')
 want="fmt/format.h nlohmann/json.hpp liburing.h catch2/catch.hpp CLI/CLI.hpp dlpack/dlpack.h re2/re2.h "
 [ "$got" = "$want" ] && echo "ok: missing_headers finds the multiarch opensslconf.h and lists CLI11, dlpack and RE2" ||
   bad "missing_headers gave '$got', expected '$want'"
+# Debian's Gloo package names its library by absolute path: relocated under the prefix it is unpacked in.
+mkdir -p "$pre/usr/share/cmake/Gloo"
+printf '%s\n' '  IMPORTED_LOCATION_RELWITHDEBINFO "/usr/lib/libgloo.so.0.5.0"' > "$pre/usr/share/cmake/Gloo/GlooTargets-relwithdebinfo.cmake"
+relocate_gloo "$pre/usr"
+grep -q "\"$pre/usr/lib/libgloo.so.0.5.0\"" "$pre/usr/share/cmake/Gloo/GlooTargets-relwithdebinfo.cmake" &&
+  echo "ok: Gloo's CMake package names the unpacked library" || bad "relocate_gloo left: $(cat "$pre/usr/share/cmake/Gloo/GlooTargets-relwithdebinfo.cmake")"
+[ "$(missing_gloo "$pre")" = gloo/rendezvous/file_store.h ] || bad "missing_gloo did not name Gloo's header"
+mkdir -p "$pre/usr/include/gloo/rendezvous" && : > "$pre/usr/include/gloo/rendezvous/file_store.h"
+[ -z "$(missing_gloo "$pre" "$pre/usr")" ] || bad "missing_gloo named Gloo's header, present under $pre/usr"
 if [ -x "$py" ]; then
   mkdir -p "$tmp/whl/pybind11/share/cmake/pybind11"
   : > "$tmp/whl/pybind11/share/cmake/pybind11/pybind11Config.cmake"
