@@ -64,8 +64,7 @@ std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, polic
 // it, only mappings hold it: nothing to clean up after a crash. `what` names
 // it in the phases ("shared segment", "node window").
 memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t me, std::size_t local_rank,
-                                      std::size_t local_size, std::size_t size, const std::string& name, const std::string& what,
-                                      bool keep_descriptor = false) {
+                                      std::size_t local_size, std::size_t size, const std::string& name, const std::string& what) {
   memory::shared_host mem;
   std::optional<memory::handoff_server> server;
   constexpr std::size_t ticket_bytes = 128;
@@ -97,7 +96,7 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
     mem = memory::receive_handoff(std::span(all).subspan(leader * ticket_bytes, ticket_bytes), size, handoff_timeout);
   });
   server.reset();
-  if (!keep_descriptor) mem.close_handle();  // else the caller's, once it wrote through it
+  mem.close_handle();
   for (auto* v : {&mine, &all}) std::fill(v->begin(), v->end(), std::byte{0});  // the tickets' tokens
   return mem;
 }
@@ -308,14 +307,8 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.shared_bytes = shared && !table_views ? plan.shared_bytes : 0;
   if (shared && !table_views) {
     const auto setup0 = clock::now();
-    // Its share of a table the node's page cache holds, a table reader
-    // among as many as local ranks writes through the segment's descriptor
-    // (distributed_options::table_fill); the rest it reads into the mapping.
-    using fill = distributed_options::segment_fill;
-    const bool by_descriptor = page_cache && !table_reader && reads_tables &&
-                               (opt.table_fill == fill::descriptor || (opt.table_fill == fill::automatic && !memory::shmem_huge_pages()));
     segment = share_node_memory(c, me, st.local_rank, plan.local_size, plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me),
-                                "shared segment", by_descriptor);
+                                "shared segment");
     st.setup_seconds += since(setup0);
     // This rank's slices of the shared tables, straight into the segment.
     fault_point("tables", me);
@@ -324,22 +317,13 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
       planned_reads reads;
       for (const auto& e : plan.entries) {
         if (!e.shared()) continue;
-        const auto& t = ck.tensors()[e.index];
         for (const auto& r : e.reads)
           if (r.reader == me) {
+            reads.push_back({&ck.tensors()[e.index], r.offset, r.size, segment.bytes().subspan(e.shared_offset + r.offset, r.size)});
             st.shared_bytes_written += r.size;
-            fetched += r.size;
-            auto& src = reader->source();
-            if (by_descriptor && src.can_map(t.shard, t.offset + r.offset, r.size) && src.cached(t.shard, t.offset + r.offset, r.size)) {
-              const auto v = src.view(t.shard, t.offset + r.offset, r.size);
-              segment.write(e.shared_offset + r.offset, v.bytes(), {ck.shards()[t.shard].uri, t.name, t.range()});
-              table_resident += r.size;
-            } else {
-              reads.push_back({&t, r.offset, r.size, segment.bytes().subspan(e.shared_offset + r.offset, r.size)});
-            }
           }
       }
-      segment.close_handle();
+      for (const auto& r : reads) fetched += r.size;
       run_blocking(ioc, (table_reader ? *table_reader : *reader).read(reads));
       if (table_reader) {
         table_storage_bytes = table_reader->counters().bytes_read.load();

@@ -10,7 +10,6 @@
 #include <sluice/gloo/communicator.hpp>
 #include <sluice/distributed.hpp>
 #include <sluice/format/writer.hpp>
-#include <sluice/memory/shared_host.hpp>
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/emulated_device_lane.hpp>
@@ -204,10 +203,8 @@ std::vector<nlohmann::json> run_load(std::size_t n, std::string topology, std::s
 // Loads as one node and, with an even number of ranks, as two: within a
 // node a rank reads what it keeps from the page cache (nothing crosses
 // Gloo), between nodes it arrives over Gloo, exactly what the schedule says.
-// Returns the ranks' resident_bytes, summed: their shares of the shared
-// tables taken from the page cache rather than read.
-std::uint64_t check_load_on(std::size_t nodes, std::size_t n, const std::string& topology, const std::string& offload,
-                            const distributed_options& dopt, lane_mode mode) {
+void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology, const std::string& offload,
+                   const distributed_options& dopt, lane_mode mode) {
   INFO(topology << " " << offload << " on " << nodes << " node(s)");
   const auto ref = reference_digests();
   auto ck = checkpoint::open(checkpoint_dir());
@@ -247,7 +244,6 @@ std::uint64_t check_load_on(std::size_t nodes, std::size_t n, const std::string&
   if (n > 1 && nodes == 1 && by_node) REQUIRE(all_taken > 0);
   if (!by_node) REQUIRE(all_taken == 0);  // one rank per node, or asked: every byte travels
   const auto results = run_load(n, topology, offload, dopt, {}, {}, mode, nodes);
-  std::uint64_t all_resident = 0;
   std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0, mapped = 0;
   for (const auto& e : plan.entries) {
     if (e.shared()) shared_table_bytes += e.info.size;
@@ -290,21 +286,7 @@ std::uint64_t check_load_on(std::size_t nodes, std::size_t n, const std::string&
         for (const auto& rd : e.reads)
           if (rd.reader == r) table_share += rd.size;
     const auto resident = j["stats"]["resident_bytes"].get<std::uint64_t>();
-    all_resident += resident;
-    // Or, into the segment, its share written from the page cache through the
-    // segment's descriptor (distributed_options::table_fill), where cached.
-    // A rank does where every rank of its node reads table bytes (as the driver decides it from the plan).
-    using fill = distributed_options::segment_fill;
-    std::set<std::size_t> node_readers;
-    const std::size_t local = n / nodes;
-    for (const auto& e : plan.entries)
-      if (e.shared())
-        for (const auto& rd : e.reads)
-          if (rd.size && rd.reader / local == r / local) node_readers.insert(rd.reader);
-    const bool by_descriptor = node_readers.size() == local && node_readers.contains(r) &&
-                               (dopt.table_fill == fill::descriptor ||
-                                (dopt.table_fill == fill::automatic && !memory::shmem_huge_pages()));
-    if ((dopt.load.map_above || by_descriptor) && carrier == policy::node_copy::page_cache) {
+    if (dopt.load.map_above && carrier == policy::node_copy::page_cache) {
       REQUIRE(resident <= table_share);
       REQUIRE(j["stats"]["storage_bytes"].get<std::uint64_t>() + resident == j["stats"]["bytes_read"].get<std::uint64_t>());
     } else {
@@ -386,7 +368,6 @@ std::uint64_t check_load_on(std::size_t nodes, std::size_t n, const std::string&
   // Views of the page cache where asked for: what a rank keeps in host memory
   // whole or as a row part, and neither sends nor receives.
   if (dopt.load.map_above && mode == lane_mode::none) REQUIRE(mapped > 0);
-  return all_resident;
 }
 
 void check_load(std::size_t n, const std::string& topology, const std::string& offload,
@@ -575,30 +556,6 @@ TEST_CASE("page_cache and node_window off: every byte a rank keeps but did not r
   o.page_cache = false;
   o.node_window = false;
   check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);
-}
-
-TEST_CASE("the shared segment filled through its descriptor or its mapping: the same tables, read once, from the page cache "
-          "through the descriptor", "[comm][distributed]") {
-  using fill = distributed_options::segment_fill;
-  for (const auto how : {fill::descriptor, fill::mapping}) {
-    INFO((how == fill::descriptor ? "descriptor" : "mapping"));
-    auto dopt = small_options();
-    dopt.table_fill = how;
-    // The tables' bytes in the page cache (the fixture's files, read again here).
-    for (const auto& f : fs::directory_iterator(checkpoint_dir()))
-      if (f.path().extension() == ".safetensors") {
-        std::ifstream in(f.path(), std::ios::binary);
-        std::vector<char> sink(1 << 20);
-        while (in.read(sink.data(), static_cast<std::streamsize>(sink.size()))) {
-        }
-      }
-    const auto resident = check_load_on(1, 4, "tp1,dp4,ep4", "shared-cooperative", dopt, lane_mode::none);
-    if (how == fill::descriptor)
-      CHECK(resident > 0);
-    else
-      CHECK(resident == 0);
-    (void)check_load_on(2, 4, "tp1,dp4,ep4", "shared-cooperative", dopt, lane_mode::none);
-  }
 }
 
 TEST_CASE("the node window: without the page cache, a node's ranks copy what they keep from the window its readers read into",

@@ -51,7 +51,6 @@ TEST_CASE("a main model then its draft on one Gloo communicator leak no thread, 
         who.timeout = 120s;  // bounds a hang only: a busy machine may be slow to start four ranks
         comm::gloo c(who);
         c.barrier();
-        sluice_test::footprint::start_runtime_threads();
         const auto before_first = sluice_test::footprint::now(segment);
         distributed_options opt;
         opt.load.staging_budget = 8u << 20;

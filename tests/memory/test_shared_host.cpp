@@ -8,9 +8,6 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
-#include <span>
-#include <vector>
 #include <string>
 
 #include <fmt/format.h>
@@ -155,40 +152,4 @@ TEST_CASE("a creator killed mid-run leaves no /dev/shm entry, and its segment li
   REQUIRE_THROWS_AS(memory::shared_host::attach(handle, 1u << 20), io_error);
   // ... and a rank that had mapped it keeps valid memory until it lets go.
   REQUIRE(mine.bytes()[123] == std::byte{42});
-}
-
-TEST_CASE("bytes written through the segment's descriptor are what every mapping reads, and a write past it or after close is refused",
-          "[memory][shared_host]") {
-  constexpr std::size_t size = 1u << 20;
-  auto seg = memory::shared_host::create(size, unique_name("write"));
-  const auto handle = seg.handle();
-  auto other = memory::shared_host::attach(handle, size);  // keeps its own descriptor, as an adopting rank does
-  std::vector<std::byte> src(300000);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 7 + 3) & 0xff);
-  other.write(4097, src, {"f.safetensors", "t", {}});  // unaligned, through the attached one's descriptor
-  for (std::size_t i = 0; i < src.size(); i += 331) REQUIRE(seg.bytes()[4097 + i] == src[i]);
-  REQUIRE(seg.bytes()[4096] == std::byte{0});
-  REQUIRE(seg.bytes()[4097 + src.size()] == std::byte{0});
-  // Past the end: refused before any byte is written.
-  REQUIRE_THROWS_AS(seg.write(size - 10, std::span(src).first(11)), usage_error);
-  REQUIRE_THROWS_AS(seg.write(size + 1, std::span(src).first(0)), usage_error);
-  REQUIRE(seg.bytes()[size - 10] == std::byte{0});
-  other.close_handle();
-  REQUIRE_THROWS_AS(other.write(0, std::span(src).first(1)), usage_error);
-  seg.write(size - 1, std::span(src).first(1));  // the last byte
-  REQUIRE(other.bytes()[size - 1] == src[0]);
-}
-
-TEST_CASE("shmem_huge_pages follows the setting in force in shmem_enabled", "[memory][shared_host]") {
-  std::ifstream f("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  std::string text;
-  if (!std::getline(f, text)) {
-    REQUIRE_FALSE(memory::shmem_huge_pages());  // unreadable: none assumed
-    return;
-  }
-  const auto a = text.find('['), b = text.find(']');
-  REQUIRE(a != std::string::npos);
-  const auto mode = text.substr(a + 1, b - a - 1);
-  INFO(text);
-  REQUIRE(memory::shmem_huge_pages() == (mode == "advise" || mode == "always" || mode == "within_size" || mode == "force"));
 }

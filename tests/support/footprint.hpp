@@ -9,9 +9,7 @@
 // - threads: this process's threads (/proc/self/task), io_uring's kernel
 //   workers aside: `iou-wrk-*` and `iou-sqp-*` are listed there but exit by
 //   themselves after their ring is gone (asynchronously); a ring left open
-//   shows as a descriptor instead. Sanitizer runtime threads, and the
-//   process's unmapping thread (memory/unmapper.hpp: one per process, started
-//   at its first use, which page-cache views of a file make), are started
+//   shows as a descriptor instead. Sanitizer runtime threads are started
 //   before the first count (start_runtime_threads).
 // - segments: the load's shared segments, by the unique name the test gave
 //   them (distributed_options::segment_name): descriptors linking to
@@ -22,7 +20,6 @@
 //   (a file store's keys are its files). Counted where no rank of the load
 //   runs any more (the parent, after every rank ended), since every rank of
 //   the load writes there.
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,8 +29,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-
-#include <sluice/memory/unmapper.hpp>
 
 namespace sluice_test {
 
@@ -45,13 +40,7 @@ struct footprint {
   // thread creation, so that they are there before the first count and not
   // taken for the load's: ThreadSanitizer starts a background thread then
   // (again in a forked child), which stays. Call it before counting.
-  // The process's unmapping thread likewise: one per process for every load
-  // to come, not the load's own.
-  static void start_runtime_threads() {
-    std::thread([] {}).join();
-    if (void* p = ::mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); p != MAP_FAILED)
-      sluice::unmap_later(p, 4096);
-  }
+  static void start_runtime_threads() { std::thread([] {}).join(); }
 
   // Mappings of the load's segments (names starting `segment_name`) in a
   // process's maps file: "/proc/self/maps", or "/proc/<pid>/maps" of another

@@ -84,19 +84,6 @@ struct distributed_options {
   /// communicator's liveness signal). 0: after every window. Every rank must
   /// pass the same (the schedule's digest covers it).
   std::uint64_t status_every = policy::default_status_every;
-  /// How a rank writes its share of the shared tables into the node's
-  /// segment where the node's page cache holds them (local files, ranks that
-  /// take from the page cache, each local rank a table reader:
-  /// shared-cooperative). `descriptor`: pwrite through the segment's memfd
-  /// from a view of the file (shmem pages allocated as the write fills them,
-  /// no fault, no zeroing); `mapping`: read into the segment's mapping, as
-  /// where the bytes are not cached (each 4 KiB page faulted in and zeroed
-  /// first, or 2 MiB at once where the system gives shmem huge pages on
-  /// advice); `automatic`: `descriptor` unless memory::shmem_huge_pages().
-  /// 1 GiB from a hot file on this project's VM: 0.35-0.43 s through the
-  /// descriptor, 0.63-0.93 s through 4 KiB faults, 0.41-0.50 s through
-  /// 2 MiB faults (bench/README.md, node_copy).
-  enum class segment_fill : std::uint8_t { automatic, mapping, descriptor } table_fill = segment_fill::automatic;
   /// S3 sources only: connections (pool size) of this rank's client. 0: the
   /// S3 config's `max_connections` counts for the node, and each of its
   /// `local_size` ranks gets max(1, max_connections / local_size): ranks on one
@@ -155,10 +142,8 @@ struct distributed_stats {
   /// Not in bytes_read or storage_bytes (its reads are in requests).
   std::uint64_t page_cache_bytes = 0;
   /// Of bytes_read: bytes of its share of the node's reads of shared tables
-  /// that it did not read because the page cache held them already: mapped
-  /// as views of the page cache (load_options::map_above), or written from
-  /// there into the shared segment (distributed_options::table_fill). Not in
-  /// storage_bytes.
+  /// mapped as views of the page cache (load_options::map_above) that it did
+  /// not read because the page cache held them already. Not in storage_bytes.
   std::uint64_t resident_bytes = 0;
   /// Bytes of tensors it keeps that it handed out as views of the page
   /// cache, never copied (load_options::map_above; reads and takes alike).

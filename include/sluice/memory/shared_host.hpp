@@ -66,10 +66,9 @@ class shared_host {
     return adopt(fd, size, path);
   }
 
-  /// Maps the segment open as `fd` (which it takes: kept for write() until
-  /// close_handle(), closed in any case), after the same checks as attach (a
-  /// sealed memory file of this user, `size` bytes); `what` names it in
-  /// errors. Throws io_error.
+  /// Maps the segment open as `fd` (which it takes: closed in any case),
+  /// after the same checks as attach (a sealed memory file of this user,
+  /// `size` bytes); `what` names it in errors. Throws io_error.
   [[nodiscard]] static shared_host adopt(int fd, std::size_t size, const std::string& what = "the shared segment") {
     auto refuse = [&](const std::string& why) {
       ::close(fd);
@@ -84,47 +83,21 @@ class shared_host {
     if (static_cast<std::size_t>(st.st_size) != size) refuse(fmt::format("it has {} bytes, expected {}", st.st_size, size));
     shared_host s;
     s.map_ = std::make_shared<mapping>(fd, size);
+    s.map_->close_fd();  // the mapping keeps the memory; the fd is not needed
     return s;
   }
 
-  /// The segment's descriptor (-1 once closed): what the node handoff passes.
+  /// The creator's descriptor (-1 once closed or where not the creator): what the node handoff passes.
   [[nodiscard]] int fd() const noexcept { return map_ ? map_->fd : -1; }
 
-  /// "/proc/<pid>/fd/<fd>": how other local processes attach (while this process holds the fd).
+  /// "/proc/<pid>/fd/<fd>": how other local processes attach (while the creator holds the fd).
   [[nodiscard]] std::string handle() const {
-    if (!map_ || map_->fd < 0) throw config_error("shared segment: no handle (closed)");
+    if (!map_ || map_->fd < 0) throw config_error("shared segment: no handle (not the creator, or closed)");
     return fmt::format("/proc/{}/fd/{}", ::getpid(), map_->fd);
   }
-  /// Drops the descriptor (the creator, once every rank attached; any rank,
-  /// once it wrote what it writes through it): from now on only mappings
-  /// hold the memory.
+  /// The creator drops its descriptor (after every rank attached): from now on only mappings hold the memory.
   void close_handle() noexcept {
     if (map_) map_->close_fd();
-  }
-
-  /// Writes `src` at `offset` through the descriptor rather than the mapping
-  /// (every mapping sees it): the memory file allocates its pages as the
-  /// write fills them, with no page fault and no zeroing first, where bytes
-  /// stored through the mapping fault in each page (zeroed) and then copy.
-  /// From a hot file, 1 GiB in 0.35-0.43 s instead of 0.63-0.93 s here
-  /// (4 KiB shmem pages; bench/README.md). `where` says whose bytes they
-  /// are in errors (the file and tensor they come from).
-  /// Throws usage_error (past the end, or the descriptor closed), io_error.
-  void write(std::size_t offset, std::span<const std::byte> src, const error_context& where = {}) const {
-    if (!map_ || offset > map_->size || src.size() > map_->size - offset)
-      throw usage_error(fmt::format("shared segment: writing {} bytes at {} runs past its {} bytes", src.size(), offset, size()));
-    if (map_->fd < 0) throw usage_error("shared segment: writing through its descriptor, which is closed");
-    while (!src.empty()) {
-      const ssize_t n = ::pwrite(map_->fd, src.data(), src.size(), static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int e = n < 0 ? errno : EIO;
-        throw io_error(fmt::format("cannot write {} bytes into the shared segment at {}: {}", src.size(), offset, std::strerror(e)),
-                       where, e);
-      }
-      src = src.subspan(static_cast<std::size_t>(n));
-      offset += static_cast<std::size_t>(n);
-    }
   }
   /// The mapped bytes (page-aligned start).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept {
@@ -174,26 +147,5 @@ class shared_host {
   };
   std::shared_ptr<mapping> map_;
 };
-
-/// Whether this system gives shared memory huge pages on a mapping's advice
-/// (MADV_HUGEPAGE, which shared_host's mappings ask for): the setting in
-/// /sys/kernel/mm/transparent_hugepage/shmem_enabled is advise, always,
-/// within_size or force. Then a fault fills 2 MiB at once, and filling the
-/// segment through its mapping is the faster way (shared_host::write
-/// allocates 4 KiB pages). false where the file says never or deny, or
-/// cannot be read.
-[[nodiscard]] inline bool shmem_huge_pages() noexcept {
-  const int fd = ::open("/sys/kernel/mm/transparent_hugepage/shmem_enabled", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[256];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  const std::string_view text(buf, static_cast<std::size_t>(n));
-  const auto open = text.find('['), close = text.find(']');  // the setting in force: "always [never] ..."
-  if (open == std::string_view::npos || close == std::string_view::npos || close < open) return false;
-  const auto mode = text.substr(open + 1, close - open - 1);
-  return mode == "advise" || mode == "always" || mode == "within_size" || mode == "force";
-}
 
 }  // namespace sluice::inline v0::memory
