@@ -135,10 +135,7 @@ inline policy::load_plan tool_plan(const checkpoint& ck, policy::topology_spec t
   return plan;
 }
 
-// After joining the world: opens the checkpoint (`open()`) and plans it
-// (`make(ck)`: a load_plan, or a typed policy::plan) inside the failure
-// protocol, so that a rank that cannot open it fails every rank at once
-// rather than leaving its peers to time out.
+// What open_and_plan returns: the checkpoint, its plan and the seconds both took.
 template <class Plan>
 struct opened {
   checkpoint ck;
@@ -146,6 +143,10 @@ struct opened {
   double seconds;  ///< opening and planning, the failure protocol's status exchange included
 };
 
+// After joining the world: opens the checkpoint (`open()`) and plans it
+// (`make(ck)`: a load_plan, or a typed policy::plan) inside the failure
+// protocol, so that a rank that cannot open it fails every rank at once
+// rather than leaving its peers to time out.
 template <comm::communicator Comm, class Open, class Make>
 auto open_and_plan(Comm& c, Open&& open, Make&& make) {
   using plan_type = std::invoke_result_t<Make&, const checkpoint&>;
