@@ -85,6 +85,47 @@ TEST_CASE("an index that is not a JSON object with a weight_map is rejected", "[
   CHECK(rule_of([] { (void)parse_index(R"({"weight_map":{"a":3}})", "i"); }) == "index-json");
 }
 
+TEST_CASE("a weight_map value that is not a string is index-json naming its tensor, whatever its shape", "[format][index]") {
+  // The entries are parsed as events, not as a DOM: a value of any shape is
+  // refused, whatever it nests, and the tensor named is the first by name.
+  for (const std::string bad : {R"(3)", R"(null)", R"(true)", R"(1.5)", R"([])", R"(["s"])", R"({})",
+                                R"({"weight_map":{"x":"s"}})", R"([{"a":[1,{"b":"s"}]}])"}) {
+    CAPTURE(bad);
+    try {
+      (void)parse_index(R"({"weight_map":{"z":"s","b":)" + bad + R"(,"a":"s","c":)" + bad + "}}", "ix.json");
+      FAIL("accepted");
+    } catch (const index_error& e) {
+      CHECK(e.rule() == "index-json");
+      CHECK(e.tensor() == "b");
+      CHECK(std::string(e.what()).find("weight_map value is not a string") != std::string::npos);
+    }
+  }
+  // A bad shard name and a non-string value: the first by name is reported.
+  try {
+    (void)parse_index(R"({"weight_map":{"m":7,"k":"../s"}})", "ix.json");
+    FAIL("accepted");
+  } catch (const index_error& e) {
+    CHECK(e.rule() == "shard-name");
+    CHECK(e.tensor() == "k");
+  }
+}
+
+TEST_CASE("an index with two weight_map objects is index-json, and one nested elsewhere is not a weight_map", "[format][index]") {
+  CHECK(rule_of([] { (void)parse_index(R"({"weight_map":{"a":"s"},"weight_map":{"b":"s"}})", "i"); }) == "index-json");
+  // Listed in both: the duplicate is named first, as before.
+  CHECK(rule_of([] { (void)parse_index(R"({"weight_map":{"a":"s"},"weight_map":{"a":"s"}})", "i"); }) == "duplicate-name");
+  // "weight_map" inside metadata, or another top-level object, is not the map.
+  const auto ix = parse_index(
+      R"({"metadata":{"weight_map":{"no":"x"},"total_size":3},"other":{"weight_map":[1]},"weight_map":{"b":"s2","a":"s1"}})", "i");
+  CHECK(ix.weight_map == std::map<std::string, std::string>{{"a", "s1"}, {"b", "s2"}});
+  CHECK(ix.total_size == 3u);
+  // The metadata after the weight_map reads the same.
+  const auto after = parse_index(R"({"weight_map":{"a":"s1"},"metadata":{"total_size":"7","shards":{"s1":{"size":9}}}})", "i");
+  CHECK(after.total_size == 7u);
+  CHECK(after.shard_records.at("s1").size == 9u);
+  CHECK(after.weight_map.size() == 1);
+}
+
 TEST_CASE("verification accepts an index that agrees with its shards", "[format][index]") {
   const auto s1 = shard_with("d/s1", {{"a", 10}, {"c", 5}});
   const auto s2 = shard_with("d/s2", {{"b", 15}});

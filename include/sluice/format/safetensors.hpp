@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <span>
@@ -62,7 +63,7 @@ struct header {
   /// The tensor named `name`, or nullptr.
   [[nodiscard]] const tensor_info* find(std::string_view name) const {
     if (by_name_.empty() && !tensors.empty()) rebuild_lookup();
-    auto it = by_name_.find(std::string(name));
+    auto it = by_name_.find(name);  // heterogeneous: no std::string made per lookup
     return it == by_name_.end() ? nullptr : &tensors[it->second];
   }
   void rebuild_lookup() const {
@@ -74,7 +75,11 @@ struct header {
   [[nodiscard]] std::size_t lookup_size() const noexcept { return by_name_.size(); }
 
  private:
-  mutable std::unordered_map<std::string, std::size_t> by_name_;
+  struct name_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  mutable std::unordered_map<std::string, std::size_t, name_hash, std::equal_to<>> by_name_;
 };
 
 namespace detail {
