@@ -145,6 +145,26 @@ struct bounded_parse {
   std::optional<std::string> syntax_error;   ///< the parser's message (bounded by the caller's printable)
 };
 
+/// Runs `sax` (an nlohmann SAX handler with depth_exceeded(), such as
+/// bounded_dom_parser) over JSON text (`cbor` false) or a CBOR document
+/// (strict: no trailing bytes), and says in `out` why it stopped, if it did.
+template <class Sax>
+void run_bounded(std::string_view text, Sax& sax, bounded_parse& out, bool cbor = false) {
+  try {
+    const bool ok = cbor ? json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::cbor, true)
+                         : json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::json, true);
+    if (!ok && sax.depth_exceeded()) {
+      out.too_deep = true;
+      out.value = nullptr;
+    } else if (!ok) {
+      out.syntax_error = "the document ends early or holds an invalid value";
+    }
+  } catch (const json::exception& e) {
+    out.syntax_error = e.what();
+    out.value = nullptr;
+  }
+}
+
 /// Parses JSON text (`cbor` false) or a CBOR document (strict: no trailing
 /// bytes) within `max_depth`.
 [[nodiscard]] inline bounded_parse parse_bounded(std::string_view text, std::uint32_t max_depth,
@@ -159,19 +179,7 @@ struct bounded_parse {
     }
   }
   bounded_dom_parser sax(out.value, max_depth, std::move(on_key));
-  try {
-    const bool ok = cbor ? json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::cbor, true)
-                         : json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::json, true);
-    if (!ok && sax.depth_exceeded()) {
-      out.too_deep = true;
-      out.value = nullptr;
-    } else if (!ok) {
-      out.syntax_error = "the document ends early or holds an invalid value";
-    }
-  } catch (const json::exception& e) {
-    out.syntax_error = e.what();
-    out.value = nullptr;
-  }
+  run_bounded(text, sax, out, cbor);
   return out;
 }
 

@@ -343,14 +343,12 @@ class index_builder {
 
   index_builder(json& root, index& ix, const limits& lim) : dom_(root, lim.max_depth), ix_(ix), lim_(lim) {}
 
-  bool null() { return member() ? not_a_string() : skipping() || dom_.null(); }
-  bool boolean(bool b) { return member() ? not_a_string() : skipping() || dom_.boolean(b); }
-  bool number_integer(number_integer_t v) { return member() ? not_a_string() : skipping() || dom_.number_integer(v); }
-  bool number_unsigned(number_unsigned_t v) { return member() ? not_a_string() : skipping() || dom_.number_unsigned(v); }
-  bool number_float(number_float_t v, const string_t& s) {
-    return member() ? not_a_string() : skipping() || dom_.number_float(v, s);
-  }
-  bool binary(binary_t& v) { return member() ? not_a_string() : skipping() || dom_.binary(v); }
+  bool null() { return scalar([&] { return dom_.null(); }); }
+  bool boolean(bool b) { return scalar([&] { return dom_.boolean(b); }); }
+  bool number_integer(number_integer_t v) { return scalar([&] { return dom_.number_integer(v); }); }
+  bool number_unsigned(number_unsigned_t v) { return scalar([&] { return dom_.number_unsigned(v); }); }
+  bool number_float(number_float_t v, const string_t& s) { return scalar([&] { return dom_.number_float(v, s); }); }
+  bool binary(binary_t& v) { return scalar([&] { return dom_.binary(v); }); }
   bool string(string_t& v) {
     if (skipping()) return true;
     if (!member()) return dom_.string(v);
@@ -431,6 +429,9 @@ class index_builder {
   [[nodiscard]] const std::optional<fault_at>& fault() const noexcept { return fault_; }
 
  private:
+  // A scalar: an entry's value that is not a string, nothing (nested in
+  // one), or the DOM's.
+  bool scalar(auto&& to_dom) { return member() ? not_a_string() : skipping() || to_dom(); }
   // An event for the value of a weight_map entry (not one nested in it).
   [[nodiscard]] bool member() const noexcept { return in_map_ && skip_ == 0 && depth_ == 2; }
   [[nodiscard]] bool skipping() const noexcept { return skip_ > 0; }
@@ -472,14 +473,7 @@ index parse_index(std::string_view text, const std::string& file, const limits& 
                       {file});
   sluice::detail::bounded_parse parsed;
   index_builder sax(parsed.value, ix, lim);
-  try {
-    if (!nlohmann::json::sax_parse(text.begin(), text.end(), &sax, nlohmann::json::input_format_t::json, true)) {
-      if (sax.depth_exceeded()) parsed.too_deep = true;
-      else parsed.syntax_error = "the document ends early or holds an invalid value";
-    }
-  } catch (const nlohmann::json::exception& e) {
-    parsed.syntax_error = e.what();
-  }
+  sluice::detail::run_bounded(text, sax, parsed);
   if (parsed.too_deep)
     throw index_error("index-depth",
                       "JSON nested too deep" + limit_hint(lim.max_depth, "max_depth"),
