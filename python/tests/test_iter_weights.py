@@ -162,6 +162,27 @@ def test_progress_callback_sees_the_bytes(small):
     assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
 
 
+def test_the_load_runs_on_a_thread_named_for_sluice(small):
+    """An operator's `top -H` or py-spy tells sluice's load thread from the engine's threads."""
+    path, _ = small
+
+    def named():  # this process's threads named sluice-load, by id
+        out = set()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().strip() == "sluice-load":
+                        out.add(tid)
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return out
+
+    before, seen = named(), set()
+    for _ in sluice.iter_weights(path, queue=2):  # a short queue: the load is still running after the first tensor
+        seen |= named()
+    assert seen - before, "no thread of this load was named sluice-load"
+
+
 PROGRESS = textwrap.dedent("""
     import sys
     import sluice

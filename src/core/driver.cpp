@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
 #include <fmt/format.h>
@@ -39,6 +40,8 @@
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/schedule.hpp>
 #include <sluice/stages/pipeline.hpp>
+
+#include "thread_name.hpp"
 
 namespace sluice::inline v0::detail {
 
@@ -372,7 +375,10 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // again only after every local rank has copied from it: the parity_gate
   // (window.hpp) keeps that order.
   std::optional<asio::thread_pool> exchange_thread;
-  if (overlap) exchange_thread.emplace(1);
+  if (overlap) {
+    exchange_thread.emplace(1);
+    asio::post(*exchange_thread, [] { name_this_thread("sluice-exchange"); });
+  }
   std::optional<parity_gate> gate;
   if (overlap && node_window) gate.emplace(plan.windows, parities);
   auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above, node_window ? &node_window : nullptr,

@@ -28,6 +28,8 @@
 #include <sluice/load_file.hpp>
 #include <sluice/stages/admission.hpp>
 
+#include "thread_name.hpp"
+
 namespace sluice::inline v0 {
 
 namespace {
@@ -418,7 +420,10 @@ void tensor_stream::return_pool() noexcept {
 void tensor_stream::start() {
   if (thread_.joinable() || st_->done) throw usage_error("this stream was already started");
   st_->cpu0 = process_cpu_seconds();
-  thread_ = std::thread([this] { body(); });
+  thread_ = std::thread([this] {
+    detail::name_this_thread("sluice-load");
+    body();
+  });
 }
 
 void tensor_stream::body() {

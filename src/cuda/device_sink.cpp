@@ -17,6 +17,8 @@
 #include <sluice/cuda/host_register.hpp>
 #include <sluice/cuda/device_buffer.hpp>
 
+#include "../core/thread_name.hpp"
+
 namespace sluice::inline v0::cuda {
 
 struct device_sink::impl {
@@ -30,7 +32,10 @@ struct device_sink::impl {
     if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0) opt.alignment = 256;
     bind();
     for (unsigned i = 0; i < opt.streams; ++i) streams.emplace_back();
-    reaper = std::thread([this] { reap(); });
+    reaper = std::thread([this] {
+      detail::name_this_thread("sluice-reaper");
+      reap();
+    });
   }
 
   ~impl() {

@@ -55,6 +55,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "../core/socket_io.hpp"
+#include "../core/thread_name.hpp"
 
 #include <sluice/comm/secret.hpp>
 #include <sluice/error.hpp>
@@ -235,7 +236,10 @@ class peer_watch {
     }
     ::close(listen_);
     listen_ = -1;
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      ::sluice::detail::name_this_thread("sluice-watch");
+      run();
+    });
   }
 
   /// Connections refused for not proving the load's secret.

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <system_error>
 
+#include "../core/thread_name.hpp"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
 #endif
@@ -21,7 +23,10 @@ prefaulter::prefaulter(std::vector<std::span<std::byte>> destinations, std::uint
   for (auto d : dst_) total += d.size();
   if (total == 0 || total < min_bytes) return;
   try {
-    thread_ = std::thread([this] { populate_backwards(dst_, reached_, stop_, bytes_); });
+    thread_ = std::thread([this] {
+      detail::name_this_thread("sluice-prefault");
+      populate_backwards(dst_, reached_, stop_, bytes_);
+    });
     started_ = true;
   } catch (const std::system_error&) {
     // No thread: the reads fault their destinations in themselves, as without one.

@@ -13,6 +13,8 @@
 #include <thread>
 #include <utility>
 
+#include "../core/thread_name.hpp"
+
 namespace sluice::inline v0 {
 
 namespace {
@@ -58,7 +60,10 @@ class unmapper {
   }
 
   void start() {  // under mu_
-    std::thread t([this] { run(); });
+    std::thread t([this] {
+      detail::name_this_thread("sluice-unmap");
+      run();
+    });
     t.detach();
     owner_ = ::getpid();
   }

@@ -1,0 +1,19 @@
+#pragma once
+// Names the calling thread for `top -H`, `ps -L`, perf, gdb and py-spy, so
+// that an operator looking at an engine's threads tells sluice's apart from
+// the engine's (unnamed, every thread shows its process's name). Linux keeps
+// 15 characters; a longer name is cut. A failure is ignored: the name is only
+// for people.
+#include <pthread.h>
+
+#include <cstring>
+
+namespace sluice::inline v0::detail {
+
+inline void name_this_thread(const char* name) noexcept {
+  char cut[16] = {};
+  std::strncpy(cut, name, sizeof cut - 1);
+  (void)::pthread_setname_np(::pthread_self(), cut);
+}
+
+}  // namespace sluice::inline v0::detail
