@@ -275,10 +275,12 @@ class WeightIterator:
         return item.name, self._tensor_from(item)
 
     def _report(self):
+        if self._bar is None and not callable(self._progress):
+            return  # nothing shows it: no call into the extension per tensor
         done, total, tensors, total_tensors = self._stream.progress()
         if self._bar is not None:
             self._bar.update(done - self._bar.n)
-        elif callable(self._progress):
+        else:
             self._progress(done, total)
 
     def _close_bar(self):
