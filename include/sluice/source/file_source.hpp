@@ -60,6 +60,11 @@ class file_source {
   /// Page-cache views of at most this many bytes, every page cached, are
   /// mapped in on the calling thread (see map).
   static constexpr std::uint64_t inline_populate_max = std::uint64_t{16} << 20;
+  /// Buffered reads smaller than this are never handed to io-wq: io_uring
+  /// tries them on the submitting thread first, which copies a cached range
+  /// in less time than the two thread wakes a worker's trip costs (and still
+  /// hands a range that is not cached to a worker itself).
+  static constexpr std::size_t punt_min = std::size_t{256} << 10;
 
   /// Opens every path (throws io_error naming the first that fails).
   /// `punt_buffered`: hand buffered reads to io-wq workers (IOSQE_ASYNC), so
@@ -187,12 +192,12 @@ class file_source {
     const int fd = aligned ? f.direct_fd : f.fd;
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
     boost::system::error_code ec;
-    std::size_t n = co_await ring_->async_read_at(fd, dst, offset, punt_buffered_ && !aligned,
+    const bool punt = punt_buffered_ && dst.size() >= punt_min;
+    std::size_t n = co_await ring_->async_read_at(fd, dst, offset, punt && !aligned,
                                                   asio::redirect_error(asio::use_awaitable, ec));
     if (ec == boost::system::errc::invalid_argument && aligned) {
       // Some file systems accept O_DIRECT at open but refuse the read: fall back.
-      n = co_await ring_->async_read_at(f.fd, dst, offset, punt_buffered_,
-                                        asio::redirect_error(asio::use_awaitable, ec));
+      n = co_await ring_->async_read_at(f.fd, dst, offset, punt, asio::redirect_error(asio::use_awaitable, ec));
     }
     if (ec == asio::error::operation_aborted) throw cancelled_error("read cancelled");
     if (ec)
