@@ -3,6 +3,7 @@
 
 #include <sluice/distributed/fault.hpp>
 
+#include "../core/thread_name.hpp"
 #include "peer_watch.hpp"
 
 #include <sluice/comm/secret.hpp>
@@ -92,11 +93,15 @@ class loop_ticker final : public ::gloo::transport::tcp::Handler {
   void handleEvents(int) override {  // on the loop's thread: the wake is all it is for
     std::uint64_t expirations = 0;
     (void)!::read(fd_, &expirations, sizeof expirations);
+    // The loop's thread was started by the thread that made the device and
+    // took its name (sluice-load, or the engine's): it is the Gloo loop.
+    if (!named_) ::sluice::detail::name_this_thread("sluice-gloo"), named_ = true;
   }
 
  private:
   int fd_;
   bool attached_ = false;
+  bool named_ = false;  // touched on the loop's thread only
 };
 
 struct gloo::impl {
