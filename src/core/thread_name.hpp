@@ -1,9 +1,9 @@
 #pragma once
 // Names the calling thread for `top -H`, `ps -L`, perf, gdb and py-spy, so
 // that an operator looking at an engine's threads tells sluice's apart from
-// the engine's (unnamed, every thread shows its process's name). Linux keeps
-// 15 characters; a longer name is cut. A failure is ignored: the name is only
-// for people.
+// the engine's (unnamed, a thread shows the name of the thread that started
+// it: the process's, or the engine's). Linux keeps 15 characters; a longer
+// name is cut. A failure is ignored: the name is only for people.
 #include <pthread.h>
 
 #include <cstring>

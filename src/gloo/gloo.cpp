@@ -95,7 +95,10 @@ class loop_ticker final : public ::gloo::transport::tcp::Handler {
     (void)!::read(fd_, &expirations, sizeof expirations);
     // The loop's thread was started by the thread that made the device and
     // took its name (sluice-load, or the engine's): it is the Gloo loop.
-    if (!named_) ::sluice::detail::name_this_thread("sluice-gloo"), named_ = true;
+    if (!named_) {
+      ::sluice::detail::name_this_thread("sluice-gloo");
+      named_ = true;
+    }
   }
 
  private:
