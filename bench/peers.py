@@ -404,9 +404,14 @@ def rate(rec, total):
     return total / rec["seconds"] / GiB if "error" not in rec else 0.0
 
 
-def b_of(best_hot, c):
-    """The best hot record of contender `c` (fastsafetensors-ep runs at fastsafetensors')."""
-    return best_hot["fastsafetensors" if c == "fastsafetensors-ep" else c]
+def settings_of(c):
+    """Whose best hot settings contender `c` runs at (fastsafetensors-ep at fastsafetensors')."""
+    return "fastsafetensors" if c == "fastsafetensors-ep" else c
+
+
+def slowest(recs):
+    """A multi-rank load's time: its slowest rank's."""
+    return max(r["seconds"] for r in recs)
 
 
 def settings(rec):
@@ -598,7 +603,7 @@ def main():
                       ("sluice", f"sluice iter_weights tp1,dp{n},ep{n}")]
         ranks_res = {}
         for mode in ("hot", "cold"):
-            runs = [(c, label) for c, label in contenders if ("fastsafetensors" if c == "fastsafetensors-ep" else c) in best_hot]
+            runs = [(c, label) for c, label in contenders if settings_of(c) in best_hot]
             by = {c: [] for c, _ in runs}
             # Rounds, the contenders interleaved within each: a 4-rank load on 2
             # cores is CPU-bound and the host's other tenants move it by 20-30 %
@@ -607,7 +612,7 @@ def main():
             # round (by its slowest rank), the range beside it.
             for _ in range(a.rounds):
                 for c, label in runs:
-                    b = b_of(best_hot, c)
+                    b = best_hot[settings_of(c)]
                     m = b["mem"]
                     if c == "fastsafetensors":  # its broadcast loader cannot fit a shard's group in a 1 GiB budget
                         m = 0                   # (BudgetInfeasibleError): whole-file batches, its default
@@ -624,17 +629,16 @@ def main():
                 if errs:
                     print(f"  {mode}: {label:<40} failed: {errs[0]['error']}")
                     continue
-                order = sorted(range(len(rounds)), key=lambda i: max(r["seconds"] for r in rounds[i]))
-                recs = rounds[order[(len(order) - 1) // 2]]  # the median round (of an even count, the faster middle one)
-                mx = max(r["seconds"] for r in recs)
+                recs = sorted(rounds, key=slowest)[(len(rounds) - 1) // 2]  # the median round (of an even count, the faster middle one)
+                mx = slowest(recs)
                 medians[c] = mx
                 consumed = sum(r["bytes"] for r in recs)
                 # mmap: every byte it served is a page of the mapping the consumer faulted in (safe_open's
                 # tensors are views of it); RssFile's growth would count only the peak, as it unmaps each file
-                mapped = [r["bytes"] if c == "safetensors" and b_of(best_hot, c)["backend"] == "mmap" else r["rss_file_growth"]
-                          for r in recs]
+                mmap = c == "safetensors" and best_hot[settings_of(c)]["backend"] == "mmap"
+                mapped = [r["bytes"] if mmap else r["rss_file_growth"] for r in recs]
                 asked = sum(r["rchar"] + r.get("uring", 0) + m for r, m in zip(recs, mapped))
-                spread = ("  " + " ".join(f"{max(r['seconds'] for r in rs):.2f}" for rs in rounds)) if a.rounds > 1 else ""
+                spread = ("  " + " ".join(f"{slowest(rs):.2f}" for rs in rounds)) if a.rounds > 1 else ""
                 print(f"  {mode}: {label:<40} {mx:6.2f} {consumed / mx / GiB:9.2f} {sum(r['cpu'] for r in recs):9.2f} "
                       f"{max(r['rss_anon'] for r in recs) / 2**20:9.0f}/{sum(r['rss_anon'] for r in recs) / 2**20:<9.0f} "
                       f"{max(r['rss_file'] for r in recs) / 2**20:11.0f} "
@@ -643,8 +647,7 @@ def main():
             if "sluice" in medians and "safetensors" in medians:
                 # Each round's two runs are minutes apart at most: their ratio
                 # drifts less with the host than either time does.
-                paired = sorted(max(r["seconds"] for r in a_) / max(r["seconds"] for r in b_)
-                                for a_, b_ in zip(by["safetensors"], by["sluice"]))
+                paired = sorted(slowest(s_) / slowest(o_) for s_, o_ in zip(by["safetensors"], by["sluice"]))
                 print(f"  {mode}: sluice against safe_open per rank: {medians['safetensors'] / medians['sluice']:.2f}x of the "
                       f"median rounds; round by round {' '.join(f'{x:.2f}' for x in paired)}x, median "
                       f"{statistics.median(paired):.2f}x")

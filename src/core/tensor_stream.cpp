@@ -420,10 +420,7 @@ void tensor_stream::return_pool() noexcept {
 void tensor_stream::start() {
   if (thread_.joinable() || st_->done) throw usage_error("this stream was already started");
   st_->cpu0 = process_cpu_seconds();
-  thread_ = std::thread([this] {
-    detail::name_this_thread("sluice-load");
-    body();
-  });
+  thread_ = detail::named_thread("sluice-load", [this] { body(); });
 }
 
 void tensor_stream::body() {

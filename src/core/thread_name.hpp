@@ -6,14 +6,26 @@
 // name is cut. A failure is ignored: the name is only for people.
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
+#include <utility>
 
 namespace sluice::inline v0::detail {
 
 inline void name_this_thread(const char* name) noexcept {
   char cut[16] = {};
-  std::strncpy(cut, name, sizeof cut - 1);
+  std::memcpy(cut, name, std::min(std::strlen(name), sizeof cut - 1));
   (void)::pthread_setname_np(::pthread_self(), cut);
+}
+
+/// A thread that runs `f` under `name` (see name_this_thread).
+template <class F>
+std::thread named_thread(const char* name, F&& f) {
+  return std::thread([name, f = std::forward<F>(f)]() mutable {
+    name_this_thread(name);
+    f();
+  });
 }
 
 }  // namespace sluice::inline v0::detail

@@ -32,10 +32,7 @@ struct device_sink::impl {
     if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0) opt.alignment = 256;
     bind();
     for (unsigned i = 0; i < opt.streams; ++i) streams.emplace_back();
-    reaper = std::thread([this] {
-      detail::name_this_thread("sluice-reaper");
-      reap();
-    });
+    reaper = detail::named_thread("sluice-reaper", [this] { reap(); });
   }
 
   ~impl() {

@@ -236,10 +236,7 @@ class peer_watch {
     }
     ::close(listen_);
     listen_ = -1;
-    thread_ = std::thread([this] {
-      ::sluice::detail::name_this_thread("sluice-watch");
-      run();
-    });
+    thread_ = ::sluice::detail::named_thread("sluice-watch", [this] { run(); });
   }
 
   /// Connections refused for not proving the load's secret.

@@ -23,10 +23,7 @@ prefaulter::prefaulter(std::vector<std::span<std::byte>> destinations, std::uint
   for (auto d : dst_) total += d.size();
   if (total == 0 || total < min_bytes) return;
   try {
-    thread_ = std::thread([this] {
-      detail::name_this_thread("sluice-prefault");
-      populate_backwards(dst_, reached_, stop_, bytes_);
-    });
+    thread_ = detail::named_thread("sluice-prefault", [this] { populate_backwards(dst_, reached_, stop_, bytes_); });
     started_ = true;
   } catch (const std::system_error&) {
     // No thread: the reads fault their destinations in themselves, as without one.

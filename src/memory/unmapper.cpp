@@ -60,10 +60,7 @@ class unmapper {
   }
 
   void start() {  // under mu_
-    std::thread t([this] {
-      detail::name_this_thread("sluice-unmap");
-      run();
-    });
+    auto t = detail::named_thread("sluice-unmap", [this] { run(); });
     t.detach();
     owner_ = ::getpid();
   }
