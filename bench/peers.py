@@ -458,7 +458,10 @@ def main():
     if ("cold" in rows or "ranks" in rows) and os.geteuid() != 0:
         raise SystemExit("bench/peers.py: the cold rows drop the page cache: run as root (or --rows hot,s3)")
     ck = a.checkpoint or os.path.join(ROOT, ".samples", f"peers-{a.size}")
-    if not os.path.exists(os.path.join(ck, "model.safetensors.index.json")):
+    if a.checkpoint:  # the caller's: read as it is, never written into (it needs no index)
+        if not os.path.isdir(ck) or not files_of(ck):
+            raise SystemExit(f"bench/peers.py: --checkpoint {ck}: not a directory of .safetensors files")
+    elif not os.path.exists(os.path.join(ck, "model.safetensors.index.json")):
         print(f"# generating {ck}", flush=True)
         subprocess.run([os.path.join(BUILD, "examples", "gen-checkpoint"), ck, "--size", a.size], check=True,
                        stdout=subprocess.DEVNULL)
