@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -146,6 +147,33 @@ TEST_CASE("4 gloo ranks broadcast, all-gather and all-gather-v over loopback", "
     return 0;
   });
   for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(res[r].code == 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the Gloo loop's thread is named sluice-gloo and runs in batch, so a message cannot preempt a rank's post",
+          "[comm][gloo]") {
+  // Named and in batch at the loop's first wake, before any pair connects
+  // (loop_ticker in src/gloo/gloo.cpp: why batch).
+  const auto dir = sluice_test::fresh_dir("gloo-loop");
+  auto res = sluice_test::run_ranks(2, [&](std::size_t rank) {
+    auto c = connect(rank, 2, dir);
+    c.barrier();  // the loop has woken since the device was made
+    int found = 0, batch = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(e.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name != "sluice-gloo") continue;
+      ++found;
+      batch += ::sched_getscheduler(static_cast<pid_t>(std::stol(e.path().filename().string()))) == SCHED_BATCH ? 1 : 0;
+    }
+    if (found != 1) return 10 + found;  // 10: no thread of this rank is named sluice-gloo
+    return batch == 1 ? 0 : 20;         // 20: the loop's thread preempts on wakeup (SCHED_OTHER)
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
     INFO("rank " << r);
     REQUIRE(res[r].code == 0);
   }
