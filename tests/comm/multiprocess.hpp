@@ -80,4 +80,22 @@ inline std::filesystem::path fresh_dir(const std::string& tag) {
   return tmpl;
 }
 
+/// A fresh directory that lives as long as the test process: removed at its
+/// exit by the process that made it (a forked rank's exit leaves it alone).
+/// For the checkpoints that a file's tests share.
+inline std::filesystem::path process_dir(const std::string& tag) {
+  struct registry {
+    pid_t owner = ::getpid();
+    std::vector<std::filesystem::path> dirs;
+    ~registry() {
+      if (::getpid() != owner) return;
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static registry made;
+  made.dirs.push_back(fresh_dir(tag));
+  return made.dirs.back();
+}
+
 }  // namespace sluice_test

@@ -38,12 +38,17 @@ testing::generator_options small_model() {
 
 const fs::path& checkpoint_dir() {
   static const fs::path dir = [] {
-    auto d = sluice_test::fresh_dir("dist-ckpt");
+    auto d = sluice_test::process_dir("dist-ckpt");
     testing::write_checkpoint(d, small_model());
     return d;
   }();
   return dir;
 }
+
+// Written at the test process's start, before any rank forks: the ranks share
+// it, and the test process removes it at exit (a rank that wrote its own
+// would leave it behind, ranks end in _exit).
+[[maybe_unused]] const fs::path& shared_checkpoint = checkpoint_dir();
 
 distributed_options small_options() {
   distributed_options o;

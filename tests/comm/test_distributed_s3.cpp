@@ -44,7 +44,7 @@ const fs::path& checkpoint_dir() {
     o.layers = 3;
     o.engram_rows = 16384;
     o.max_shard_bytes = 128u << 10;
-    auto d = sluice_test::fresh_dir("dist-s3-ckpt");
+    auto d = sluice_test::process_dir("dist-s3-ckpt");
     testing::write_checkpoint(d, o);
     return d;
   }();

@@ -14,14 +14,14 @@
 
 namespace sluice_test {
 
-/// Writes the checkpoint into a fresh directory named after `tag`.
+/// Writes the checkpoint into a fresh directory named after `tag`, removed at the test process's exit.
 inline std::filesystem::path write_small_checkpoint(const std::string& tag) {
   sluice::testing::generator_options o;
   o.experts = 8;
   o.layers = 3;
   o.engram_rows = 4096;  // shared tables: a table phase and a segment
   o.max_shard_bytes = 128u << 10;
-  auto d = fresh_dir(tag);
+  auto d = process_dir(tag);
   sluice::testing::write_checkpoint(d, o);
   return d;
 }

@@ -55,7 +55,7 @@ const fs::path& checkpoint_dir(std::uint64_t seed) {
   static std::map<std::uint64_t, fs::path> dirs;
   auto& d = dirs[seed];
   if (d.empty()) {
-    d = sluice_test::fresh_dir("dist-reload-ckpt");
+    d = sluice_test::process_dir("dist-reload-ckpt");
     testing::write_checkpoint(d, model(seed));
   }
   return d;

@@ -56,6 +56,11 @@ const fs::path& checkpoint_dir() {
   return dir;
 }
 
+// Written at the test process's start, before any rank forks: the ranks share
+// it, and the test process removes it at exit (a rank that wrote its own
+// would leave it behind, ranks end in _exit).
+[[maybe_unused]] const fs::path& shared_checkpoint = checkpoint_dir();
+
 using sluice_test::small_options;
 
 // The test's output directory, set before the ranks are forked: each rank

@@ -28,24 +28,27 @@
 #include <sluice/testing/emulated_device_lane.hpp>
 #include <sluice/testing/generator.hpp>
 
+#include "support/temp_dir.hpp"
+
 using namespace sluice;
 namespace fs = std::filesystem;
 
 namespace {
 
+// Written once per test process and removed at its exit.
 const fs::path& checkpoint_dir() {
-  static const fs::path dir = [] {
-    std::string tmpl = (fs::temp_directory_path() / "sluice-window-pipeline-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+  static const sluice_test::temp_dir dir("window-pipeline");
+  static const bool written = [] {
     testing::generator_options o;
     o.experts = 4;
     o.layers = 3;
     o.engram_rows = 1024;
     o.max_shard_bytes = 128u << 10;
-    testing::write_checkpoint(tmpl, o);
-    return fs::path(tmpl);
+    testing::write_checkpoint(dir.path(), o);
+    return true;
   }();
-  return dir;
+  (void)written;
+  return dir.path();
 }
 
 distributed_options many_windows(bool overlap) {

@@ -22,7 +22,7 @@
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/generator.hpp>
 
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace sluice;
 namespace gen = sluice::testing;

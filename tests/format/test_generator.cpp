@@ -10,7 +10,7 @@
 #include <sluice/format/safetensors.hpp>
 #include <sluice/testing/generator.hpp>
 
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace sluice;
 namespace gen = sluice::testing;

@@ -16,7 +16,7 @@
 #include <sluice/format/safetensors.hpp>
 #include <sluice/policy/classify.hpp>
 
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace sluice;
 using namespace sluice::format;

@@ -6,7 +6,7 @@
 
 #include <sluice/format/safetensors.hpp>
 
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace sluice;
 using namespace sluice::format;

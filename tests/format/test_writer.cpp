@@ -9,7 +9,7 @@
 #include <sluice/format/safetensors.hpp>
 #include <sluice/format/writer.hpp>
 
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace sluice;
 using namespace sluice::format;

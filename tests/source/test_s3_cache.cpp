@@ -31,6 +31,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "s3_test_support.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace sluice;
 using sluice_test::servers;
@@ -48,13 +49,8 @@ testing::generator_options model() {
   return o;
 }
 
-fs::path scratch(const std::string& tag) {
-  static int n = 0;
-  auto d = fs::temp_directory_path() / fmt::format("sluice-s3-cache-{}-{}-{}", ::getpid(), tag, n++);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+// A directory of the test's own, removed with its holder.
+using scratch = sluice_test::temp_dir;
 
 std::vector<std::byte> file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -67,7 +63,8 @@ std::vector<std::byte> file_bytes(const fs::path& p) {
 // The generated checkpoint, local and uploaded under "ck/" of a bucket of its
 // own (one per test: tests rewrite objects).
 struct remote_checkpoint {
-  fs::path dir = scratch("ckpt");
+  scratch root{"s3-cache"};
+  fs::path dir = root.path() / "ckpt";
   testing::checkpoint_layout layout = testing::write_checkpoint(dir, model());
   std::string bucket = sluice_test::unique_bucket("cache");
   std::map<std::string, std::string> etags;
@@ -77,7 +74,6 @@ struct remote_checkpoint {
     s3::client c(ioc.get_executor(), sluice_test::test_config(servers().http));
     run_blocking(ioc, upload(c));
   }
-  ~remote_checkpoint() { fs::remove_all(dir); }
   task<void> upload(s3::client& c) {
     co_await c.create_bucket(bucket);
     for (const auto& f : fs::directory_iterator(dir)) {
@@ -104,7 +100,8 @@ struct remote_checkpoint {
 
 // A logging proxy in front of the test server; configs through it with the cache in `cache_dir`.
 struct logged {
-  fs::path log = scratch("log") / "requests.jsonl";
+  scratch home{"s3-cache-log"};   // the request log, and the fixture's cache
+  fs::path log = home.path() / "requests.jsonl";
   sluice_test::fault_proxy proxy = sluice_test::fault_proxy::logging(servers().http, log.string());
   std::vector<std::string> warnings;
   s3::config cfg(const fs::path& cache_dir, std::uint64_t max_bytes = 0) {
@@ -159,7 +156,7 @@ struct logged {
 struct fixture {
   remote_checkpoint r;
   logged l;
-  fs::path cache_dir = scratch("c") / "cache";
+  fs::path cache_dir = l.home.path() / "cache";
 };
 
 // Requests for object bytes (anything but the listing), as "key@block" (every
@@ -501,7 +498,8 @@ TEST_CASE("a cache directory or file others can reach is refused, naming it", "[
   REQUIRE_S3_SERVERS();
   const remote_checkpoint r;
   logged l;
-  const auto open_dir = scratch("open") / "cache";
+  const scratch open_root{"s3-cache-open"};
+  const auto open_dir = open_root.path() / "cache";
   fs::create_directories(open_dir);
   ::chmod(open_dir.c_str(), 0755);
   try {
@@ -512,7 +510,8 @@ TEST_CASE("a cache directory or file others can reach is refused, naming it", "[
   }
   CHECK(l.lines() == 0);   // refused before any request
 
-  const auto cache_dir = scratch("c") / "cache";
+  const scratch cache_root{"s3-cache-c"};
+  const auto cache_dir = cache_root.path() / "cache";
   REQUIRE(load_s3(r, l.cfg(cache_dir)).digests == load_local(r));
   const auto blk = files_named(cache_dir, "1.blk").front();
   ::chmod(blk.c_str(), 0644);
@@ -526,7 +525,8 @@ TEST_CASE("a cache directory or file others can reach is refused, naming it", "[
 
 TEST_CASE("an identity file that is not the object's (or too large to be one) keeps its blocks unserved",
           "[source][cache]") {
-  const auto dir = scratch("ident") / "cache";
+  const scratch root{"s3-cache-ident"};
+  const auto dir = root.path() / "cache";
   std::vector<std::string> warnings;
   cache::options o;
   o.dir = dir.string();

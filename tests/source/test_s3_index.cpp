@@ -22,6 +22,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "s3_test_support.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace sluice;
 using sluice_test::servers;
@@ -37,13 +38,8 @@ testing::generator_options model() {
   return o;
 }
 
-fs::path scratch(const std::string& tag) {
-  static int n = 0;
-  auto d = fs::temp_directory_path() / fmt::format("sluice-s3-index-{}-{}-{}", ::getpid(), tag, n++);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+// A directory of the test's own, removed with its holder.
+using scratch = sluice_test::temp_dir;
 
 task<void> upload_dir(s3::client& c, std::string bucket, std::string prefix, fs::path dir,
                       std::map<std::string, std::string>& etags) {
@@ -60,7 +56,8 @@ task<void> upload_dir(s3::client& c, std::string bucket, std::string prefix, fs:
 // The generated checkpoint, local and uploaded under "ck/" of its own bucket
 // (index included), with the ETag of each object.
 struct remote_checkpoint {
-  fs::path dir = scratch("ckpt");
+  scratch root{"s3-index"};
+  fs::path dir = root.path() / "ckpt";
   testing::checkpoint_layout layout = testing::write_checkpoint(dir, model());
   std::string bucket = sluice_test::unique_bucket("index");
   std::map<std::string, std::string> etags;
@@ -82,13 +79,12 @@ struct remote_checkpoint {
       }
     REQUIRE(draft_shards.size() == 3);
   }
-  ~remote_checkpoint() { fs::remove_all(dir); }
 
   // A local index of the draft module: `where(tensor, real shard)` names its
   // shard; records each draft shard's size and ETag unless told otherwise.
   fs::path draft_index(const std::function<std::string(const std::string&, const std::string&)>& where = {},
                        const std::map<std::string, std::string>& etag_override = {}) const {
-    const auto p = dir.parent_path() / (dir.filename().string() + "-draft.index.json");
+    const auto p = root.path() / "draft.index.json";
     nlohmann::json j;
     for (const auto& t : layout.tensors)
       if (draft_tensors.contains(t.name)) {
@@ -112,7 +108,8 @@ const remote_checkpoint& remote() {
 
 // A logging proxy in front of the test server, and a config that goes through it.
 struct logged {
-  fs::path log = scratch("log") / "requests.jsonl";
+  scratch log_dir{"s3-index-log"};
+  fs::path log = log_dir.path() / "requests.jsonl";
   sluice_test::fault_proxy proxy = sluice_test::fault_proxy::logging(servers().http, log.string());
   s3::config cfg() const { return sluice_test::test_config(proxy.endpoint); }
   [[nodiscard]] std::map<std::string, std::size_t> per_object() const {

@@ -1,6 +1,7 @@
 #pragma once
-// A temporary directory removed at scope exit, and a safetensors file's bytes
-// (tests/format only).
+// A temporary directory removed at scope exit (by the process that made it:
+// a forked rank that exits through exit() leaves it to its parent), and a
+// safetensors file's bytes.
 #include <unistd.h>
 
 #include <atomic>
@@ -24,6 +25,7 @@ class temp_dir {
     std::filesystem::create_directories(path_);
   }
   ~temp_dir() {
+    if (::getpid() != owner_) return;
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
@@ -33,6 +35,7 @@ class temp_dir {
 
  private:
   std::filesystem::path path_;
+  pid_t owner_ = ::getpid();
 };
 
 /// A whole safetensors file in memory: 8-byte little-endian length, `json`, `data_bytes` zero bytes.
