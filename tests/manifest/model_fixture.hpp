@@ -4,8 +4,6 @@
 // (expert_id selectors, an EP rank declines the experts it does not own), a
 // vocab-padded embedding and a derived buffer the engine computes itself.
 
-#include <stdlib.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -14,7 +12,6 @@
 #include <regex>
 #include <set>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,27 +20,11 @@
 #include <sluice/manifest/contract.hpp>
 #include <sluice/tensor_view.hpp>
 
+#include "support/temp_dir.hpp"
+
 namespace manifest_test {
 
-/// A fresh temporary directory, removed at scope exit.
-class temp_dir {
- public:
-  temp_dir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "sluice-manifest-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using sluice_test::temp_dir;
 
 inline constexpr int n_layers = 3;
 inline constexpr int n_experts = 4;

@@ -17,7 +17,7 @@ namespace sluice_test {
 
 class temp_dir {
  public:
-  explicit temp_dir(const std::string& tag = "fmt") {
+  explicit temp_dir(const std::string& tag = "test") {
     static std::atomic<int> n{0};
     path_ = std::filesystem::temp_directory_path() /
             ("sluice-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
