@@ -15,8 +15,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <stdlib.h>
-
 #include <sluice/distributed.hpp>
 #include <fmt/format.h>
 
@@ -28,7 +26,7 @@
 #include <sluice/testing/emulated_device_lane.hpp>
 #include <sluice/testing/generator.hpp>
 
-#include "support/temp_dir.hpp"
+#include "comm/multiprocess.hpp"
 
 using namespace sluice;
 namespace fs = std::filesystem;
@@ -37,18 +35,17 @@ namespace {
 
 // Written once per test process and removed at its exit.
 const fs::path& checkpoint_dir() {
-  static const sluice_test::temp_dir dir("window-pipeline");
-  static const bool written = [] {
+  static const fs::path dir = [] {
+    auto d = sluice_test::process_dir("window-pipeline");
     testing::generator_options o;
     o.experts = 4;
     o.layers = 3;
     o.engram_rows = 1024;
     o.max_shard_bytes = 128u << 10;
-    testing::write_checkpoint(dir.path(), o);
-    return true;
+    testing::write_checkpoint(d, o);
+    return d;
   }();
-  (void)written;
-  return dir.path();
+  return dir;
 }
 
 distributed_options many_windows(bool overlap) {
