@@ -105,6 +105,7 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
   }
   std::map<std::string, const format::header*> headers;
   c.shards_.reserve(shard_names.size());
+  cat.prefetch_prefixes(shard_names);  // S3: every shard's header GET at once, not one round trip after another
   for (const auto& name : shard_names) {
     if (ix && !cat.exists(name))
       throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", name),

@@ -406,11 +406,22 @@ TEST_CASE("a load killed mid-write leaves nothing a later load serves, and the l
   CHECK(whole <= 5);
   CHECK(whole >= 4);
 
+  // The killed child's GETs still in flight when it died (its open asks for
+  // every header at once) can reach the proxy's log after the child is
+  // gone. A request of this process's, answered, is logged after them (the
+  // proxy reads what the child sent, before it died, before what is sent
+  // after), so the later load's requests are the lines after it.
+  {
+    asio::io_context ioc;
+    s3::client c(ioc.get_executor(), sluice_test::test_config(l.proxy.endpoint));
+    CHECK_THROWS_AS(run_blocking(ioc, c.head(r.bucket, "ck/no-such-object")), s3_not_found_error);
+  }
   const auto mark = l.lines();
   const auto got = load_s3(r, l.cfg(cache_dir));
   CHECK(got.digests == want);
   const auto gets = block_gets(l.requests(mark, r.bucket), r);
   CHECK(gets.size() == r.blocks() - whole);
+  CHECK(std::set<std::string>(gets.begin(), gets.end()).size() == gets.size());
   CHECK(files_named(cache_dir, "tmp.").empty());   // its writer's leftover removed
 }
 

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -271,4 +272,68 @@ TEST_CASE("a local index whose recorded ETag disagrees with the object fails nam
   const auto n = l.per_object();
   INFO(dump(n));
   CHECK(n == std::map<std::string, std::size_t>{{"", 1}});
+}
+
+TEST_CASE("opening from S3 asks for every shard's header at once, each once, not one round trip after another",
+          "[source][s3][open]") {
+  REQUIRE_S3_SERVERS();
+  const auto& r = remote();
+  REQUIRE(r.layout.shards.size() >= 4);
+  scratch log_dir{"s3-open-log"};
+  const auto log = log_dir.path() / "requests.jsonl";
+  // Every range GET held 300 ms by the proxy, as by a distant server: GETs
+  // sent one after another are never in flight together, whatever the
+  // machine's speed.
+  sluice_test::fault_proxy proxy(
+      {"--upstream", servers().http, "--fault", "delay", "--stall-ms", "300", "--log", log.string()});
+  const auto ck = checkpoint::open(std::make_shared<s3_catalog>(r.uri(), sluice_test::test_config(proxy.endpoint)), {});
+  CHECK(ck.tensors().size() == r.layout.tensors.size());
+  CHECK(ck.shards().size() == r.layout.shards.size());
+
+  std::map<std::string, std::size_t> header_gets;
+  std::size_t most_at_once = 0;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    const auto path = j["path"].get<std::string>();
+    if (!path.ends_with(".safetensors") || !j["range"].get<std::string>().starts_with("bytes=0-")) continue;
+    ++header_gets[path];
+    most_at_once = std::max<std::size_t>(most_at_once, j["inflight"].get<std::size_t>());
+  }
+  CHECK(header_gets.size() == r.layout.shards.size());
+  for (const auto& [path, n] : header_gets) {
+    INFO(path);
+    CHECK(n == 1);
+  }
+  CHECK(most_at_once >= 2);  // one after another: exactly 1
+}
+
+TEST_CASE("shards replaced after the listing fail the open naming the first of them, in shard order",
+          "[source][s3][open]") {
+  REQUIRE_S3_SERVERS();
+  const auto& r = remote();
+  REQUIRE(r.layout.shards.size() >= 4);
+  const auto bucket = sluice_test::unique_bucket("open-changed");
+  std::map<std::string, std::string> etags;
+  asio::io_context ioc;
+  s3::client c(ioc.get_executor(), sluice_test::test_config(servers().http));
+  run_blocking(ioc, upload_dir(c, bucket, "ck/", r.dir, etags));
+  auto cat = std::make_shared<s3_catalog>("s3://" + bucket + "/ck/", sluice_test::test_config(servers().http));
+  (void)cat->list();  // every object pinned to the ETag listed
+  // Shards 1 and 3 (of the sorted shard names, the order the open reads
+  // their headers in) change: their concurrent header GETs fail in either
+  // order, and the open names shard 1, the first it reaches.
+  std::vector<std::string> shards;
+  for (const auto& s : r.layout.shards) shards.push_back(s.name);
+  std::sort(shards.begin(), shards.end());
+  for (const auto i : {1, 3}) (void)run_blocking(ioc, c.put(bucket, "ck/" + shards[i], sluice_test::random_bytes(100, i)));
+  try {
+    (void)checkpoint::open(cat, {});
+    FAIL("the open succeeded over changed shards");
+  } catch (const s3_object_changed_error& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find(shards[1]) != std::string::npos);
+    CHECK(std::string(e.what()).find(shards[3]) == std::string::npos);
+  }
 }

@@ -19,9 +19,11 @@
 //   stall-header  send nothing at all for --stall-ms, then close
 //   body          answer --status (default 200) with --body (application/xml):
 //                 a canned response, e.g. malformed XML for the client's parser
+//   delay         wait --stall-ms, then forward untouched (a distant server)
 // With --log FILE, every request (matching or not) is appended to FILE as one
-// JSON line {"method", "path", "range"} before it is answered, so a client
-// that got its response finds its request in the log.
+// JSON line {"method", "path", "range", "inflight"} before it is answered, so
+// a client that got its response finds its request in the log; "inflight"
+// counts the requests the proxy held when this one came, itself included.
 const http = require('http');
 const fs = require('fs');
 
@@ -60,9 +62,12 @@ function forward(req, res, cut) {
   req.pipe(up);
 }
 
+let inflight = 0;
 const server = http.createServer((req, res) => {
+  ++inflight;
+  res.on('close', () => --inflight);
   if (args.log) {
-    const line = JSON.stringify({ method: req.method, path: req.url, range: req.headers.range || '' });
+    const line = JSON.stringify({ method: req.method, path: req.url, range: req.headers.range || '', inflight });
     fs.appendFileSync(args.log, line + '\n');
   }
   const eligible = args.match === 'all' || (req.method === 'GET' && req.headers.range);
@@ -86,6 +91,7 @@ const server = http.createServer((req, res) => {
     case 'reset': return req.socket.resetAndDestroy ? req.socket.resetAndDestroy() : req.socket.destroy();
     case 'stall-header': return later(stallMs, () => req.socket.destroy());
     case 'truncate': case 'stall': return forward(req, res, fault);
+    case 'delay': return later(stallMs, () => forward(req, res, null));
     default: return forward(req, res, null);
   }
 });

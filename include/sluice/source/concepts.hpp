@@ -124,6 +124,13 @@ class catalog {
   [[nodiscard]] virtual std::vector<std::byte> read_prefix(const std::string& name, std::uint64_t length) {
     return read(name, 0, length);
   }
+  /// Says that read_prefix will be asked for each of `names` next (an
+  /// opener about to read every shard's header). A backend with expensive
+  /// round trips (S3) fetches their prefixes now, several at once, instead
+  /// of one round trip after another; a failure is kept and thrown by that
+  /// name's read_prefix, so errors still come in the order they are asked
+  /// for. The default does nothing.
+  virtual void prefetch_prefixes(const std::vector<std::string>& names) { (void)names; }
   /// Takes what the rank that opened a checkpoint for every rank saw of the
   /// file `name` (checkpoint::open(location, communicator)): its size and
   /// version tag. A catalog whose data path pins versions (S3) pins these, so
