@@ -126,6 +126,7 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
     }
   }
   c.header_bytes_read_ = cat.bytes_read() - before;
+  cat.forget_prefixes();  // the headers are parsed: the catalog's copies of their bytes are not needed
   for (std::uint32_t i = 0; i < c.shards_.size(); ++i) {
     const auto& h = c.shards_[i].header;
     for (const auto& t : h.tensors) {
@@ -192,6 +193,7 @@ checkpoint checkpoint::open_file(std::shared_ptr<catalog> shared, const std::str
   const auto before = cat.bytes_read();
   c.shards_.push_back({name, cat.uri(name), read_header(cat, name, opt.limits)});
   c.header_bytes_read_ = cat.bytes_read() - before;
+  cat.forget_prefixes();
   const auto& h = c.shards_[0].header;
   for (const auto& t : h.tensors)
     if (!opt.select || opt.select(t.name))

@@ -62,6 +62,7 @@ class recording_catalog final : public catalog {
   }
   // Not recorded: it returns nothing, and the read_prefix calls it prepares are.
   void prefetch_prefixes(const std::vector<std::string>& names) override { inner_.prefetch_prefixes(names); }
+  void forget_prefixes() override { inner_.forget_prefixes(); }
   // The data path is the inner catalog's (the opened checkpoint reads through its own catalog anyway).
   [[nodiscard]] bool shares_page_cache() const override { return inner_.shares_page_cache(); }
   [[nodiscard]] std::unique_ptr<any_source> open_source(const checkpoint& ck, asio::io_context& ioc, const source_options& opt,

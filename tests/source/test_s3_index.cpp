@@ -286,9 +286,13 @@ TEST_CASE("opening from S3 asks for every shard's header at once, each once, not
   // machine's speed.
   sluice_test::fault_proxy proxy(
       {"--upstream", servers().http, "--fault", "delay", "--stall-ms", "300", "--log", log.string()});
-  const auto ck = checkpoint::open(std::make_shared<s3_catalog>(r.uri(), sluice_test::test_config(proxy.endpoint)), {});
+  const auto cat = std::make_shared<s3_catalog>(r.uri(), sluice_test::test_config(proxy.endpoint));
+  const auto ck = checkpoint::open(cat, {});
   CHECK(ck.tensors().size() == r.layout.tensors.size());
   CHECK(ck.shards().size() == r.layout.shards.size());
+  // The headers parsed, the catalog keeps none of the prefixes it fetched
+  // for them (the checkpoint holds the catalog for its data path).
+  CHECK(cat->held_prefix_bytes() == 0);
 
   std::map<std::string, std::size_t> header_gets;
   std::size_t most_at_once = 0;

@@ -301,6 +301,17 @@ class s3_catalog final : public catalog {
     return read(name, 0, length);
   }
 
+  void forget_prefixes() override {
+    prefixes_.clear();
+    prefetch_failures_.clear();
+  }
+  /// Bytes of speculative prefixes this catalog holds (none once an open is done with them).
+  [[nodiscard]] std::uint64_t held_prefix_bytes() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& [name, p] : prefixes_) n += p.first.size();
+    return n;
+  }
+
   /// The speculative prefixes of `names` (those not fetched yet and, once
   /// listed, those the listing has), fetched concurrently: at most the
   /// client's connections at once. Opening a checkpoint of N shards then

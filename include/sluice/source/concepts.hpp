@@ -131,6 +131,11 @@ class catalog {
   /// name's read_prefix, so errors still come in the order they are asked
   /// for. The default does nothing.
   virtual void prefetch_prefixes(const std::vector<std::string>& names) { (void)names; }
+  /// Says that the opener has read every header it needed: what read_prefix
+  /// kept for later header reads (S3: up to 1 MiB per shard, 163 MiB for a
+  /// DeepSeek V3) can go. A later read_prefix fetches again. The default does
+  /// nothing.
+  virtual void forget_prefixes() {}
   /// Takes what the rank that opened a checkpoint for every rank saw of the
   /// file `name` (checkpoint::open(location, communicator)): its size and
   /// version tag. A catalog whose data path pins versions (S3) pins these, so
