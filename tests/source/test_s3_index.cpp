@@ -341,3 +341,43 @@ TEST_CASE("shards replaced after the listing fail the open naming the first of t
     CHECK(std::string(e.what()).find(shards[3]) == std::string::npos);
   }
 }
+
+TEST_CASE("a server failing every header GET fails the open naming the first shard, after one round of GETs",
+          "[source][s3][open][hostile]") {
+  REQUIRE_S3_SERVERS();
+  const auto& r = remote();
+  REQUIRE(r.layout.shards.size() >= 4);
+  scratch log_dir{"s3-open-503-log"};
+  const auto log = log_dir.path() / "requests.jsonl";
+  // Every range GET (the index's and the headers') answered 503 SlowDown.
+  sluice_test::fault_proxy proxy(
+      {"--upstream", servers().http, "--fault", "503", "--every", "1", "--log", log.string()});
+  auto cfg = sluice_test::test_config(proxy.endpoint);
+  cfg.max_connections = 2;
+  // A local index: the location's own would fail first, before any header.
+  const auto index = log_dir.path() / "model.safetensors.index.json";
+  fs::copy_file(r.dir / "model.safetensors.index.json", index);
+  open_options opt;
+  opt.index = index.string();
+  std::vector<std::string> shards;
+  for (const auto& s : r.layout.shards) shards.push_back(s.name);
+  std::sort(shards.begin(), shards.end());
+  try {
+    (void)checkpoint::open(std::make_shared<s3_catalog>(r.uri(), cfg), opt);
+    FAIL("the open succeeded through a server that fails every GET");
+  } catch (const s3_error& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find(shards[0]) != std::string::npos);
+  }
+  // The shards whose headers were asked for: the first round (one GET per
+  // connection, each retried), none started after the first failure.
+  std::set<std::string> asked;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto path = nlohmann::json::parse(line)["path"].get<std::string>();
+    if (path.ends_with(".safetensors")) asked.insert(path);
+  }
+  CHECK(!asked.empty());
+  CHECK(asked.size() <= 2);
+}

@@ -438,9 +438,13 @@ class s3_catalog final : public catalog {
     if (stop) std::rethrow_exception(stop);
   }
 
+  // After the first failure no worker starts another GET: a server that
+  // fails every request fails the open after about one round of GETs (with
+  // the client's retries), not after every shard's; the opener fetches
+  // whatever it still asks for before the failed shard itself.
   task<void> prefetch_worker(const std::vector<const std::string*>& todo, std::size_t& next) {
     for (;;) {
-      if (next >= todo.size() || client_->cancelled()) co_return;
+      if (next >= todo.size() || !prefetch_failures_.empty() || client_->cancelled()) co_return;
       const std::string& name = *todo[next++];
       std::exception_ptr failed;
       try {
