@@ -22,6 +22,7 @@ Run it with two builds of the package on PYTHONPATH for a before/after.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -31,15 +32,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from header_parse import write_sharded  # noqa: E402
-
-
-def env_lines(text):
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("export ") and "=" in line:
-            k, v = line[len("export "):].split("=", 1)
-            out[k] = v
-    return out
 
 
 def proxy(upstream, delay_ms, log):
@@ -69,7 +61,7 @@ def main():
     server = os.path.join(ROOT, "scripts", "s3-server.sh")
     started = subprocess.run(["bash", server, "start"], env=senv, check=True, capture_output=True, text=True).stdout
     try:
-        e = env_lines(started)
+        e = dict(re.findall(r"export (\w+)=(\S+)", started))  # as bench/peers.py reads them
         os.environ.update(AWS_ACCESS_KEY_ID=e["AWS_ACCESS_KEY_ID"], AWS_SECRET_ACCESS_KEY=e["AWS_SECRET_ACCESS_KEY"],
                           AWS_REGION="us-east-1", AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null")
         for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE"):

@@ -311,16 +311,23 @@ struct fault_proxy {
   }
 };
 
+/// The requests a logging fault_proxy saw, in order: one JSON object each
+/// ({"method", "path", "range", "inflight"}: tests/support/fault_proxy.js).
+inline std::vector<nlohmann::json> proxy_log(const std::string& log) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 /// Requests a logging fault_proxy saw, per object key of `bucket` (path-style
 /// "/bucket/key?query"; the query is dropped, so a listing counts under the
 /// key "" and a prefix listing's key is empty too): key -> count. Methods
 /// other than GET and HEAD count under "<METHOD> key".
 inline std::map<std::string, std::size_t> requests_per_object(const std::string& log, const std::string& bucket) {
   std::map<std::string, std::size_t> n;
-  std::ifstream in(log);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
+  for (const auto& j : proxy_log(log)) {
     auto path = j["path"].get<std::string>();
     path = path.substr(0, path.find('?'));
     const std::string head = "/" + bucket;

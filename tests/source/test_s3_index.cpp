@@ -100,6 +100,13 @@ struct remote_checkpoint {
     return p;
   }
   [[nodiscard]] std::string uri() const { return "s3://" + bucket + "/ck/"; }
+  // The shards' names, sorted: the order an open reads their headers in.
+  [[nodiscard]] std::vector<std::string> sorted_shards() const {
+    std::vector<std::string> v;
+    for (const auto& s : layout.shards) v.push_back(s.name);
+    std::sort(v.begin(), v.end());
+    return v;
+  }
 };
 
 const remote_checkpoint& remote() {
@@ -107,22 +114,25 @@ const remote_checkpoint& remote() {
   return r;
 }
 
-// A logging proxy in front of the test server, and a config that goes through it.
+// A logging proxy in front of the test server, and a config that goes through
+// it; `fault`: the proxy's fault arguments (default: forward everything).
 struct logged {
+  explicit logged(std::vector<std::string> fault = {"--fault", "none"}) : proxy(with_log(std::move(fault))) {}
   scratch log_dir{"s3-index-log"};
   fs::path log = log_dir.path() / "requests.jsonl";
-  sluice_test::fault_proxy proxy = sluice_test::fault_proxy::logging(servers().http, log.string());
+  sluice_test::fault_proxy proxy;
   s3::config cfg() const { return sluice_test::test_config(proxy.endpoint); }
+  std::vector<std::string> with_log(std::vector<std::string> fault) const {
+    fault.insert(fault.begin(), {"--upstream", servers().http, "--log", log.string()});
+    return fault;
+  }
   [[nodiscard]] std::map<std::string, std::size_t> per_object() const {
     return sluice_test::requests_per_object(log.string(), remote().bucket);
   }
   // The ranges requested of `key` (GETs with a Range header), as [first, last].
   [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges(const std::string& key) const {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
-    std::ifstream in(log);
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line);
+    for (const auto& j : sluice_test::proxy_log(log.string())) {
       auto path = j["path"].get<std::string>();
       path = path.substr(0, path.find('?'));
       const auto range = j["range"].get<std::string>();
@@ -279,14 +289,11 @@ TEST_CASE("opening from S3 asks for every shard's header at once, each once, not
   REQUIRE_S3_SERVERS();
   const auto& r = remote();
   REQUIRE(r.layout.shards.size() >= 4);
-  scratch log_dir{"s3-open-log"};
-  const auto log = log_dir.path() / "requests.jsonl";
   // Every range GET held 300 ms by the proxy, as by a distant server: GETs
   // sent one after another are never in flight together, whatever the
   // machine's speed.
-  sluice_test::fault_proxy proxy(
-      {"--upstream", servers().http, "--fault", "delay", "--stall-ms", "300", "--log", log.string()});
-  const auto cat = std::make_shared<s3_catalog>(r.uri(), sluice_test::test_config(proxy.endpoint));
+  const logged l({"--fault", "delay", "--stall-ms", "300"});
+  const auto cat = std::make_shared<s3_catalog>(r.uri(), l.cfg());
   const auto ck = checkpoint::open(cat, {});
   CHECK(ck.tensors().size() == r.layout.tensors.size());
   CHECK(ck.shards().size() == r.layout.shards.size());
@@ -296,10 +303,7 @@ TEST_CASE("opening from S3 asks for every shard's header at once, each once, not
 
   std::map<std::string, std::size_t> header_gets;
   std::size_t most_at_once = 0;
-  std::ifstream in(log);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
+  for (const auto& j : sluice_test::proxy_log(l.log.string())) {
     const auto path = j["path"].get<std::string>();
     if (!path.ends_with(".safetensors") || !j["range"].get<std::string>().starts_with("bytes=0-")) continue;
     ++header_gets[path];
@@ -328,9 +332,7 @@ TEST_CASE("shards replaced after the listing fail the open naming the first of t
   // Shards 1 and 3 (of the sorted shard names, the order the open reads
   // their headers in) change: their concurrent header GETs fail in either
   // order, and the open names shard 1, the first it reaches.
-  std::vector<std::string> shards;
-  for (const auto& s : r.layout.shards) shards.push_back(s.name);
-  std::sort(shards.begin(), shards.end());
+  const auto shards = r.sorted_shards();
   for (const auto i : {1, 3}) (void)run_blocking(ioc, c.put(bucket, "ck/" + shards[i], sluice_test::random_bytes(100, i)));
   try {
     (void)checkpoint::open(cat, {});
@@ -347,21 +349,16 @@ TEST_CASE("a server failing every header GET fails the open naming the first sha
   REQUIRE_S3_SERVERS();
   const auto& r = remote();
   REQUIRE(r.layout.shards.size() >= 4);
-  scratch log_dir{"s3-open-503-log"};
-  const auto log = log_dir.path() / "requests.jsonl";
   // Every range GET (the index's and the headers') answered 503 SlowDown.
-  sluice_test::fault_proxy proxy(
-      {"--upstream", servers().http, "--fault", "503", "--every", "1", "--log", log.string()});
-  auto cfg = sluice_test::test_config(proxy.endpoint);
+  const logged l({"--fault", "503", "--every", "1"});
+  auto cfg = l.cfg();
   cfg.max_connections = 2;
   // A local index: the location's own would fail first, before any header.
-  const auto index = log_dir.path() / "model.safetensors.index.json";
+  const auto index = l.log_dir.path() / "model.safetensors.index.json";
   fs::copy_file(r.dir / "model.safetensors.index.json", index);
   open_options opt;
   opt.index = index.string();
-  std::vector<std::string> shards;
-  for (const auto& s : r.layout.shards) shards.push_back(s.name);
-  std::sort(shards.begin(), shards.end());
+  const auto shards = r.sorted_shards();
   try {
     (void)checkpoint::open(std::make_shared<s3_catalog>(r.uri(), cfg), opt);
     FAIL("the open succeeded through a server that fails every GET");
@@ -372,12 +369,8 @@ TEST_CASE("a server failing every header GET fails the open naming the first sha
   // The shards whose headers were asked for: the first round (one GET per
   // connection, each retried), none started after the first failure.
   std::set<std::string> asked;
-  std::ifstream in(log);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto path = nlohmann::json::parse(line)["path"].get<std::string>();
-    if (path.ends_with(".safetensors")) asked.insert(path);
-  }
+  for (const auto& j : sluice_test::proxy_log(l.log.string()))
+    if (const auto path = j["path"].get<std::string>(); path.ends_with(".safetensors")) asked.insert(path);
   CHECK(!asked.empty());
   CHECK(asked.size() <= 2);
 }
