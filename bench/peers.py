@@ -40,6 +40,7 @@ GiB = 2^30 bytes; GiB/s = the checkpoint's tensor bytes (per rank: the bytes it
 consumed) over the load's wall time.
 """
 import argparse
+import compileall
 import datetime
 import json
 import os
@@ -478,6 +479,12 @@ def main():
                 names.append(k)
                 dtypes[dt] = dtypes.get(dt, 0) + 1
     import sluice
+    # Every contender as pip installs it, its bytecode compiled: torch and the
+    # peers come from site-packages with their .pyc files, but a sluice run
+    # from a build tree (PYTHONPATH=build/release/python) has none, and each
+    # worker (PYTHONDONTWRITEBYTECODE) would compile its sources again inside
+    # the timed load: about 5 ms of CPU per rank (bench/README.md).
+    compileall.compile_dir(os.path.dirname(sluice.__file__), quiet=1)
     sck = sluice.open(ck)
     total = sck.tensor_bytes
     experts = 1 + max((int(m.group(1)) for n in names if (m := EXPERT.search(n))), default=0)
