@@ -612,22 +612,31 @@ def main():
                       ("safetensors", "safe_open per rank (own tensors)"),
                       ("sluice", f"sluice iter_weights tp1,dp{n},ep{n}")]
         ranks_res = {}
+        prev = None
         for mode in ("hot", "cold"):
             runs = [(c, label) for c, label in contenders if settings_of(c) in best_hot]
             by = {c: [] for c, _ in runs}
+            after = {c: [] for c, _ in runs}  # per round, the contender whose load ran just before
             # Rounds, the contenders interleaved within each: a 4-rank load on 2
             # cores is CPU-bound and the host's other tenants move it by 20-30 %
             # from one run to the next, so one run each decided the ratio by
             # who drew the quieter moment. The row is each contender's median
-            # round (by its slowest rank), the range beside it.
-            for _ in range(a.rounds):
-                for c, label in runs:
+            # round (by its slowest rank), the range beside it. The order
+            # reverses every round (A B, B A, A B, ...), so that each contender
+            # follows each other one and itself about equally often: on this
+            # VM a cold load's speed depended on what the previous load left
+            # in memory (bench/README.md, the cold trap), and a fixed order
+            # gave one contender the same predecessor every round.
+            for i in range(a.rounds):
+                for c, label in (runs if i % 2 == 0 else runs[::-1]):
                     b = best_hot[settings_of(c)]
                     m = b["mem"]
                     if c == "fastsafetensors":  # its broadcast loader cannot fit a shard's group in a 1 GiB budget
                         m = 0                   # (BudgetInfeasibleError): whole-file batches, its default
                     spec = dict(base, contender=c, backend=b["backend"], mode=mode, grid=[(b["conc"], m)])
                     by[c].append(run_worker(spec, ranks=n, trace=True)[0])
+                    after[c].append(prev)
+                    prev = c
             print(f"  {mode}: {'contender':<40} {'max s':>6} {'GiB/s sum':>9} {'CPU s sum':>9} {'RssAnon max/sum MiB':>19} "
                   f"{'RssFile max':>11} {'consumed GiB/rank':>17} {'asked GiB':>9} {'read_bytes GiB':>14}"
                   + (f"  max s of each round (median of {a.rounds})" if a.rounds > 1 else ""))
@@ -661,6 +670,15 @@ def main():
                 print(f"  {mode}: sluice against safe_open per rank: {medians['safetensors'] / medians['sluice']:.2f}x of the "
                       f"median rounds; round by round {' '.join(f'{x:.2f}' for x in paired)}x, median "
                       f"{statistics.median(paired):.2f}x")
+            if a.rounds > 1 and len(runs) > 1:
+                # Each contender's median by the load that ran before it (see the order above).
+                parts = []
+                for c, label in runs:
+                    for p_ in dict.fromkeys(x for x in after[c] if x is not None):
+                        t = [slowest(rs) for rs, q in zip(by[c], after[c]) if q == p_ and not any("error" in r for r in rs)]
+                        if t:
+                            parts.append(f"{c} after {p_} {statistics.median(t):.2f} s ({len(t)})")
+                print(f"  {mode}: median by the load before: " + "; ".join(parts))
         print("  asked = sum over ranks of rchar (/proc/PID/io: read, pread) + io_uring's read results (tracepoint "
               "io_uring_complete: rchar leaves io_uring out) + for mmap the bytes of the tensors it served (pages of the "
               "mapping faulted in; fault-around maps up to 16 pages per fault, so faults x 4 KiB would undercount), "
