@@ -398,13 +398,16 @@ TEST_CASE("a load killed mid-write leaves nothing a later load serves, and the l
   }));
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGKILL);
-  // The block it was writing is a temporary file (and so may be one that the
-  // other writer thread had not finished); at most 5 were written whole.
+  // The block it was writing is a temporary file; at most 5 were written
+  // whole. Blocks 0-4 had each passed the same point, but as many of them as
+  // the cache's other worker threads may still have been writing (on a busy
+  // machine: 3 of 5 whole in one CI run with 4 workers), so at least
+  // 5 - (workers - 1) were whole.
   CHECK(!files_named(cache_dir, "tmp.").empty());
   std::uint64_t whole = 0;
   for (const auto& p : files_named(cache_dir, "")) whole += p.extension() == ".blk";
   CHECK(whole <= 5);
-  CHECK(whole >= 4);
+  CHECK(whole + (cache::block_cache::worker_threads - 1) >= 5);
 
   // The killed child's GETs still in flight when it died (its open asks for
   // every header at once) can reach the proxy's log after the child is

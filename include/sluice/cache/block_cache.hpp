@@ -194,6 +194,11 @@ class block_cache {
   void trim(std::uint64_t target);
   /// A block write of `n` bytes (reserved by make_room) ended: written or not.
   void written(std::uint64_t n, bool ok) noexcept;
+  /// The worker threads that hash and write blocks, so as many block writes
+  /// as this can be under way at once. Hashing is CPU (two cores' worth
+  /// here), writing and fsync mostly wait on the disk: four threads keep
+  /// several block writes in the disk's queue.
+  static constexpr unsigned worker_threads = 4;
   /// The ordinal of the next block write (the test fault point `cache-write:N`).
   [[nodiscard]] std::uint64_t next_write() noexcept { return writes_begun_++; }
   void report(const std::string& what) const;
@@ -206,9 +211,7 @@ class block_cache {
   std::atomic<std::uint64_t> writes_begun_{0};
   std::atomic<std::uint64_t> in_flight_{0};   // bytes reserved by writes not yet ended
   std::mutex evict_mutex_, trim_mutex_;
-  // Hashing is CPU (two cores' worth here), writing and fsync mostly wait on
-  // the disk: four threads keep several block writes in the disk's queue.
-  boost::asio::thread_pool workers_{4};
+  boost::asio::thread_pool workers_{worker_threads};
 };
 
 }  // namespace sluice::inline v0::cache
