@@ -109,9 +109,20 @@ class peer_watch {
   peer_watch(const peer_watch&) = delete;
   peer_watch& operator=(const peer_watch&) = delete;
 
-  /// Says "done" (unless a last word was said), stops the thread, closes.
+  /// Says its last word (unless one was said), stops the thread, closes.
+  /// The word is "lost R" where this rank knows that peer R died without
+  /// having failed a collective over it (check() threw, outside any
+  /// collective), else "done". A peer still in a collective with this rank
+  /// sees its pairs close next; told "done", it would take that for a
+  /// failure of no known cause (comm_error, not peer_lost: seen in CI on a
+  /// busy machine, a survivor of the killed-rank test).
   ~peer_watch() {
-    last_word("done");
+    std::string word = "done";
+    {
+      std::lock_guard lock(m_);
+      if (lost_) word = fmt::format("lost {}", *lost_);
+    }
+    last_word(word);
     if (thread_.joinable()) {
       const std::uint64_t one = 1;
       (void)!::write(wake_, &one, sizeof one);

@@ -567,6 +567,32 @@ TEST_CASE("a peer-watch connection that sends an endless line is a lost peer, no
   ::close(fd);
 }
 
+TEST_CASE("a watch that knows a peer died says so as its last word, not done", "[comm][gloo][watch]") {
+  // Rank 0's watch in a world of 3; in the places of ranks 1 and 2, sockets
+  // that know the load's secret. Rank 1's connection ends without a word (a
+  // death). The watch then goes, as a communicator goes after its liveness
+  // check threw outside any collective: rank 2 must hear "lost 1", which
+  // tells it why rank 0's pairs close next, and not "done".
+  const auto secret = comm::load_secret::draw();
+  std::optional<comm::detail::peer_watch> watch(std::in_place, 0, 3, "127.0.0.1");
+  const auto a = watch->address();
+  const int one = connect_to_watch(a), two = connect_to_watch(a);
+  bool greeted = false;
+  std::thread peers([&] { greeted = greet(one, 1, 0, secret) && greet(two, 2, 0, secret); });
+  watch->connect({a, "127.0.0.1|1", "127.0.0.1|2"}, std::chrono::seconds(10), secret, {});
+  peers.join();
+  REQUIRE(greeted);
+  ::close(one);
+  const auto v = watch->settle(std::chrono::seconds(20));
+  REQUIRE(v.lost == std::optional<std::size_t>(1));
+  watch.reset();
+  std::string heard;
+  char b[64];
+  for (ssize_t n; (n = ::recv(two, b, sizeof b, 0)) > 0;) heard.append(b, static_cast<std::size_t>(n));
+  CHECK(heard == "lost 1\n");
+  ::close(two);
+}
+
 TEST_CASE("a connection to the peer watch that does not prove the load's secret is refused, and the watch goes on",
           "[comm][gloo][watch][secret]") {
   // Before rank 1 connects: a stranger greeting as rank 1 with another
