@@ -417,7 +417,7 @@ void guarded(Impl& m, std::size_t rank, const char* what, F&& f, HandOver&& hand
       lagging = v.lagging;
     }
     if (!failed && !lost) return;
-    m.watch->last_word(lost ? fmt::format("lost {}", *lost) : lagging ? "timeout" : "failed");
+    m.watch->last_word(lost ? detail::peer_watch::lost_word(*lost) : lagging ? "timeout" : "failed");
   }
   m.broken = why;
   m.broken_lost = lost;

@@ -110,17 +110,17 @@ class peer_watch {
   peer_watch& operator=(const peer_watch&) = delete;
 
   /// Says its last word (unless one was said), stops the thread, closes.
-  /// The word is "lost R" where this rank knows that peer R died without
+  /// The word is lost_word(R) where this rank knows that peer R died without
   /// having failed a collective over it (check() threw, outside any
   /// collective), else "done". A peer still in a collective with this rank
   /// sees its pairs close next; told "done", it would take that for a
-  /// failure of no known cause (comm_error, not peer_lost: seen in CI on a
-  /// busy machine, a survivor of the killed-rank test).
+  /// failure of no known cause (comm_error, not peer_lost: seen on a busy
+  /// machine, a survivor of the killed-rank test).
   ~peer_watch() {
     std::string word = "done";
     {
       std::lock_guard lock(m_);
-      if (lost_) word = fmt::format("lost {}", *lost_);
+      if (lost_) word = lost_word(*lost_);
     }
     last_word(word);
     if (thread_.joinable()) {
@@ -289,6 +289,9 @@ class peer_watch {
     cv_.wait_for(lock, within, [&] { return lost_.has_value() || told_; });
     return known();
   }
+
+  /// The last word of a rank that knows peer `r` died (heard() reads it back).
+  [[nodiscard]] static std::string lost_word(std::size_t r) { return fmt::format("lost {}", r); }
 
   /// This rank's last word, said once, before its pairs close: "lost R",
   /// "timeout", "failed" or "done".
