@@ -17,11 +17,13 @@ Rows:
   hot    page cache hot (the files are read right before every load). Every
          contender swept over concurrency x memory x backend in one worker per
          (contender, backend); its best setting is then measured again in a
-         fresh process, which gives the row (GiB/s, CPU s/GiB, peak RssAnon and
-         RssFile sampled every 10 ms from /proc/PID/status by a separate process).
+         fresh process, --rounds times, the order reversing each round, which
+         gives the row: the median load (GiB/s, CPU s/GiB, peak RssAnon and
+         RssFile sampled every 10 ms from /proc/PID/status by a separate
+         process), every round's seconds beside it.
   cold   `echo 3 > /proc/sys/vm/drop_caches` before each load (root), each
          contender at its best hot setting, buffered and O_DIRECT where it offers
-         O_DIRECT, and sluice at its defaults.
+         O_DIRECT, and sluice at its defaults; --rounds times, as the hot row.
   ranks  4 ranks on this node, TP1/DP4/EP4-shaped (each rank needs every
          replicated tensor and a quarter of the routed experts, in contiguous
          blocks), hot and cold, each contender at its best hot setting,
@@ -443,7 +445,8 @@ def main():
     ap.add_argument("--mem", default="256MiB,1GiB,4GiB")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3,
-                    help="the ranks row: rounds of every contender, interleaved; the row is each one's median round")
+                    help="the hot, cold and ranks rows: rounds of every contender, the order reversing each round; "
+                         "each row is the contender's median round")
     ap.add_argument("--cold-sweep", action="store_true",
                     help="the cold row also runs each contender at every --mem, buffered and O_DIRECT (its hot best "
                          "concurrency): a setting that wins hot is not always the one that wins cold")
@@ -563,33 +566,61 @@ def main():
         spec = dict(base, contender=c, backend=backend or rec["backend"], mode=mode, grid=[(rec["conc"], rec["mem"])])
         return run_worker(spec)[0]
 
+    def in_rounds(entries, mode):
+        """Each entry (label, contender, settings record, backend) loaded --rounds
+        times, each load in a fresh process, the order reversing every round
+        (A B C, C B A, ...): on this VM a load's speed depended on what the
+        load before it left in memory (bench/README.md, the cold trap), and a
+        fixed order gave each contender the same predecessor every time.
+        Returns {label: its median record, with "rounds": every load's seconds}."""
+        got = {label: [] for label, *_ in entries}
+        for i in range(a.rounds):
+            for label, c, rec, backend in (entries if i % 2 == 0 else entries[::-1]):
+                got[label].append(fresh(c, rec, mode, backend))
+        out = {}
+        for label, recs in got.items():
+            ok = sorted((r for r in recs if "error" not in r), key=lambda r: r["seconds"])
+            med = dict(ok[(len(ok) - 1) // 2] if ok else recs[0])  # of an even count, the faster middle one
+            med["rounds"] = [r["seconds"] if "error" not in r else None for r in recs]
+            out[label] = med
+        return out
+
+    def spread(rec):
+        if a.rounds < 2 or "rounds" not in rec:
+            return ""
+        return "   s: " + " ".join("fail" if x is None else f"{x:.2f}" for x in rec["rounds"])
+
+    rounds_note = (f" (median of {a.rounds} rounds, the order reversing each round; every round's seconds beside it)"
+                   if a.rounds > 1 else "")
     default_sluice = {"contender": "sluice", "backend": "auto", "conc": 4, "mem": 4 << 30}
     if "hot" in rows:
-        print("\n## hot (page cache), each contender's best setting, in a fresh process")
+        print(f"\n## hot (page cache), each contender's best setting, each load in a fresh process{rounds_note}")
         print(HEADER)
-        final = {c: fresh(c, best_hot[c], "hot") for c in best_hot}
+        entries = [(c, c, best_hot[c], None) for c in best_hot]
         if ours:
-            final["sluice (defaults)"] = fresh("sluice", default_sluice, "hot")
+            entries.append(("sluice (defaults)", "sluice", default_sluice, None))
+        final = in_rounds(entries, "hot")
         bp = max((rate(final[c], total) for c in peers if c in final and "error" not in final[c]), default=None)
         for c, r in final.items():
-            print(line(c, r, total, bp))
+            print(line(c, r, total, bp, spread(r)))
         results["hot"] = final
 
     if "cold" in rows:
-        print("\n## cold (drop_caches before each load), at the best hot settings; O_DIRECT where offered")
+        print(f"\n## cold (drop_caches before each load), at the best hot settings; O_DIRECT where offered{rounds_note}")
         print(HEADER)
-        cold = {}
+        entries = []
         for c in peers + ours:
             if c not in best_hot:
                 continue
-            cold[c] = fresh(c, best_hot[c], "cold")
+            entries.append((c, c, best_hot[c], None))
             if c in direct_backend:
-                cold[f"{c} O_DIRECT"] = fresh(c, best_hot[c], "cold", direct_backend[c])
+                entries.append((f"{c} O_DIRECT", c, best_hot[c], direct_backend[c]))
             if c == "safetensors":
                 other = "pread" if best_hot[c]["backend"] == "mmap" else "mmap"
-                cold[f"safetensors {other}"] = fresh(c, best_hot[c], "cold", other)
+                entries.append((f"safetensors {other}", c, best_hot[c], other))
         if ours:
-            cold["sluice (defaults)"] = fresh("sluice", default_sluice, "cold")
+            entries.append(("sluice (defaults)", "sluice", default_sluice, None))
+        cold = in_rounds(entries, "cold")
         if a.cold_sweep:
             for c in peers + ours:
                 if c not in best_hot or c == "safetensors":
@@ -599,7 +630,7 @@ def main():
                         cold[f"{c} {b} {fmt_size(m)}"] = fresh(c, dict(best_hot[c], mem=m), "cold", b)
         bp = max((rate(r, total) for k, r in cold.items() if not k.startswith("sluice") and "error" not in r), default=None)
         for k, r in cold.items():
-            print(line(k, r, total, bp))
+            print(line(k, r, total, bp, spread(r)))
         results["cold"] = cold
 
     if "ranks" in rows:
