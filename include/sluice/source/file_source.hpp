@@ -47,6 +47,7 @@
 
 #include <sluice/memory/lease.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/memory/page_reporting.hpp>
 #include <sluice/memory/unmapper.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/error.hpp>
@@ -222,12 +223,14 @@ class file_source {
     std::lock_guard g(map_mu_);
     if (!f.mapping) {
       const auto n = static_cast<std::size_t>(f.size);
+      const bool huge = file_mapping_huge_pages();  // may throw (a bad SLUICE_FILE_HUGEPAGES): before the mapping
       void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, f.fd, 0);
       if (p == MAP_FAILED) throw io_error(fmt::format("mmap failed: {}", std::strerror(errno)), {f.path}, errno);
       // A hint: what a view brings in from disk comes in 2 MiB folios (the
       // kernel's mmap readahead for huge-page mappings), which any process
-      // then maps with one entry per 2 MiB instead of 512.
-      ::madvise(p, n, MADV_HUGEPAGE);
+      // then maps with one entry per 2 MiB instead of 512. Not on a VM whose
+      // host takes free memory back (memory/page_reporting.hpp).
+      if (huge) ::madvise(p, n, MADV_HUGEPAGE);
       f.mapping = std::shared_ptr<void>(p, [n](void* q) { unmap_later(q, n); });  // off the thread dropping the last view
     }
     return f.mapping;
