@@ -68,12 +68,20 @@ void check_private_dir(const std::string& dir, std::string_view what) {
 
 void make_private_dir(const std::string& dir) {
   namespace fs = std::filesystem;
-  std::vector<fs::path> made;
-  for (fs::path p = fs::absolute(dir); !p.empty() && !fs::exists(p); p = p.parent_path()) made.push_back(p);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw io_error(fmt::format("cannot create the directory '{}': {}", dir, ec.message()), {dir}, ec.value());
-  for (const auto& p : made) ::chmod(p.c_str(), 0700);
+  std::vector<fs::path> missing;
+  for (fs::path p = fs::absolute(dir); !p.empty() && !fs::exists(p); p = p.parent_path()) missing.push_back(p);
+  // Each one made with mode 0700 by mkdir itself, parents first: made with
+  // the umask's mode and closed by a chmod after, another rank making the
+  // same directory at the same moment found it existing, checked it
+  // between the two and refused it (mode 0755, seen under CPU load).
+  for (auto p = missing.rbegin(); p != missing.rend(); ++p) {
+    if (::mkdir(p->c_str(), 0700) == 0) {
+      ::chmod(p->c_str(), 0700);  // a umask that takes the owner's own bits away
+    } else if (errno != EEXIST) {
+      const int e = errno;
+      throw io_error(fmt::format("cannot create the directory '{}': {}", p->string(), std::strerror(e)), {dir}, e);
+    }
+  }
 }
 
 std::string rank_info::read_password_file(const std::string& path) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -705,6 +706,41 @@ TEST_CASE("a world across nodes with no address set is refused before it listens
   who.local_size = 4;
   who.hostname = "127.0.0.1";   // said on purpose: nodes simulated on one machine
   CHECK(comm::gloo_options::from(who).hostname == "127.0.0.1");
+}
+
+// The ranks of a group each make its store's subdirectory and check it at
+// once: one rank's check must never see the directory another is still
+// making (made with the umask's mode and closed after, a rank found it
+// 0755 under CPU load and refused it).
+TEST_CASE("ranks making the same private directory at once never see it open to others", "[comm][gloo][secret]") {
+  const auto dir = sluice_test::fresh_dir("store-race");
+  constexpr int threads = 6, rounds = 2000;
+  std::atomic<int> arrived{0}, refused{0};
+  std::mutex mu;
+  std::string first;
+  for (int round = 0; round < rounds; ++round) {
+    const auto made = (dir / fmt::format("r{}", round) / "group-trio").string();
+    arrived = 0;
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&] {
+        arrived.fetch_add(1);
+        while (arrived.load() < threads) std::this_thread::yield();  // all at once
+        try {
+          comm::make_private_dir(made);
+          comm::check_private_dir(made);
+        } catch (const std::exception& e) {
+          refused.fetch_add(1);
+          std::lock_guard l(mu);
+          if (first.empty()) first = e.what();
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  INFO(first);
+  REQUIRE(refused.load() == 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a store directory others can read or write, or another user's, is refused, naming it", "[comm][gloo][secret]") {
