@@ -9,12 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <atomic>
 #include <mutex>
 #include <numeric>
 #include <optional>
