@@ -45,6 +45,7 @@ import argparse
 import compileall
 import datetime
 import json
+import math
 import os
 import re
 import select
@@ -412,6 +413,25 @@ def settings_of(c):
     return "fastsafetensors" if c == "fastsafetensors-ep" else c
 
 
+def median_interval(xs, level=0.90):
+    """A distribution-free interval for the median of xs (order statistics:
+    the median lies below the k-th smallest of n draws with the binomial
+    probability P(Bin(n, 1/2) < k)), at least `level` sure; None when n is
+    too small for it (n < 5 at 90 %). Used on the paired per-round ratios:
+    whether 1.0x lies inside says whether the rounds tell the contenders
+    apart at all on this noisy VM. By hand: SciPy's quantile_test gives the
+    same interval, but SciPy is not in the project's environment, and ten
+    lines do not justify a dependency."""
+    xs, n = sorted(xs), len(xs)
+    cdf, k = 0.0, 0  # cdf = P(Bin(n, 1/2) <= k - 1)
+    while True:
+        nxt = cdf + math.comb(n, k) / 2 ** n
+        if 2 * nxt > 1 - level:
+            break
+        cdf, k = nxt, k + 1
+    return None if k == 0 else (xs[k - 1], xs[n - k])
+
+
 def slowest(recs):
     """A multi-rank load's time: its slowest rank's."""
     return max(r["seconds"] for r in recs)
@@ -698,9 +718,12 @@ def main():
                 # Each round's two runs are minutes apart at most: their ratio
                 # drifts less with the host than either time does.
                 paired = sorted(slowest(s_) / slowest(o_) for s_, o_ in zip(by["safetensors"], by["sluice"]))
+                ci = median_interval(paired)
                 print(f"  {mode}: sluice against safe_open per rank: {medians['safetensors'] / medians['sluice']:.2f}x of the "
                       f"median rounds; round by round {' '.join(f'{x:.2f}' for x in paired)}x, median "
-                      f"{statistics.median(paired):.2f}x")
+                      f"{statistics.median(paired):.2f}x"
+                      + (f" (90 % interval of the median {ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "")
+                      + f"; sluice faster in {sum(x > 1 for x in paired)} of {len(paired)} rounds")
             if a.rounds > 1 and len(runs) > 1:
                 # Each contender's median by the load that ran before it (see the order above).
                 parts = []
