@@ -432,6 +432,11 @@ def median_interval(xs, level=0.90):
     return None if k == 0 else (xs[k - 1], xs[n - k])
 
 
+def lower_median(items, key):
+    """The median of items by key; of an even count, the faster middle one."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
+
+
 def slowest(recs):
     """A multi-rank load's time: its slowest rank's."""
     return max(r["seconds"] for r in recs)
@@ -599,8 +604,8 @@ def main():
                 got[label].append(fresh(c, rec, mode, backend))
         out = {}
         for label, recs in got.items():
-            ok = sorted((r for r in recs if "error" not in r), key=lambda r: r["seconds"])
-            med = dict(ok[(len(ok) - 1) // 2] if ok else recs[0])  # of an even count, the faster middle one
+            ok = [r for r in recs if "error" not in r]
+            med = dict(lower_median(ok, key=lambda r: r["seconds"]) if ok else recs[0])
             med["rounds"] = [r["seconds"] if "error" not in r else None for r in recs]
             out[label] = med
         return out
@@ -699,7 +704,7 @@ def main():
                 if errs:
                     print(f"  {mode}: {label:<40} failed: {errs[0]['error']}")
                     continue
-                recs = sorted(rounds, key=slowest)[(len(rounds) - 1) // 2]  # the median round (of an even count, the faster middle one)
+                recs = lower_median(rounds, key=slowest)  # the median round
                 mx = slowest(recs)
                 medians[c] = mx
                 consumed = sum(r["bytes"] for r in recs)
@@ -708,11 +713,11 @@ def main():
                 mmap = c == "safetensors" and best_hot[settings_of(c)]["backend"] == "mmap"
                 mapped = [r["bytes"] if mmap else r["rss_file_growth"] for r in recs]
                 asked = sum(r["rchar"] + r.get("uring", 0) + m for r, m in zip(recs, mapped))
-                spread = ("  " + " ".join(f"{slowest(rs):.2f}" for rs in rounds)) if a.rounds > 1 else ""
+                each_round = ("  " + " ".join(f"{slowest(rs):.2f}" for rs in rounds)) if a.rounds > 1 else ""
                 print(f"  {mode}: {label:<40} {mx:6.2f} {consumed / mx / GiB:9.2f} {sum(r['cpu'] for r in recs):9.2f} "
                       f"{max(r['rss_anon'] for r in recs) / 2**20:9.0f}/{sum(r['rss_anon'] for r in recs) / 2**20:<9.0f} "
                       f"{max(r['rss_file'] for r in recs) / 2**20:11.0f} "
-                      f"{consumed / n / GiB:17.2f} {asked / GiB:9.2f} {sum(r['read_bytes'] for r in recs) / GiB:14.2f}{spread}",
+                      f"{consumed / n / GiB:17.2f} {asked / GiB:9.2f} {sum(r['read_bytes'] for r in recs) / GiB:14.2f}{each_round}",
                       flush=True)
             if "sluice" in medians and "safetensors" in medians:
                 # Each round's two runs are minutes apart at most: their ratio
