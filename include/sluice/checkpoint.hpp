@@ -33,6 +33,10 @@
 
 namespace sluice::inline v0 {
 
+namespace detail {
+struct parse_memo;  // src/core/open_record.hpp
+}
+
 /// One safetensors file of a checkpoint.
 struct shard {
   std::string name;         ///< file name within the checkpoint location
@@ -107,9 +111,12 @@ class checkpoint {
   /// index, the listing and the shard headers from storage, recording every
   /// answer its catalog gave (bytes, sizes, ETags, existence); one broadcast
   /// shares the record, and every other rank opens by replaying it through
-  /// the same parsing and validation as `open(where, opt)`, so it throws the
-  /// same typed errors (a corrupt header is the same format_error on every
-  /// rank). A failure of rank 0's storage itself (an S3 error, an unreadable
+  /// the same validation as `open(where, opt)`, so it throws the same typed
+  /// errors (a corrupt header is the same format_error on every rank). After
+  /// a successful open the record holds rank 0's parsed headers and index
+  /// instead of their JSON: a rank with the same limits checks them by the
+  /// parser's rules (format::check_header, check_index) rather than parse
+  /// the JSON again; a parse that breaks one is a comm_error naming rank 0. A failure of rank 0's storage itself (an S3 error, an unreadable
   /// file) makes the others throw distributed_error naming rank 0 and its
   /// error; rank 0 throws its own. No rank waits on another that failed.
   /// A rank whose location is not rank 0's (its catalog's location differs:
@@ -178,8 +185,13 @@ class checkpoint {
   // The local catalog of `where` and, for a single .safetensors file, its name.
   static std::pair<std::shared_ptr<catalog>, std::optional<std::string>> resolve(const sluice::location& where,
                                                                                  const open_options& opt);
+  // The opens above, sharing parses with a collective open's other ranks
+  // through `memo` (src/core/open_record.hpp) where it is set.
   static checkpoint open_file(std::shared_ptr<catalog> cat, const std::string& name, std::string location,
-                              const open_options& opt);
+                              const open_options& opt, detail::parse_memo* memo = nullptr);
+  static checkpoint open_through(std::shared_ptr<catalog> cat, const open_options& opt, detail::parse_memo* memo);
+  // read_header, or the header `memo` holds for `name` (checked).
+  static format::header header_of(catalog& cat, const std::string& name, const format::limits& lim, detail::parse_memo* memo);
   // The two sides of the collective open (src/core/collective_open.cpp): rank
   // 0 opens through a recording catalog and returns the serialised record
   // (its failure included, when `out` stays empty); the others open by

@@ -17,6 +17,8 @@
 
 #include <sluice/source/directory_catalog.hpp>
 
+#include "open_record.hpp"
+
 namespace sluice::inline v0 {
 
 namespace {
@@ -69,6 +71,36 @@ catalog& checkpoint::storage() const {
 }
 
 checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options& opt) {
+  return open_through(std::move(shared), opt, nullptr);
+}
+
+namespace {
+
+// Rank 0's parse failing this rank's check: the record was damaged on the
+// way (rank 0 ran the same rules), not the files.
+template <class F>
+void check_shared(const detail::parse_memo& memo, F&& check) {
+  try {
+    check();
+  } catch (const format_error& e) {  // index_error is one too
+    throw comm::comm_error(fmt::format("rank {}'s checkpoint opening record is damaged: its parses break a rule: {}", memo.leader, e.what()));
+  }
+}
+
+}  // namespace
+
+format::header checkpoint::header_of(catalog& cat, const std::string& name, const format::limits& lim, detail::parse_memo* memo) {
+  if (memo && memo->replaying)
+    if (auto node = memo->headers.extract(name)) {
+      auto& h = node.mapped();
+      h.file = cat.uri(name);
+      check_shared(*memo, [&] { format::check_header(h, lim); });
+      return std::move(h);
+    }
+  return read_header(cat, name, lim);
+}
+
+checkpoint checkpoint::open_through(std::shared_ptr<catalog> shared, const open_options& opt, detail::parse_memo* memo) {
   if (!shared) throw usage_error("checkpoint::open: no catalog");
   catalog& cat = *shared;
   checkpoint c;
@@ -86,11 +118,18 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
     shard_names.assign(needed.begin(), needed.end());
     check_listed(cat, *ix, shard_names, opt);
   } else if (cat.exists(index_name)) {
-    const auto sz = cat.size(index_name);
-    check_index_size(sz, cat.uri(index_name), opt.limits);
-    auto bytes = cat.read(index_name, 0, sz);
-    ix = format::parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), cat.uri(index_name),
-                             opt.limits);
+    if (memo && memo->replaying && memo->index) {
+      ix = std::move(memo->index);
+      memo->index.reset();
+      ix->file = cat.uri(index_name);
+      check_shared(*memo, [&] { format::check_index(*ix, opt.limits); });
+    } else {
+      const auto sz = cat.size(index_name);
+      check_index_size(sz, cat.uri(index_name), opt.limits);
+      auto bytes = cat.read(index_name, 0, sz);
+      ix = format::parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                               cat.uri(index_name), opt.limits);
+    }
     std::set<std::string> needed;
     for (const auto& [tensor, shard] : ix->weight_map)
       if (!opt.select || opt.select(tensor)) needed.insert(shard);
@@ -110,7 +149,7 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
     if (ix && !cat.exists(name))
       throw index_error("missing-shard", fmt::format("index names shard '{}', which does not exist", name),
                         {ix->file, format::first_tensor_in(*ix, name)});
-    c.shards_.push_back({name, cat.uri(name), read_header(cat, name, opt.limits)});
+    c.shards_.push_back({name, cat.uri(name), header_of(cat, name, opt.limits, memo)});
   }
   for (const auto& s : c.shards_) headers.emplace(s.name, &s.header);
   if (ix) {
@@ -136,6 +175,9 @@ checkpoint checkpoint::open(std::shared_ptr<catalog> shared, const open_options&
     }
   }
   c.check_unique_names();
+  // Rank 0 of a collective open: the index it read through its catalog goes
+  // in the record (a local index file, opt.index, is each rank's own).
+  if (memo && !memo->replaying && opt.index.empty()) memo->index = std::move(ix);
   return c;
 }
 
@@ -185,13 +227,13 @@ std::pair<std::shared_ptr<catalog>, std::optional<std::string>> checkpoint::reso
 }
 
 checkpoint checkpoint::open_file(std::shared_ptr<catalog> shared, const std::string& name, std::string location,
-                                 const open_options& opt) {
+                                 const open_options& opt, detail::parse_memo* memo) {
   auto& cat = *shared;
   checkpoint c;
   c.storage_ = shared;
   c.location_ = std::move(location);
   const auto before = cat.bytes_read();
-  c.shards_.push_back({name, cat.uri(name), read_header(cat, name, opt.limits)});
+  c.shards_.push_back({name, cat.uri(name), header_of(cat, name, opt.limits, memo)});
   c.header_bytes_read_ = cat.bytes_read() - before;
   cat.forget_prefixes();
   const auto& h = c.shards_[0].header;

@@ -1,8 +1,13 @@
 // The two sides of checkpoint::open(location, communicator) (checkpoint.hpp):
 // rank 0 opens through a catalog that records every answer its storage gave;
 // the record travels in one broadcast, and the other ranks open by replaying
-// it through the same checkpoint::open, so that parsing, validation and their
-// typed errors are the very same code on every rank.
+// it through the same checkpoint::open, so that validation and its typed
+// errors are the very same code on every rank. After a successful open the
+// record carries rank 0's parses instead of the header and index bytes: the
+// others check them by the same rules (format::check_header, check_index)
+// rather than lex the same JSON again, which for a 91,000-tensor checkpoint
+// is most of an open's time. A failed open carries the bytes, and each rank
+// reproduces the failure by parsing them.
 
 #include <sluice/checkpoint.hpp>
 
@@ -12,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string_view>
@@ -70,7 +76,7 @@ class recording_catalog final : public catalog {
     return inner_.open_source(ck, ioc, opt, sizing);
   }
 
-  [[nodiscard]] const std::map<call_key, answer>& calls() const noexcept { return calls_; }
+  [[nodiscard]] std::map<call_key, answer> take_calls() noexcept { return std::move(calls_); }
 
  private:
   template <class F, class Encode>
@@ -172,6 +178,8 @@ std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, 
                                                  std::optional<checkpoint>& out, std::exception_ptr& failure) {
   std::unique_ptr<recording_catalog> rec;
   std::vector<file_facts> facts;
+  std::vector<std::byte> parses;
+  std::set<std::string> parsed_files;
   std::string opened_at = where.uri();
   try {
     auto [cat, file] = resolve(where, opt);
@@ -180,7 +188,13 @@ std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, 
     const auto before = cat->bytes_read();
     // The recording catalog stands in only while opening: not owned by the checkpoint.
     std::shared_ptr<catalog> through(std::shared_ptr<void>(), rec.get());
-    auto c = file ? open_file(through, *file, where.path().string(), opt) : open(through, opt);
+    detail::parse_memo memo;
+    auto c = file ? open_file(through, *file, where.path().string(), opt, &memo) : open_through(through, opt, &memo);
+    std::vector<std::pair<std::string, const format::header*>> headers;
+    for (const auto& s : c.shards_) headers.emplace_back(s.name, &s.header);
+    parses = encode_parsed(opt.limits, headers, memo.index ? &*memo.index : nullptr);
+    for (const auto& s : c.shards_) parsed_files.insert(s.name);
+    if (memo.index) parsed_files.insert(std::string(format::index_file_name));
     c.storage_ = cat;
     c.header_bytes_read_ = cat->bytes_read() - before;
     // Known by now (sizes read, ETags pinned by the header reads): no request.
@@ -193,7 +207,15 @@ std::vector<std::byte> checkpoint::open_recorded(const sluice::location& where, 
   record r;
   if (failure) r.failure = what_of(failure);
   r.at = opened_at;
-  if (rec) r.calls = rec->calls();
+  if (rec) r.calls = rec->take_calls();
+  if (!failure) {
+    // The parses stand for the bytes they were parsed from.
+    std::erase_if(r.calls, [&](const auto& call) {
+      const auto& k = call.first;
+      return (k.what == op::read || k.what == op::read_prefix) && parsed_files.contains(k.name);
+    });
+    r.parsed = std::move(parses);
+  }
   r.shards = std::move(facts);
   return encode(r);
 }
@@ -216,10 +238,22 @@ checkpoint checkpoint::open_replayed(const sluice::location& where, const open_o
       throw distributed_error(fmt::format("rank {} failed while opening the checkpoint: {}", leader, *leader_failure), leader);
     return file ? open_file(std::move(cat), *file, where.path().string(), opt) : open(std::move(cat), opt);
   }
+  // Rank 0's parses, where it parsed within this rank's limits (else this
+  // rank parses, and reads what the record no longer holds itself).
+  detail::parse_memo memo;
+  memo.replaying = true;
+  memo.leader = leader;
+  if (!r.parsed.empty() && !leader_failure) {
+    auto p = decode_parsed(r.parsed, leader);
+    if (same_limits(p.limits, opt.limits)) {
+      for (auto& [name, h] : p.headers) memo.headers.insert_or_assign(std::move(name), std::move(h));
+      memo.index = std::move(p.index);
+    }
+  }
   replaying_catalog replay(*cat, calls, leader_failure, leader);
   const auto before = cat->bytes_read();
   std::shared_ptr<catalog> through(std::shared_ptr<void>(), &replay);
-  auto c = file ? open_file(through, *file, where.path().string(), opt) : open(through, opt);
+  auto c = file ? open_file(through, *file, where.path().string(), opt, &memo) : open_through(through, opt, &memo);
   if (leader_failure) replay.throw_leader_failure(*leader_failure);
   c.storage_ = cat;
   for (const auto& f : facts)

@@ -27,6 +27,73 @@ namespace sluice::inline v0::format {
 
 namespace {
 
+// A broken rule: its name, the tensor and what is wrong.
+struct rule_failure {
+  const char* rule;
+  std::string detail;
+};
+
+// One tensor entry's own rules, whoever built it (the JSON parse below, or
+// check_header over a header another rank parsed): its offsets in order, its
+// element and bit counts within 64 bits, whole bytes, and its byte size what
+// its shape and dtype need. A size mismatch sets `size_range` to the entry's
+// data bytes in the file (the header ends at `data_start`).
+std::optional<rule_failure> entry_rule(const tensor_info& t, std::uint64_t data_start, std::optional<byte_range>& size_range) {
+  if (t.end < t.begin) return rule_failure{"data-offsets", fmt::format("data_offsets [{}, {}] end before they begin", t.begin, t.end)};
+  std::uint64_t count = 1;
+  for (auto d : t.shape)
+    if (detail::mul_overflows(count, d, count)) return rule_failure{"tensor-size", "element count overflows 64 bits"};
+  std::uint64_t nbits = 0;
+  if (detail::mul_overflows(count, bits(t.type), nbits)) return rule_failure{"tensor-size", "bit size overflows 64 bits"};
+  if (nbits % 8 != 0)
+    return rule_failure{"tensor-size", fmt::format("{} elements of {} ({} bits) are not a whole number of bytes", count,
+                                                   name(t.type), nbits)};
+  if (nbits / 8 != t.size()) {
+    size_range = byte_range{data_start + t.begin, data_start + t.end};
+    return rule_failure{"tensor-size", fmt::format("data_offsets span {} bytes but {} {} needs {}", t.size(),
+                                                   fmt::join(t.shape, "x"), name(t.type), nbits / 8)};
+  }
+  return std::nullopt;
+}
+
+// The rules over a whole header once its entries are read: file order (by
+// offset), unique names, and the entries tiling the data section exactly to
+// the end of the file. Builds the lookup by name.
+void check_layout(header& h, const byte_range& hdr_range) {
+  const auto& file = h.file;
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& x, const tensor_info& y) {
+    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
+  });
+  h.rebuild_lookup();
+  // Duplicate names (the reference rejects them; a DOM would keep the last).
+  if (h.lookup_size() != h.tensors.size()) {
+    std::unordered_set<std::string_view> seen;
+    for (const auto& t : h.tensors)
+      if (!seen.insert(t.name).second)
+        detail::fail(file, t.name, "duplicate-name", "tensor name appears twice in the header", hdr_range);
+  }
+  const std::uint64_t data_size = h.file_size - h.data_start();
+  std::uint64_t expect = 0;
+  for (const auto& t : h.tensors) {
+    const byte_range abs{h.data_start() + t.begin, h.data_start() + t.end};
+    if (t.begin < expect)
+      detail::fail(file, t.name, "layout", fmt::format("tensor overlaps the previous one (starts at {}, previous ends at {})", t.begin, expect), abs);
+    if (t.begin > expect)
+      detail::fail(file, t.name, "layout", fmt::format("hole of {} bytes before the tensor (starts at {}, previous ends at {})", t.begin - expect, t.begin, expect), abs);
+    expect = t.end;
+  }
+  if (expect != data_size) {
+    const std::string last_name = h.tensors.empty() ? std::string{} : h.tensors.back().name;
+    if (expect > data_size)
+      detail::fail(file, last_name, "data-end",
+                   fmt::format("tensor data ends at {} but the file holds {} data bytes (truncated?)", expect, data_size),
+                   byte_range{h.data_start() + data_size, h.data_start() + expect});
+    detail::fail(file, last_name, "data-end",
+                 fmt::format("{} bytes after the last tensor's data (data ends at {}, file data section is {} bytes)", data_size - expect, expect, data_size),
+                 byte_range{h.data_start() + expect, h.file_size});
+  }
+}
+
 // The header's JSON as a stream of events (nlohmann's SAX interface), turned
 // into tensor_info entries as they arrive: no DOM of the header is built, so
 // a header of a million tensors costs one pass, and every cap (depth, count,
@@ -201,26 +268,9 @@ class header_builder {
   }
   // A tensor entry is complete: its own rules, then it is kept.
   bool entry_done() {
-    auto& t = t_;
-    if (seen_ != 0b1110) return fail("tensor-entry", t.name, "tensor entry needs dtype, shape and data_offsets");
-    if (t.end < t.begin)
-      return fail("data-offsets", t.name, fmt::format("data_offsets [{}, {}] end before they begin", t.begin, t.end));
-    // Byte size with checked arithmetic; sub-byte dtypes must fill whole bytes.
-    std::uint64_t count = 1;
-    for (auto d : t.shape)
-      if (detail::mul_overflows(count, d, count)) return fail("tensor-size", t.name, "element count overflows 64 bits");
-    std::uint64_t nbits = 0;
-    if (detail::mul_overflows(count, bits(t.type), nbits)) return fail("tensor-size", t.name, "bit size overflows 64 bits");
-    if (nbits % 8 != 0)
-      return fail("tensor-size", t.name,
-                  fmt::format("{} elements of {} ({} bits) are not a whole number of bytes", count, name(t.type), nbits));
-    if (nbits / 8 != t.size()) {
-      size_range_ = byte_range{range_.end + t.begin, range_.end + t.end};
-      return fail("tensor-size", t.name,
-                  fmt::format("data_offsets span {} bytes but {} {} needs {}", t.size(), fmt::join(t.shape, "x"),
-                              name(t.type), nbits / 8));
-    }
-    h_.tensors.push_back(std::move(t));
+    if (seen_ != 0b1110) return fail("tensor-entry", t_.name, "tensor entry needs dtype, shape and data_offsets");
+    if (auto f = entry_rule(t_, range_.end, size_range_)) return fail(f->rule, t_.name, std::move(f->detail));
+    h_.tensors.push_back(std::move(t_));
     return true;
   }
 
@@ -275,41 +325,34 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
     detail::fail(file, f->tensor, f->rule, f->detail, f->rule == std::string_view("tensor-size") && b.size_range_ ? b.size_range_ : hdr_range);
   if (!ok) detail::fail(file, "", "header-json", "header is not valid UTF-8 JSON", hdr_range);
 
-  // File order (by offset), then the lookup by name, built once.
-  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& x, const tensor_info& y) {
-    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
-  });
-  h.rebuild_lookup();
-  // Duplicate names (the reference rejects them; a DOM would keep the last).
-  if (h.lookup_size() != h.tensors.size()) {
-    std::unordered_set<std::string_view> seen;
-    for (const auto& t : h.tensors)
-      if (!seen.insert(t.name).second)
-        detail::fail(file, t.name, "duplicate-name", "tensor name appears twice in the header", hdr_range);
-  }
-
-  // Layout: sorted by offset the tensors tile [0, data size) exactly.
-  const std::uint64_t data_size = file_size - h.data_start();
-  std::uint64_t expect = 0;
-  for (const auto& t : h.tensors) {
-    const byte_range abs{h.data_start() + t.begin, h.data_start() + t.end};
-    if (t.begin < expect)
-      detail::fail(file, t.name, "layout", fmt::format("tensor overlaps the previous one (starts at {}, previous ends at {})", t.begin, expect), abs);
-    if (t.begin > expect)
-      detail::fail(file, t.name, "layout", fmt::format("hole of {} bytes before the tensor (starts at {}, previous ends at {})", t.begin - expect, t.begin, expect), abs);
-    expect = t.end;
-  }
-  if (expect != data_size) {
-    const std::string last_name = h.tensors.empty() ? std::string{} : h.tensors.back().name;
-    if (expect > data_size)
-      detail::fail(file, last_name, "data-end",
-                   fmt::format("tensor data ends at {} but the file holds {} data bytes (truncated?)", expect, data_size),
-                   byte_range{h.data_start() + data_size, h.data_start() + expect});
-    detail::fail(file, last_name, "data-end",
-                 fmt::format("{} bytes after the last tensor's data (data ends at {}, file data section is {} bytes)", data_size - expect, expect, data_size),
-                 byte_range{h.data_start() + expect, file_size});
-  }
+  check_layout(h, hdr_range);
   return h;
+}
+
+void check_header(header& h, const limits& lim) {
+  const auto& file = h.file;
+  const byte_range hdr_range{8, 8 + h.json_size};
+  if (h.json_size > lim.max_header_bytes)
+    detail::fail(file, "", "header-length",
+                 fmt::format("header length {}{}", h.json_size, limit_hint(lim.max_header_bytes, "max_header_bytes")), hdr_range);
+  if (h.file_size < 8 || h.json_size > h.file_size - 8)
+    detail::fail(file, "", "header-length",
+                 fmt::format("header of {} bytes runs past the end of the {}-byte file", h.json_size, h.file_size), hdr_range);
+  if (h.tensors.size() > lim.max_tensors)
+    detail::fail(file, "", "tensor-count", "the header lists too many tensors" + limit_hint(lim.max_tensors, "max_tensors"), hdr_range);
+  std::optional<byte_range> size_range;
+  for (const auto& t : h.tensors) {
+    if (t.name.size() > lim.max_name_bytes)
+      detail::fail(file, t.name, "name-length",
+                   fmt::format("a tensor name of {} bytes{}", t.name.size(), limit_hint(lim.max_name_bytes, "max_name_bytes")),
+                   hdr_range);
+    if (t.name == "__metadata__")
+      detail::fail(file, t.name, "tensor-entry", "__metadata__ is not a tensor", hdr_range);
+    if (static_cast<std::size_t>(t.type) >= dtype_count)
+      detail::fail(file, t.name, "dtype", fmt::format("unknown dtype {}", static_cast<unsigned>(t.type)), hdr_range);
+    if (auto f = entry_rule(t, h.data_start(), size_range)) detail::fail(file, t.name, f->rule, std::move(f->detail), size_range ? size_range : hdr_range);
+  }
+  check_layout(h, hdr_range);
 }
 
 header parse_header(std::span<const std::byte> prefix, std::uint64_t file_size, const std::string& file,
@@ -546,6 +589,25 @@ index parse_index(std::string_view text, const std::string& file, const limits& 
   }
   if (const auto& f = sax.fault()) throw index_error(f->rule, f->detail, {file, f->tensor});
   return ix;
+}
+
+void check_index(const index& ix, const limits& lim) {
+  const auto& file = ix.file;
+  if (ix.weight_map.size() > lim.max_tensors)
+    throw index_error("tensor-count",
+                      fmt::format("weight_map lists {} tensors{}", ix.weight_map.size(), limit_hint(lim.max_tensors, "max_tensors")),
+                      {file});
+  for (const auto& [tensor, shard] : ix.weight_map) {
+    if (tensor.size() > lim.max_name_bytes)
+      throw index_error("name-length",
+                        fmt::format("a tensor name of {} bytes{}", tensor.size(), limit_hint(lim.max_name_bytes, "max_name_bytes")),
+                        {file, tensor});
+    if (!is_plain_file_name(shard) || shard.size() > lim.max_name_bytes)
+      throw index_error("shard-name",
+                        fmt::format("shard '{}' is not a plain file name inside the checkpoint{}", printable(shard, 256),
+                                    shard.size() > lim.max_name_bytes ? " (too long)" : ""),
+                        {file, tensor});
+  }
 }
 
 void verify(const index& ix, const std::map<std::string, const header*>& headers, const verify_options& opt) {

@@ -22,6 +22,7 @@
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/generator.hpp>
 
+#include "core/open_record.hpp"  // the record's parses, to spoil them (src/core/)
 #include "support/temp_dir.hpp"
 
 using namespace sluice;
@@ -549,14 +550,31 @@ checkpoint replay(const std::filesystem::path& dir, const std::vector<std::byte>
   return checkpoint::open(location(dir.string()), c);
 }
 
-std::vector<std::byte> cbor_of(const nlohmann::json& j) {
-  const auto b = nlohmann::json::to_cbor(j);
-  const auto* p = reinterpret_cast<const std::byte*>(b.data());
-  return {p, p + b.size()};
+// A record's parts (src/core/open_record.cpp): the CBOR part's length (8
+// bytes, little-endian), the CBOR part, then rank 0's parses.
+std::uint64_t cbor_size(const std::vector<std::byte>& record) {
+  REQUIRE(record.size() >= 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(record[static_cast<std::size_t>(i)]);
+  REQUIRE(n <= record.size() - 8);
+  return n;
 }
-nlohmann::json json_of(const std::vector<std::byte>& b) {
-  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
-  return nlohmann::json::from_cbor(p, p + b.size());
+nlohmann::json json_of(const std::vector<std::byte>& record) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(record.data()) + 8;
+  return nlohmann::json::from_cbor(p, p + cbor_size(record));
+}
+std::vector<std::byte> parses_of(const std::vector<std::byte>& record) {
+  return {record.begin() + static_cast<std::ptrdiff_t>(8 + cbor_size(record)), record.end()};
+}
+// A record of `j` and `parses`, framed as rank 0 frames one.
+std::vector<std::byte> framed(const nlohmann::json& j, const std::vector<std::byte>& parses = {}) {
+  const auto b = nlohmann::json::to_cbor(j);
+  std::vector<std::byte> out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(static_cast<std::uint64_t>(b.size()) >> (8 * i)));
+  const auto* p = reinterpret_cast<const std::byte*>(b.data());
+  out.insert(out.end(), p, p + b.size());
+  out.insert(out.end(), parses.begin(), parses.end());
+  return out;
 }
 
 }  // namespace
@@ -576,8 +594,90 @@ TEST_CASE("a rank that replays rank 0's opening record opens the same checkpoint
     CHECK(ck.tensors()[i].size == own.tensors()[i].size);
     CHECK(ck.tensors()[i].shape == own.tensors()[i].shape);
   }
-  // The record is CBOR: a map with its format tag.
-  CHECK(json_of(record).at("format") == "sluice-open/2");
+  // The record's CBOR part is a map with its format tag. Rank 0's parses
+  // follow it, and stand for the header and index bytes, which the record
+  // no longer holds: the replay above read nothing, so it took the parses.
+  const auto j = json_of(record);
+  CHECK(j.at("format") == "sluice-open/3");
+  CHECK(j.at("parsed") == parses_of(record).size());
+  CHECK_FALSE(parses_of(record).empty());
+  for (const auto& call : j.at("calls")) {
+    CAPTURE(call.dump());
+    CHECK_FALSE(call.at(6).is_binary());  // no read's bytes
+  }
+}
+
+TEST_CASE("a rank whose limits are not rank 0's parses the headers itself", "[checkpoint][collective]") {
+  temp_dir dir("collective-limits");
+  (void)gen::write_checkpoint(dir.path(), small_generator());
+  const auto record = opening_record(dir.path());
+  std::uint64_t n = record.size();
+  const auto* p = reinterpret_cast<const std::byte*>(&n);
+  std::vector<std::vector<std::byte>> tape{{p, p + sizeof n}, record};
+  tape_communicator c(1, tape);
+  open_options opt;
+  opt.limits.max_name_bytes = 4096;  // rank 0 parsed within 1024
+  const auto ck = checkpoint::open(location(dir.path().string()), c, opt);
+  const auto own = checkpoint::open(dir.path());
+  CHECK(ck.header_bytes_read() == own.header_bytes_read());  // what the record left out, read here
+  REQUIRE(ck.tensors().size() == own.tensors().size());
+  for (std::size_t i = 0; i < own.tensors().size(); ++i) {
+    CHECK(ck.tensors()[i].name == own.tensors()[i].name);
+    CHECK(ck.tensors()[i].offset == own.tensors()[i].offset);
+  }
+}
+
+TEST_CASE("rank 0's parses that break a rule of the format are a damaged record, not a checkpoint", "[checkpoint][collective]") {
+  namespace rec = sluice::detail::open_record;
+  temp_dir dir("collective-rules");
+  (void)gen::write_checkpoint(dir.path(), small_generator());
+  const auto record = opening_record(dir.path());
+  const auto j = json_of(record);
+  const auto good = rec::decode_parsed(parses_of(record), 0);
+  REQUIRE(good.index);
+  REQUIRE(good.headers.size() > 1);
+  auto spoiled = [&](const std::function<void(rec::parsed&)>& f) {
+    auto p = good;
+    f(p);
+    std::vector<std::pair<std::string, const format::header*>> headers;
+    for (const auto& [name, h] : p.headers) headers.emplace_back(name, &h);
+    const auto parses = rec::encode_parsed(p.limits, headers, p.index ? &*p.index : nullptr);
+    auto k = j;
+    k["parsed"] = parses.size();
+    try {
+      (void)replay(dir.path(), framed(k, parses));
+    } catch (const comm::comm_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("rank 0") && Catch::Contains("break a rule"));
+      return std::string(e.what());
+    }
+    FAIL("the spoiled parses were taken");
+    return std::string();
+  };
+  auto& first = good.headers.front().second.tensors;
+  REQUIRE(first.size() > 1);
+  SECTION("a tensor overlapping the next") {
+    CHECK_THAT(spoiled([](rec::parsed& p) { p.headers.front().second.tensors[0].end += 1; }), Catch::Contains("layout") || Catch::Contains("tensor-size"));
+  }
+  SECTION("a size its shape and dtype do not need") {
+    CHECK_THAT(spoiled([](rec::parsed& p) { p.headers.front().second.tensors[0].shape.push_back(3); }), Catch::Contains("tensor-size"));
+  }
+  SECTION("a name twice") {
+    CHECK_THAT(spoiled([](rec::parsed& p) {
+                 auto& t = p.headers.front().second.tensors;
+                 t[1].name = t[0].name;
+               }),
+               Catch::Contains("duplicate-name"));
+  }
+  SECTION("a header longer than its file") {
+    CHECK_THAT(spoiled([](rec::parsed& p) { p.headers.front().second.json_size = p.headers.front().second.file_size; }),
+               Catch::Contains("header-length"));
+  }
+  SECTION("an index that places a tensor outside the checkpoint") {
+    CHECK_THAT(spoiled([](rec::parsed& p) { p.index->weight_map.begin()->second = "../../etc/passwd"; }), Catch::Contains("shard-name"));
+  }
+  SECTION("a name longer than the limits rank 0 says it parsed within") {
+    CHECK_THAT(spoiled([](rec::parsed& p) { p.headers.front().second.tensors[0].name.assign(2000, 'x'); }), Catch::Contains("name-length"));
+  }
 }
 
 TEST_CASE("a damaged opening record is a comm_error naming rank 0, however it was damaged", "[checkpoint][collective]") {
@@ -609,15 +709,28 @@ TEST_CASE("a damaged opening record is a comm_error naming rank 0, however it wa
     damaged_is_comm_error(bad);
   }
   SECTION("not a record at all") {
-    damaged_is_comm_error(cbor_of(nlohmann::json::array({1, 2, 3})));
-    damaged_is_comm_error(cbor_of({{"format", "sluice-open/1"}}));
+    damaged_is_comm_error(framed(nlohmann::json::array({1, 2, 3})));
+    damaged_is_comm_error(framed({{"format", "sluice-open/2"}}));
     damaged_is_comm_error(std::vector<std::byte>(64, std::byte{0xff}));
+    damaged_is_comm_error(std::vector<std::byte>(3, std::byte{0}));
+  }
+  SECTION("parses cut short, or more of them than the record says") {
+    const auto parses = parses_of(record);
+    REQUIRE(parses.size() > 16);
+    damaged_is_comm_error(framed(good, {parses.begin(), parses.end() - 1}));
+    auto more = parses;
+    more.push_back(std::byte{1});
+    damaged_is_comm_error(framed(good, more));
+    damaged_is_comm_error(framed(good));  // cut where the parses begin
+    auto k = good;  // the parses' length told, and trailing bytes inside them
+    k["parsed"] = more.size();
+    damaged_is_comm_error(framed(k, more));
   }
   SECTION("a field of the wrong type or an unknown call") {
     auto spoil = [&](const std::function<void(nlohmann::json&)>& f) {
       auto j = good;
       f(j);
-      damaged_is_comm_error(cbor_of(j));
+      damaged_is_comm_error(framed(j, parses_of(record)));
     };
     spoil([](nlohmann::json& j) { j.erase("shards"); });
     spoil([](nlohmann::json& j) { j["calls"] = "none"; });
@@ -628,6 +741,8 @@ TEST_CASE("a damaged opening record is a comm_error naming rank 0, however it wa
     spoil([](nlohmann::json& j) { j["calls"][0][2] = "0"; });                // an offset that is not a number
     spoil([](nlohmann::json& j) { j["calls"][0].erase(6); });                // a call without its answer
     spoil([](nlohmann::json& j) { j["shards"][0][1] = -5; });
+    spoil([](nlohmann::json& j) { j["parsed"] = "all"; });
+    spoil([](nlohmann::json& j) { j.erase("parsed"); });
     for (std::size_t i = 0; i < good.at("calls").size(); ++i) {  // every answer replaced by one of another type
       if (good["calls"][i][4].get<bool>()) continue;                // a failure has no answer
       spoil([i](nlohmann::json& j) {

@@ -103,16 +103,36 @@ def main():
                            r"layers\.(\d+)\.", r"(\d+)+x", "(unclosed", "a" * 5000]):
         put(out, "names", f"name-{i}", n)
 
-    # open_record: an honest record, damaged ones, and a million-deep nesting.
-    record = {"format": "sluice-open/2", "failure": None, "at": "/models/m",
-              "calls": [[4, "model.safetensors", 0, 8, False, "", b"\x10\0\0\0\0\0\0\0"],
-                        [2, "model.safetensors", 0, 0, False, "", 24], [0, "", 0, 0, False, "", ["model.safetensors"]],
+    # open_record: an honest record (its CBOR part, then rank 0's parses),
+    # damaged ones, and a million-deep nesting.
+    def u64(n):
+        return struct.pack("<Q", n)
+
+    def s(t):
+        return u64(len(t.encode())) + t.encode()
+
+    limits = u64(100_000_000) + u64(128 << 20) + u64(1 << 20) + u64(16) + u64(1024)
+    tensor = s("w") + bytes([17]) + u64(2) + u64(2) + u64(2) + u64(0) + u64(16)  # F32 [2, 2]
+    parses = (limits + u64(1) + s("model.safetensors") + u64(56) + u64(80) + u64(1) + s("format") + s("pt")
+              + u64(1) + tensor + b"\x01" + s("/models/m/model.safetensors.index.json") + b"\x01" + u64(16)
+              + u64(1) + s("w") + s("model.safetensors") + u64(1) + s("model.safetensors") + b"\x01" + u64(80) + b"\x00")
+
+    def framed(record, tail=b""):
+        c = cbor(record)
+        return u64(len(c)) + c + tail
+
+    record = {"format": "sluice-open/3", "failure": None, "at": "/models/m",
+              "calls": [[2, "model.safetensors", 0, 0, False, "", 80], [0, "", 0, 0, False, "", ["model.safetensors"]],
                         [3, "model.safetensors", 0, 0, True, "no ETag here", None]],
-              "shards": [["model.safetensors", 24, None]]}
-    put(out, "open_record", "honest", cbor(record))
-    put(out, "open_record", "truncated", cbor(record)[:-5])
-    put(out, "open_record", "deep", b"\x81" * 1_000_000 + b"\xf6")
-    put(out, "open_record", "wrong-types", cbor({"format": "sluice-open/2", "failure": 3, "at": [], "calls": {}, "shards": 1}))
+              "shards": [["model.safetensors", 80, None]], "parsed": len(parses)}
+    put(out, "open_record", "honest", framed(record, parses))
+    put(out, "open_record", "truncated", framed(record, parses)[:-5])
+    put(out, "open_record", "deep", u64(1_000_001) + b"\x81" * 1_000_000 + b"\xf6")
+    put(out, "open_record", "wrong-types",
+        framed({"format": "sluice-open/3", "failure": 3, "at": [], "calls": {}, "shards": 1, "parsed": "x"}))
+    failed = dict(record, failure="rank 0 could not read", parsed=0,
+                  calls=[[4, "model.safetensors", 0, 8, False, "", b"\x10\0\0\0\0\0\0\0"]])
+    put(out, "open_record", "failed", framed(failed))
 
     # parse_size
     for i, s in enumerate(["4GiB", "1.5GiB", "512k", "18446744073709551615", "18446744073709551616", " 4 GB ", "0",

@@ -65,6 +65,12 @@ struct index {
 /// lengths: limits.hpp). Throws index_error naming the file and the rule.
 [[nodiscard]] index parse_index(std::string_view text, const std::string& file, const limits& lim = {});
 
+/// Checks an index that was not parsed here (another rank's parse) by the
+/// rules parse_index enforces on its entries: the entry count, the tensor
+/// names' length, and every shard a plain file name. Throws index_error as
+/// parse_index would.
+void check_index(const index& ix, const limits& lim = {});
+
 /// What verification treats as errors. Missing shards and tensors the index
 /// names but a shard lacks are always errors.
 struct verify_options {

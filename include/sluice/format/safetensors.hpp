@@ -126,6 +126,14 @@ inline bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 [[nodiscard]] header parse_header(std::string_view text, std::uint64_t file_size, const std::string& file,
                                   const limits& lim = {});
 
+/// Checks a header that was not parsed here (another rank's parse, as it
+/// arrived in that rank's record) by every rule parse_header enforces after
+/// the JSON: the caps on its size, tensor count and name length, each entry's
+/// dtype and byte size, unique names and the tiling of the data section. Sorts
+/// the tensors into file order and builds the lookup. Throws format_error as
+/// parse_header would.
+void check_header(header& h, const limits& lim = {});
+
 /// Parses a whole in-memory safetensors file (or at least its header, with the
 /// file's total size given separately).
 [[nodiscard]] header parse_header(std::span<const std::byte> prefix, std::uint64_t file_size, const std::string& file,
