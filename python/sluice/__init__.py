@@ -153,8 +153,9 @@ def open(path, select=None, rename=None, index=None, collective=None, world=None
     collective/world/store/timeout: a collective open by the ranks of a
       distributed load (every rank calls it, with the same arguments): rank 0
       reads the index and the headers from storage and the other ranks replay
-      what it read (no metadata request of theirs), through the same parsing
-      and checks, so a corrupt shard is the same typed error on every rank; a
+      what it read (no metadata request of theirs), through the same checks
+      (taking rank 0's parses rather than parsing the same JSON again), so a
+      corrupt shard is the same typed error on every rank; a
       rank that fails alone fails every rank (sluice.DistributedError naming
       it). The ranks are `world` (a sluice.World) with `store` (a
       torch.distributed store whose key prefix the ranks agreed on; the open
