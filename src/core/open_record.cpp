@@ -11,6 +11,9 @@
 #include "open_record.hpp"
 
 #include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string_view>
@@ -62,9 +65,16 @@ void check_answer(op what, const nlohmann::json& v) {
 // and their bytes.
 class flat_writer {
  public:
+  void reserve(std::size_t n) { out_.reserve(n); }
   void u8(std::uint8_t v) { out_.push_back(static_cast<std::byte>(v)); }
   void u64(std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<std::byte>(v >> (8 * i)));
+    std::array<std::byte, 8> le{};
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(le.data(), &v, 8);
+    } else {
+      for (std::size_t i = 0; i < 8; ++i) le[i] = static_cast<std::byte>(v >> (8 * i));
+    }
+    out_.insert(out_.end(), le.begin(), le.end());
   }
   void str(std::string_view s) {
     u64(s.size());
@@ -88,7 +98,11 @@ class flat_reader {
   std::uint64_t u64() {
     need(8);
     std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b_[at_ + static_cast<std::size_t>(i)]) << (8 * i);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, b_.data() + at_, 8);
+    } else {
+      for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b_[at_ + i]) << (8 * i);
+    }
     at_ += 8;
     return v;
   }
@@ -223,6 +237,10 @@ std::vector<std::byte> encode_parsed(const format::limits& limits,
                                      const std::vector<std::pair<std::string, const format::header*>>& headers,
                                      const format::index* index) {
   flat_writer w;
+  std::size_t estimate = 64;  // a reserve, not a bound: an entry's flat form is about as long as its JSON
+  for (const auto& [name, h] : headers) estimate += name.size() + 64 + h->json_size;
+  if (index) estimate += index->weight_map.size() * 96;
+  w.reserve(estimate);
   for (auto v : {limits.max_header_bytes, limits.max_index_bytes, limits.max_tensors, std::uint64_t{limits.max_depth},
                  std::uint64_t{limits.max_name_bytes}})
     w.u64(v);
