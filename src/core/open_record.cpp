@@ -229,18 +229,25 @@ bool same_limits(const format::limits& a, const format::limits& b) noexcept {
          a.max_depth == b.max_depth && a.max_name_bytes == b.max_name_bytes;
 }
 
+namespace {
+
+// Counts what flat_writer would write: the parses' exact length, from what
+// is in memory (never from a field such as json_size, which a forged parse
+// sets at will), so that the writer reserves once.
+struct flat_counter {
+  std::size_t n = 0;
+  void u8(std::uint8_t) { n += 1; }
+  void u64(std::uint64_t) { n += 8; }
+  void str(std::string_view s) { n += 8 + s.size(); }
+};
+
 // limits, the headers [shard name, json size, file size, metadata [key,
 // value]..., tensors [name, dtype, rank, dims..., begin, end]...], then 0 or
 // 1 and the index [file, total size (0 or 1 and the value), weight_map
 // [tensor, shard]... in name order, shard records [name, size?, etag?]...].
-std::vector<std::byte> encode_parsed(const format::limits& limits,
-                                     const std::vector<std::pair<std::string, const format::header*>>& headers,
-                                     const format::index* index) {
-  flat_writer w;
-  std::size_t estimate = 64;  // a reserve, not a bound: an entry's flat form is about as long as its JSON
-  for (const auto& [name, h] : headers) estimate += name.size() + 64 + h->json_size;
-  if (index) estimate += index->weight_map.size() * 96;
-  w.reserve(estimate);
+template <class Writer>
+void write_parsed(Writer& w, const format::limits& limits,
+                  const std::vector<std::pair<std::string, const format::header*>>& headers, const format::index* index) {
   for (auto v : {limits.max_header_bytes, limits.max_index_bytes, limits.max_tensors, std::uint64_t{limits.max_depth},
                  std::uint64_t{limits.max_name_bytes}})
     w.u64(v);
@@ -283,6 +290,18 @@ std::vector<std::byte> encode_parsed(const format::limits& limits,
       if (rec.etag) w.str(*rec.etag);
     }
   }
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_parsed(const format::limits& limits,
+                                     const std::vector<std::pair<std::string, const format::header*>>& headers,
+                                     const format::index* index) {
+  flat_counter count;
+  write_parsed(count, limits, headers, index);
+  flat_writer w;
+  w.reserve(count.n);
+  write_parsed(w, limits, headers, index);
   return w.take();
 }
 
