@@ -245,7 +245,7 @@ checkpoint checkpoint::open_replayed(const sluice::location& where, const open_o
   memo.leader = leader;
   if (!r.parsed.empty() && !leader_failure) {
     auto p = decode_parsed(r.parsed, leader);
-    if (same_limits(p.limits, opt.limits)) {
+    if (p.limits == opt.limits) {
       for (auto& [name, h] : p.headers) memo.headers.insert_or_assign(std::move(name), std::move(h));
       memo.index = std::move(p.index);
     }

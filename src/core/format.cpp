@@ -94,6 +94,26 @@ void check_layout(header& h, const byte_range& hdr_range) {
   }
 }
 
+// A header's JSON length against the cap and its file (the parser's first
+// rule, and check_header's).
+void check_header_size(const std::string& file, std::uint64_t json_size, std::uint64_t file_size, const limits& lim,
+                       const byte_range& hdr_range) {
+  if (json_size > lim.max_header_bytes)
+    detail::fail(file, "", "header-length",
+                 fmt::format("header length {}{}", json_size, limit_hint(lim.max_header_bytes, "max_header_bytes")), hdr_range);
+  if (file_size < 8 || json_size > file_size - 8)
+    detail::fail(file, "", "header-length",
+                 fmt::format("header of {} bytes runs past the end of the {}-byte file", json_size, file_size), hdr_range);
+}
+
+// What is wrong with an index entry's shard name (not a plain file name
+// inside the checkpoint, or longer than the cap), or nothing.
+std::optional<std::string> shard_name_fault(std::string_view shard, const limits& lim) {
+  if (is_plain_file_name(shard) && shard.size() <= lim.max_name_bytes) return std::nullopt;
+  return fmt::format("shard '{}' is not a plain file name inside the checkpoint{}", printable(shard, 256),
+                     shard.size() > lim.max_name_bytes ? " (too long)" : "");
+}
+
 // The header's JSON as a stream of events (nlohmann's SAX interface), turned
 // into tensor_info entries as they arrive: no DOM of the header is built, so
 // a header of a million tensors costs one pass, and every cap (depth, count,
@@ -300,12 +320,7 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
   h.json_size = text.size();
   h.file_size = file_size;
   const byte_range hdr_range{8, 8 + text.size()};
-  if (text.size() > lim.max_header_bytes)
-    detail::fail(file, "", "header-length",
-                 fmt::format("header length {}{}", text.size(), limit_hint(lim.max_header_bytes, "max_header_bytes")),
-                 hdr_range);
-  if (file_size < 8 || text.size() > file_size - 8)
-    detail::fail(file, "", "header-length", fmt::format("header of {} bytes runs past the end of the {}-byte file", text.size(), file_size), hdr_range);
+  check_header_size(file, text.size(), file_size, lim, hdr_range);
   if (text.empty() || text.front() != '{')
     detail::fail(file, "", "header-json", "header does not start with '{'", hdr_range);
   // Right-padding: the reference allows trailing spaces only.
@@ -332,12 +347,7 @@ header parse_header(std::string_view text, std::uint64_t file_size, const std::s
 void check_header(header& h, const limits& lim) {
   const auto& file = h.file;
   const byte_range hdr_range{8, 8 + h.json_size};
-  if (h.json_size > lim.max_header_bytes)
-    detail::fail(file, "", "header-length",
-                 fmt::format("header length {}{}", h.json_size, limit_hint(lim.max_header_bytes, "max_header_bytes")), hdr_range);
-  if (h.file_size < 8 || h.json_size > h.file_size - 8)
-    detail::fail(file, "", "header-length",
-                 fmt::format("header of {} bytes runs past the end of the {}-byte file", h.json_size, h.file_size), hdr_range);
+  check_header_size(file, h.json_size, h.file_size, lim, hdr_range);
   if (h.tensors.size() > lim.max_tensors)
     detail::fail(file, "", "tensor-count", "the header lists too many tensors" + limit_hint(lim.max_tensors, "max_tensors"), hdr_range);
   std::optional<byte_range> size_range;
@@ -396,12 +406,8 @@ class index_builder {
     if (skipping()) return true;
     if (!member()) return dom_.string(v);
     if (entry_ != ix_.weight_map.end()) {
-      if (!is_plain_file_name(v) || v.size() > lim_.max_name_bytes)
-        fault(entry_->first, "shard-name",
-              fmt::format("shard '{}' is not a plain file name inside the checkpoint{}", printable(v, 256),
-                          v.size() > lim_.max_name_bytes ? " (too long)" : ""));
-      else
-        entry_->second.assign(v);
+      if (auto why = shard_name_fault(v, lim_)) fault(entry_->first, "shard-name", std::move(*why));
+      else entry_->second.assign(v);
     }
     return true;
   }
@@ -602,11 +608,7 @@ void check_index(const index& ix, const limits& lim) {
       throw index_error("name-length",
                         fmt::format("a tensor name of {} bytes{}", tensor.size(), limit_hint(lim.max_name_bytes, "max_name_bytes")),
                         {file, tensor});
-    if (!is_plain_file_name(shard) || shard.size() > lim.max_name_bytes)
-      throw index_error("shard-name",
-                        fmt::format("shard '{}' is not a plain file name inside the checkpoint{}", printable(shard, 256),
-                                    shard.size() > lim.max_name_bytes ? " (too long)" : ""),
-                        {file, tensor});
+    if (auto why = shard_name_fault(shard, lim)) throw index_error("shard-name", std::move(*why), {file, tensor});
   }
 }
 

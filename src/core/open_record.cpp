@@ -224,11 +224,6 @@ record decode(std::span<const std::byte> framed, std::size_t leader) {
   return out;
 }
 
-bool same_limits(const format::limits& a, const format::limits& b) noexcept {
-  return a.max_header_bytes == b.max_header_bytes && a.max_index_bytes == b.max_index_bytes && a.max_tensors == b.max_tensors &&
-         a.max_depth == b.max_depth && a.max_name_bytes == b.max_name_bytes;
-}
-
 namespace {
 
 // Counts what flat_writer would write: the parses' exact length, from what

@@ -80,8 +80,6 @@ struct parsed {
 /// checked here; the format's rules are the caller's (see parsed).
 [[nodiscard]] parsed decode_parsed(std::span<const std::byte> bytes, std::size_t leader);
 
-[[nodiscard]] bool same_limits(const format::limits& a, const format::limits& b) noexcept;
-
 /// Deepest nesting a record has (map, calls, call, answer list: 4).
 inline constexpr std::uint32_t max_depth = 8;
 

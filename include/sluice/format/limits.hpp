@@ -40,6 +40,8 @@ struct limits {
   /// A tensor or shard name, in bytes (the longest in real checkpoints are
   /// about 100).
   std::uint32_t max_name_bytes = 1024;
+
+  bool operator==(const limits&) const = default;
 };
 
 /// " (limit N: raise limits.FIELD to accept it)": the tail of a cap's message
