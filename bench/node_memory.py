@@ -11,7 +11,7 @@ every rank (/proc/PID/smaps_rollup: a page mapped by k ranks counts 1/k to
 each), summing over the ranks; the row's figure is the largest sum seen, the
 node's peak. Rows, same checkpoint and options, one run:
 
-  page cache, views   --map-above 1MiB: what a rank keeps and reads or takes
+  page cache, views   --map-above 1MiB --populate-views on: what a rank keeps and reads or takes
                       itself is a view of the file (shared pages)
   page cache, copies  the default: each rank copies its bytes from the page cache
   node window         --direct: O_DIRECT reads, so local ranks copy through
@@ -111,7 +111,9 @@ def main():
         with open(f, "rb") as h:
             while h.read(64 << 20):
                 pass
-    rows = [("page cache, views", ["--map-above", "1MiB"]), ("page cache, copies", []),
+    # Views mapped in by the load (--populate-views on): the sink keeps them
+    # untouched, and a view left to its consumer would hold no page yet.
+    rows = [("page cache, views", ["--map-above", "1MiB", "--populate-views", "on"]), ("page cache, copies", []),
             ("node window", ["--direct"]), ("Gloo loopback", ["--exchange-all"])]
     gib = float(1 << 30)
     print(f"# bench/node_memory.py --ranks {a.ranks} --repeat {a.repeat}{' --window ' + a.window if a.window else ''}  ({time.strftime('%Y-%m-%d', time.gmtime())}, "

@@ -3,6 +3,7 @@
 #include "load_tool.hpp"
 
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,12 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "hand out tensors of SIZE or more whose bytes are in the page cache (or all, with\n"
                  "--buffered) as views of it instead of copies (default: never); local files")
       ->type_name("SIZE");
+  std::string populate;
+  app.add_option("--populate-views", populate,
+                 "with --map-above: map a view's pages in before it is handed out, where every\n"
+                 "one is cached (off: the consumer's first touches map them, less CPU time in\n"
+                 "all; default auto: on with at least two hardware threads per local rank)")
+      ->type_name("auto|on|off");
   app.add_option("--queue-depth", o.load.queue_depth, "reads in flight (default 4)")->type_name("N");
   app.add_option("--threads", o.load.threads, "io_context threads (default 1)")->type_name("N");
   app.add_flag("--direct", direct, "require O_DIRECT (default: O_DIRECT when aligned)");
@@ -129,6 +136,12 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   if (!window.empty()) o.window_bytes = sluice_cli::parse_size(window);
   if (!status_every.empty()) o.status_every = status_every == "0" ? 0 : sluice_cli::parse_size(status_every);
   if (!map_above.empty()) o.load.map_above = std::max<std::uint64_t>(1, sluice_cli::parse_size(map_above));
+  if (!populate.empty()) {
+    const std::map<std::string, populate_mode> modes{{"auto", populate_mode::automatic}, {"on", populate_mode::on}, {"off", populate_mode::off}};
+    const auto m = modes.find(populate);
+    if (m == modes.end()) throw config_error(fmt::format("--populate-views '{}': expected auto, on or off", populate));
+    o.load.populate_views = m->second;
+  }
   if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
   if (direct) o.load.io = io_mode::direct;
   if (buffered) o.load.io = io_mode::buffered;

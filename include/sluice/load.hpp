@@ -67,6 +67,16 @@ struct load_options {
   /// after another, which is slower for hot loads (bench-local's "inline
   /// copies" rows; figures in bench/README.md).
   bool punt_buffered = true;
+  /// Whether a page-cache view (map_above) whose every page is cached has
+  /// its pages mapped in before it is handed out (file_source::map:
+  /// MADV_POPULATE_READ, off the consumer's thread), or left to the
+  /// consumer's first touches. Mapping in ahead takes more CPU time in all
+  /// than the consumer's faults (the kernel faults each page in and then
+  /// walks it once more), and pays only where a core is free to do it while
+  /// the consumer works: `automatic` maps in where each of the node's local
+  /// ranks has two hardware threads (core/cores.hpp). A view of a range not
+  /// all in the page cache is always mapped in: that is its read.
+  populate_mode populate_views = populate_mode::automatic;
   bool poison = SLUICE_POISON_SLOTS;                    ///< poison released slots
   /// Register the staging pool as io_uring fixed buffers. Registration pins
   /// (and so faults in) the whole budget: worth it for a pool that is reused
@@ -94,7 +104,7 @@ struct load_options {
 
   /// What the source of a load with these options takes (catalog::open_source).
   [[nodiscard]] source_options source() const noexcept {
-    return {queue_depth, io, ring_entries, register_buffers, punt_buffered};
+    return {queue_depth, io, ring_entries, register_buffers, punt_buffered, populate_views};
   }
 };
 

@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include <sluice/checkpoint.hpp>
+#include <sluice/core/cores.hpp>
 #include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/load.hpp>
@@ -24,9 +25,9 @@ namespace {
 // the source goes first).
 class ring_file_source {
  public:
-  ring_file_source(asio::io_context& ioc, const checkpoint& ck, const source_options& opt, unsigned depth)
+  ring_file_source(asio::io_context& ioc, const checkpoint& ck, const source_options& opt, unsigned depth, bool populate)
       : ring_(ioc, uring_options{std::max(opt.ring_entries, depth), opt.register_buffers}),
-        src_(ring_, ck.shard_uris(), opt.io, opt.punt_buffered) {}
+        src_(ring_, ck.shard_uris(), opt.io, opt.punt_buffered, populate) {}
   [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
     return src_.read_at(file, offset, dst);
   }
@@ -62,7 +63,11 @@ std::unique_ptr<any_source> directory_catalog::open_source(const checkpoint& ck,
   // would read cold ranges O_DIRECT, past it (each byte then twice from disk).
   auto o = opt;
   if (sizing.page_cache && o.io == io_mode::automatic) o.io = io_mode::buffered;
-  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, o, depth), depth);
+  // Cached views' pages mapped in ahead where the node's ranks leave cores
+  // to spare (load_options::populate_views).
+  const bool populate = o.populate_views == populate_mode::on ||
+                        (o.populate_views == populate_mode::automatic && cores_to_spare(sizing.local_ranks));
+  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, o, depth, populate), depth);
 }
 
 }  // namespace sluice::inline v0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # sluice-load smoke tests on a generated checkpoint:
-#  - --digest equals the generator's own digests (sorted by name);
+#  - --digest equals the generator's own digests (sorted by name), also with
+#    page-cache views mapped in ahead or not (--populate-views on/off);
 #  - --json reports bytes_read == the checkpoint's tensor bytes, and a load of a
 #    checkpoint 4x the staging budget stays within it (slots_used * slot_size);
 #  - --probe reads headers only (bytes_read 0) and --contract-out writes JSON;
@@ -16,6 +17,14 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 "$load" "$ck" --digest --no-progress > "$work/d.txt" 2>/dev/null
 sort "$digests" | cmp -s - "$work/d.txt" || { echo "FAIL: --digest differs from the generator's digests"; diff <(sort "$digests") "$work/d.txt" | head; exit 1; }
 echo "ok: $(wc -l < "$work/d.txt") digests equal the generator's"
+# Views of the page cache, their pages mapped in ahead or left to the digest's touches: the same bytes.
+for p in on off; do
+  "$load" "$ck" --buffered --map-above 64KiB --populate-views $p --digest --no-progress > "$work/v.txt" 2>/dev/null
+  sort "$digests" | cmp -s - "$work/v.txt" || { echo "FAIL: --populate-views $p --digest differs"; diff <(sort "$digests") "$work/v.txt" | head; exit 1; }
+done
+if "$load" "$ck" --map-above 64KiB --populate-views sometimes --no-progress > /dev/null 2> "$work/err.txt"; then echo "FAIL: --populate-views sometimes accepted"; exit 1; fi
+[[ $(wc -l < "$work/err.txt") -eq 1 ]] && grep -q "^sluice: error: --populate-views 'sometimes': expected auto, on or off" "$work/err.txt" || { echo "FAIL: --populate-views sometimes error output:"; cat "$work/err.txt"; exit 1; }
+echo "ok: --populate-views on and off give the generator's digests; $(head -1 "$work/err.txt" | cut -c1-90)"
 
 "$load" "$ck" --json --staging 768KiB --max-read 128KiB > "$work/s.json"
 /usr/bin/python3 - "$work/s.json" "$ck" <<'PY'

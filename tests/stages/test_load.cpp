@@ -1,10 +1,15 @@
 // tests for <sluice/load.hpp>, <sluice/load_file.hpp>, the fetch/stage/place
 // stages and the sinks, end to end over io_uring.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <utility>
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <latch>
 #include <thread>
@@ -15,9 +20,11 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/sluice.hpp>
+#include <sluice/source/page_cache.hpp>
 #include <sluice/testing/generator.hpp>
 
 #include "support/coro.hpp"
+#include "support/pages.hpp"
 
 using namespace sluice;
 
@@ -408,4 +415,55 @@ TEST_CASE("tensors of map_above bytes or more come whole as views of the page ca
   o.map_above = 0;
   digest_sink plain;
   REQUIRE(load(ck, plain, o).mapped_tensors == 0);
+}
+
+TEST_CASE("populate_views: a cached view comes with its pages mapped in, or leaves them to its consumer", "[stages][load][map]") {
+  sluice_test::scratch_dir dir;
+  testing::write_checkpoint(dir.path, small_model());
+  auto ck = checkpoint::open(dir.path);
+  auto o = small_staging();
+  o.io = io_mode::buffered;
+  o.map_above = 300 << 10;
+  const auto mode = GENERATE(populate_mode::on, populate_mode::off);
+  o.populate_views = mode;
+  for (const auto& sh : ck.shards()) {  // just written: cached, unless this kernel has no cachestat(2)
+    const int fd = ::open(sh.uri.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    const bool cached = detail::fully_cached(fd, 0, std::filesystem::file_size(sh.uri));
+    ::close(fd);
+    if (!cached) {
+      WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every view is mapped in");
+      return;
+    }
+  }
+  // Nothing touches a view during the load: its pages are what the load mapped in.
+  struct present_sink {
+    std::uint64_t map_above;
+    std::vector<std::pair<const tensor_ref*, lease>> kept;
+    std::size_t views = 0, present = 0, pages = 0;
+    bool accept(tensor_view v) {
+      if (v.tensor->size < map_above) return true;
+      ++views;
+      present += sluice_test::present_pages(v.bytes);
+      pages += sluice_test::spanned_pages(v.bytes);
+      kept.emplace_back(v.tensor, v.hold);
+      return true;
+    }
+  } s{o.map_above, {}, 0, 0, 0};
+  const auto st = load(ck, s, o);
+  REQUIRE(s.views > 0);
+  REQUIRE(st.mapped_tensors == s.views);
+  INFO("present " << s.present << " of " << s.pages << " pages in " << s.views << " views");
+  if (mode == populate_mode::on)
+    REQUIRE(s.present == s.pages);
+  else
+    REQUIRE(s.present == 0);
+  for (const auto& [t, v] : s.kept) {  // the file's bytes either way
+    INFO(t->name);
+    std::ifstream f(ck.shards()[t->shard].uri, std::ios::binary);
+    std::vector<char> want(v.bytes().size());
+    f.seekg(static_cast<std::streamoff>(t->offset));
+    f.read(want.data(), static_cast<std::streamsize>(want.size()));
+    REQUIRE(std::memcmp(v.bytes().data(), want.data(), want.size()) == 0);
+  }
 }

@@ -28,8 +28,10 @@
 #include <sluice/source/file_source.hpp>
 
 #include "support/coro.hpp"
+#include "support/pages.hpp"
 
 using namespace sluice;
+using sluice_test::present_pages;
 namespace asio = boost::asio;
 
 namespace {
@@ -56,14 +58,16 @@ std::filesystem::path written(std::filesystem::path p, const std::vector<std::by
 }
 // A scratch file of `n` pattern bytes and a buffered source over it on a
 // ring of its own: the map tests' setup.
+// `populate`: whether the source maps a cached view's pages in (file_source's last argument).
 struct buffered_file {
-  explicit buffered_file(std::size_t n) : data(pattern(n)), path(written(dir.path / "f", data)) {}
+  explicit buffered_file(std::size_t n, bool populate = true)
+      : data(pattern(n)), path(written(dir.path / "f", data)), src(ring, {path.string()}, io_mode::buffered, true, populate) {}
   sluice_test::scratch_dir dir;
   std::vector<std::byte> data;
   std::filesystem::path path;
   asio::io_context ioc;
   uring_context ring{ioc};
-  file_source src{ring, {path.string()}, io_mode::buffered};
+  file_source src;
 };
 
 // Runs src.map(0, off, len) on `ioc` to completion; rethrows its error.
@@ -258,7 +262,8 @@ TEST_CASE("a file's mapping asks for huge pages unless this machine reports free
 }
 
 TEST_CASE("map fails with truncated_error naming the file and bytes when the file was cut after it was opened", "[core][uring][map][errors]") {
-  buffered_file f(4 << 20);
+  const bool populate = GENERATE(true, false);  // a source that leaves cached views to their consumers checks too
+  buffered_file f(4 << 20, populate);
   std::filesystem::resize_file(f.path, 1 << 20);  // the source saw 4 MiB
   try {
     (void)map_range(f.ioc, f.src, 2 << 20, 1 << 20);
@@ -296,22 +301,6 @@ TEST_CASE("io_mode::direct never maps, automatic maps what is cached", "[core][u
 }
 
 namespace {
-// Pages of `b` this process has mapped in (page table entries present:
-// /proc/self/pagemap bit 63, readable without privileges).
-std::size_t present_pages(std::span<const std::byte> b) {
-  const int fd = ::open("/proc/self/pagemap", O_RDONLY);
-  REQUIRE(fd >= 0);
-  const auto first = reinterpret_cast<std::uintptr_t>(b.data()) / 4096, last = (reinterpret_cast<std::uintptr_t>(b.data()) + b.size() - 1) / 4096;
-  std::size_t n = 0;
-  for (auto p = first; p <= last; ++p) {
-    std::uint64_t e = 0;
-    REQUIRE(::pread(fd, &e, 8, static_cast<off_t>(p * 8)) == 8);
-    n += (e >> 63) & 1;
-  }
-  ::close(fd);
-  return n;
-}
-
 // Opens `path` (of `n` bytes) and reads all of it: every page in the page
 // cache, written back (clean pages: posix_fadvise can drop them). The caller closes it.
 int open_cached(const std::filesystem::path& path, std::size_t n) {
@@ -393,6 +382,39 @@ TEST_CASE("map maps a small range whose every page is cached on the calling thre
   const lease cold = map_range(f.ioc, f.src, off, 1 << 20);
   CHECK(f.src.inline_maps() == 1);
   check(cold, off);
+  CHECK(f.src.mapped_bytes() == small.bytes().size() + large.bytes().size() + cold.bytes().size());
+}
+
+TEST_CASE("a source that does not populate cached views leaves their pages to the consumer, and still maps in what is not cached",
+          "[core][uring][map]") {
+  const std::uint64_t limit = file_source::inline_populate_max;
+  buffered_file f(static_cast<std::size_t>(limit + (8 << 20)), false);
+  const int fd = open_cached(f.path, f.data.size());
+  if (!f.src.cached(0, 0, f.data.size())) {
+    ::close(fd);
+    WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every view is mapped in");
+    return;
+  }
+  // Cached, small and larger than the inline limit: no page mapped in, the file's bytes.
+  const lease small = map_range(f.ioc, f.src, 4097, (1 << 20) + 3);
+  const lease large = map_range(f.ioc, f.src, 2 << 20, limit + (2 << 20));
+  CHECK(f.src.unpopulated_maps() == 2);
+  CHECK(f.src.inline_maps() == 0);
+  REQUIRE(present_pages(small.bytes()) == 0);
+  REQUIRE(present_pages(large.bytes()) == 0);
+  REQUIRE(std::memcmp(small.bytes().data(), f.data.data() + 4097, small.bytes().size()) == 0);
+  REQUIRE(std::memcmp(large.bytes().data(), f.data.data() + (2 << 20), large.bytes().size()) == 0);
+  REQUIRE(present_pages(large.bytes()) == sluice_test::spanned_pages(large.bytes()));  // the consumer's touches map them
+  // Dropped (clean pages, none of them mapped): a range that is not cached is
+  // mapped in all the same, since that is its read.
+  REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  ::close(fd);
+  const std::uint64_t off = limit + (5 << 20);
+  REQUIRE_FALSE(f.src.cached(0, off, 1 << 20));
+  const lease cold = map_range(f.ioc, f.src, off, 1 << 20);
+  CHECK(f.src.unpopulated_maps() == 2);
+  REQUIRE(present_pages(cold.bytes()) == sluice_test::spanned_pages(cold.bytes()));
+  REQUIRE(std::memcmp(cold.bytes().data(), f.data.data() + off, cold.bytes().size()) == 0);
   CHECK(f.src.mapped_bytes() == small.bytes().size() + large.bytes().size() + cold.bytes().size());
 }
 

@@ -17,7 +17,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -26,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sluice/core/cores.hpp>
 #include <sluice/load.hpp>
 #include <sluice/policy/classify.hpp>
 #include <sluice/policy/plan.hpp>
@@ -52,7 +52,7 @@ struct distributed_options {
   /// local files and the collective both use CPU (page-cache copies; TCP
   /// copies on loopback or a NIC without offload), so there overlapping pays
   /// only when each local rank has cores to spare: `automatic` overlaps when
-  /// the machine has at least two hardware threads per local rank (on 2
+  /// this process has at least two hardware threads per local rank (on 2
   /// cores, 8 ranks load twice as fast serially: see bench/README.md,
   /// bench-distributed), or when the storage is remote (a catalog that shares
   /// no page cache: S3), whose reads wait on the network rather than the
@@ -111,7 +111,7 @@ struct distributed_options {
   /// machine, reading from remote storage or not.
   [[nodiscard]] bool overlaps(std::size_t local_ranks, bool remote = false) const noexcept {
     if (overlap != overlap_mode::automatic) return overlap == overlap_mode::on;
-    return remote || std::thread::hardware_concurrency() >= 2 * std::max<std::size_t>(1, local_ranks);
+    return remote || cores_to_spare(local_ranks);
   }
 };
 

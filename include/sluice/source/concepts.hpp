@@ -31,6 +31,14 @@ enum class io_mode {
   buffered,   ///< always through the page cache
 };
 
+/// Whether a page-cache view whose every page is cached has its pages mapped
+/// in before it is handed out (see load_options::populate_views).
+enum class populate_mode : std::uint8_t {
+  automatic,  ///< where each of the node's local ranks has two hardware threads (core/cores.hpp)
+  on,         ///< always: the consumer's first touches fault nothing
+  off,        ///< never: the consumer's first touches map the pages in
+};
+
 /// Counters every source and catalog keeps (monotonic, thread-safe).
 struct io_counters {
   std::atomic<std::uint64_t> bytes_read{0};      ///< payload bytes delivered to callers
@@ -56,6 +64,9 @@ struct source_options {
   unsigned ring_entries = 64;        ///< local files: io_uring SQ entries
   bool register_buffers = false;     ///< local files: register the staging pool with the ring
   bool punt_buffered = true;         ///< local files: buffered reads on io-wq (several copies at once)
+  /// local files: map a cached view's pages in before handing it out
+  /// (automatic: with reader_sizing::local_ranks, see core/cores.hpp)
+  populate_mode populate_views = populate_mode::automatic;
 };
 
 /// How many ranks of a node share a distributed load's storage, and what one

@@ -71,9 +71,12 @@ class file_source {
   /// `punt_buffered`: hand buffered reads to io-wq workers (IOSQE_ASYNC), so
   /// that page-cache copies of the reads in flight run on several cores
   /// instead of one after another in the submitting thread (load_options::punt_buffered).
+  /// `populate_cached`: map's views of ranges whose every page is cached come
+  /// with their pages mapped in (false: the consumer's touches map them in;
+  /// load_options::populate_views).
   file_source(uring_context& ring, std::vector<std::string> paths, io_mode mode = io_mode::automatic,
-              bool punt_buffered = true)
-      : ring_(&ring), mode_(mode), punt_buffered_(punt_buffered) {
+              bool punt_buffered = true, bool populate_cached = true)
+      : ring_(&ring), mode_(mode), punt_buffered_(punt_buffered), populate_cached_(populate_cached) {
     files_.reserve(paths.size());
     try {
       for (auto& p : paths) files_.push_back(open_file(std::move(p)));
@@ -111,10 +114,11 @@ class file_source {
   }
 
   /// A view of bytes [offset, offset + length) of `file` in the page cache
-  /// (see the file comment), its pages mapped in first: the lease keeps the
-  /// file's mapping alive. Throws truncated_error when the file no longer
-  /// holds the range, io_error for other failures, cancelled_error after
-  /// the ring was cancelled.
+  /// (see the file comment), its pages mapped in first (for a range whose
+  /// every page is cached, only if the source populates cached views): the
+  /// lease keeps the file's mapping alive. Throws truncated_error when the
+  /// file no longer holds the range, io_error for other failures,
+  /// cancelled_error after the ring was cancelled.
   [[nodiscard]] task<lease> map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
     lease v = view(file, offset, length);   // the range checked, the mapping held
     const auto& f = files_.at(file);
@@ -128,12 +132,25 @@ class file_source {
       counters_.bytes_read.fetch_add(length, std::memory_order_relaxed);
       mapped_bytes_.fetch_add(length, std::memory_order_relaxed);
     };
+    const bool small = end - begin <= inline_populate_max;
+    const bool resident = (small || !populate_cached_) && detail::fully_cached(f.fd, begin, end - begin);
+    // Every page cached, and mapping in ahead not wanted (no core to spare
+    // for it): the consumer's first touches map the pages in, which takes
+    // less CPU time in all than MADV_POPULATE_READ, which faults each page
+    // in and then walks it once more (bench/README.md, the peers race's
+    // 4-rank row). A range not all cached is mapped in below either way:
+    // that is its read.
+    if (resident && !populate_cached_) {
+      count_mapped();
+      unpopulated_maps_.fetch_add(1, std::memory_order_relaxed);
+      co_return v;
+    }
     // A small range whose every page is cached is mapped in here: no disk
     // read can block the thread, the work is a few page-table entries (one
     // per 2 MiB folio), and a trip through io-wq (two thread wakes) cost
     // more than the work; on ranks sharing cores, most of their context
     // switches (bench/README.md, the peers race's ranks row).
-    if (end - begin <= inline_populate_max && detail::fully_cached(f.fd, begin, end - begin)) {
+    if (resident) {
       if (::madvise(base + begin, static_cast<std::size_t>(end - begin), MADV_POPULATE_READ) != 0) {
         const int e = errno;
         if (e == EFAULT) throw truncated_error("the file is shorter than when it was opened", where, e);
@@ -181,6 +198,9 @@ class file_source {
   [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_bytes_.load(); }
   /// Of the views, those mapped in on the calling thread (see map).
   [[nodiscard]] std::uint64_t inline_maps() const noexcept { return inline_maps_.load(); }
+  /// Of the views, those handed out without their pages mapped in (every
+  /// page cached, and the source does not populate cached views).
+  [[nodiscard]] std::uint64_t unpopulated_maps() const noexcept { return unpopulated_maps_.load(); }
 
   /// Reads up to dst.size() bytes at `offset` of file `file`; returns the
   /// count (short near end of file, 0 at or past it).
@@ -271,12 +291,14 @@ class file_source {
   uring_context* ring_;
   io_mode mode_;
   bool punt_buffered_;
+  bool populate_cached_;
   std::vector<file> files_;
   io_counters counters_;
   std::atomic<std::uint64_t> counters_direct_{0};
   std::atomic<std::uint64_t> counters_buffered_{0};
   std::atomic<std::uint64_t> mapped_bytes_{0};
   std::atomic<std::uint64_t> inline_maps_{0};
+  std::atomic<std::uint64_t> unpopulated_maps_{0};
   std::mutex map_mu_;
 };
 
