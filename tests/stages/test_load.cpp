@@ -1,6 +1,7 @@
 // tests for <sluice/load.hpp>, <sluice/load_file.hpp>, the fetch/stage/place
 // stages and the sinks, end to end over io_uring.
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <utility>
@@ -20,6 +21,7 @@
 #include <catch2/catch.hpp>
 
 #include <sluice/sluice.hpp>
+#include <sluice/core/cores.hpp>
 #include <sluice/source/page_cache.hpp>
 #include <sluice/testing/generator.hpp>
 
@@ -417,42 +419,69 @@ TEST_CASE("tensors of map_above bytes or more come whole as views of the page ca
   REQUIRE(load(ck, plain, o).mapped_tensors == 0);
 }
 
-TEST_CASE("populate_views: a cached view comes with its pages mapped in, or leaves them to its consumer", "[stages][load][map]") {
-  sluice_test::scratch_dir dir;
-  testing::write_checkpoint(dir.path, small_model());
-  auto ck = checkpoint::open(dir.path);
-  auto o = small_staging();
-  o.io = io_mode::buffered;
-  o.map_above = 300 << 10;
-  const auto mode = GENERATE(populate_mode::on, populate_mode::off);
-  o.populate_views = mode;
-  for (const auto& sh : ck.shards()) {  // just written: cached, unless this kernel has no cachestat(2)
+namespace {
+// Whether every byte of the checkpoint's shards is in the page cache (false
+// also where this kernel has no cachestat(2)).
+bool all_cached(const checkpoint& ck) {
+  for (const auto& sh : ck.shards()) {
     const int fd = ::open(sh.uri.c_str(), O_RDONLY);
-    REQUIRE(fd >= 0);
+    if (fd < 0) return false;
     const bool cached = detail::fully_cached(fd, 0, std::filesystem::file_size(sh.uri));
     ::close(fd);
-    if (!cached) {
-      WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every view is mapped in");
-      return;
-    }
+    if (!cached) return false;
   }
-  // Nothing touches a view during the load: its pages are what the load mapped in.
-  struct present_sink {
-    std::uint64_t map_above;
-    std::vector<std::pair<const tensor_ref*, lease>> kept;
-    std::size_t views = 0, present = 0, pages = 0;
-    bool accept(tensor_view v) {
-      if (v.tensor->size < map_above) return true;
-      ++views;
-      present += sluice_test::present_pages(v.bytes);
-      pages += sluice_test::spanned_pages(v.bytes);
-      kept.emplace_back(v.tensor, v.hold);
-      return true;
-    }
-  } s{o.map_above, {}, 0, 0, 0};
-  const auto st = load(ck, s, o);
+  return true;
+}
+
+// A load whose views (tensors of map_above bytes or more) nobody touches
+// while it runs: how many there were, and how many of their pages the load
+// mapped in; the views are kept, with their tensors.
+struct untouched_views {
+  std::uint64_t map_above = 0;
+  std::vector<std::pair<const tensor_ref*, lease>> kept;
+  std::size_t views = 0, present = 0, pages = 0;
+  bool accept(tensor_view v) {
+    if (v.tensor->size < map_above) return true;
+    ++views;
+    present += sluice_test::present_pages(v.bytes);
+    pages += sluice_test::spanned_pages(v.bytes);
+    kept.emplace_back(v.tensor, v.hold);
+    return true;
+  }
+};
+untouched_views load_untouched(const checkpoint& ck, const load_options& o) {
+  untouched_views s{o.map_above};
+  if (load(ck, s, o).mapped_tensors != s.views) throw std::runtime_error("a view the load did not count as mapped");
+  return s;
+}
+
+// A checkpoint of the small model, just written (so in the page cache), and
+// options that hand its tensors of 300 KiB or more out as views.
+struct viewed_checkpoint {
+  sluice_test::scratch_dir dir;
+  checkpoint ck = [this] {
+    testing::write_checkpoint(dir.path, small_model());
+    return checkpoint::open(dir.path);
+  }();
+  load_options o = [] {
+    auto o = small_staging();
+    o.io = io_mode::buffered;
+    o.map_above = 300 << 10;
+    return o;
+  }();
+};
+}  // namespace
+
+TEST_CASE("populate_views: a cached view comes with its pages mapped in, or leaves them to its consumer", "[stages][load][map]") {
+  viewed_checkpoint c;
+  const auto mode = GENERATE(populate_mode::on, populate_mode::off);
+  c.o.populate_views = mode;
+  if (!all_cached(c.ck)) {
+    WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every view is mapped in");
+    return;
+  }
+  const auto s = load_untouched(c.ck, c.o);
   REQUIRE(s.views > 0);
-  REQUIRE(st.mapped_tensors == s.views);
   INFO("present " << s.present << " of " << s.pages << " pages in " << s.views << " views");
   if (mode == populate_mode::on)
     REQUIRE(s.present == s.pages);
@@ -460,10 +489,58 @@ TEST_CASE("populate_views: a cached view comes with its pages mapped in, or leav
     REQUIRE(s.present == 0);
   for (const auto& [t, v] : s.kept) {  // the file's bytes either way
     INFO(t->name);
-    std::ifstream f(ck.shards()[t->shard].uri, std::ios::binary);
+    std::ifstream f(c.ck.shards()[t->shard].uri, std::ios::binary);
     std::vector<char> want(v.bytes().size());
     f.seekg(static_cast<std::streamoff>(t->offset));
     f.read(want.data(), static_cast<std::streamsize>(want.size()));
     REQUIRE(std::memcmp(v.bytes().data(), want.data(), want.size()) == 0);
   }
+}
+
+TEST_CASE("populate_views automatic maps in ahead only with two hardware threads per local rank, counted from the CPU affinity",
+          "[stages][load][map]") {
+  viewed_checkpoint c;
+  c.o.populate_views = populate_mode::automatic;
+  if (!all_cached(c.ck)) {
+    WARN("cachestat(2) unavailable (Linux < 6.5): nothing counts as cached, every view is mapped in");
+    return;
+  }
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &mask)) ++first;
+  // A thread allowed one CPU (as a rank pinned to one core, or a container
+  // of one): one hardware thread, none to spare, so views are left to their
+  // consumer. Asserted here, on the test's own thread.
+  std::size_t threads = 0;
+  bool spare = true;
+  untouched_views pinned;
+  std::exception_ptr failure;
+  std::thread([&] {
+    try {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(first, &one);
+      if (::sched_setaffinity(0, sizeof one, &one) != 0) throw std::runtime_error("sched_setaffinity failed");
+      threads = hardware_threads();
+      spare = cores_to_spare(1);
+      pinned = load_untouched(c.ck, c.o);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }).join();
+  if (failure) std::rethrow_exception(failure);
+  REQUIRE(threads == 1);
+  REQUIRE_FALSE(spare);
+  REQUIRE(pinned.views > 0);
+  REQUIRE(pinned.present == 0);
+  if (hardware_threads() < 2) {
+    WARN("one hardware thread here: automatic never maps in ahead");
+    return;
+  }
+  REQUIRE(cores_to_spare(1));
+  const auto s = load_untouched(c.ck, c.o);  // this thread, every CPU of the test's affinity
+  REQUIRE(s.views == pinned.views);
+  REQUIRE(s.present == s.pages);
 }
