@@ -3,7 +3,6 @@
 #include "load_tool.hpp"
 
 #include <cstdlib>
-#include <map>
 #include <optional>
 #include <string>
 
@@ -136,12 +135,7 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   if (!window.empty()) o.window_bytes = sluice_cli::parse_size(window);
   if (!status_every.empty()) o.status_every = status_every == "0" ? 0 : sluice_cli::parse_size(status_every);
   if (!map_above.empty()) o.load.map_above = std::max<std::uint64_t>(1, sluice_cli::parse_size(map_above));
-  if (!populate.empty()) {
-    const std::map<std::string, populate_mode> modes{{"auto", populate_mode::automatic}, {"on", populate_mode::on}, {"off", populate_mode::off}};
-    const auto m = modes.find(populate);
-    if (m == modes.end()) throw config_error(fmt::format("--populate-views '{}': expected auto, on or off", populate));
-    o.load.populate_views = m->second;
-  }
+  if (!populate.empty()) o.load.populate_views = sluice_cli::auto_on_off<populate_mode>("--populate-views", populate);
   if (direct && buffered) throw config_error("--direct and --buffered exclude each other");
   if (direct) o.load.io = io_mode::direct;
   if (buffered) o.load.io = io_mode::buffered;

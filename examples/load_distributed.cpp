@@ -153,11 +153,7 @@ int run_distributed(const options& o) {
   dopt.page_cache = dopt.node_window = !o.exchange_all;
   dopt.status_every = o.status_every;
   if (o.window_bytes) dopt.plan.window_bytes = o.window_bytes;
-  using om = distributed_options::overlap_mode;
-  if (o.overlap == "auto") dopt.overlap = om::automatic;
-  else if (o.overlap == "on") dopt.overlap = om::on;
-  else if (o.overlap == "off") dopt.overlap = om::off;
-  else throw config_error(fmt::format("--overlap '{}': expected auto, on or off", o.overlap));
+  dopt.overlap = sluice_cli::auto_on_off<distributed_options::overlap_mode>("--overlap", o.overlap);
   if (o.uneven == "keep-whole") dopt.plan.uneven_tp_keep_whole = true;
   else if (o.uneven != "error") throw config_error(fmt::format("--uneven '{}': expected error or keep-whole", o.uneven));
   dopt.plan.experts = policy::parse_expert_placement(o.experts);

@@ -14,12 +14,24 @@
 #include <fmt/format.h>
 
 #include <sluice/core/size.hpp>
+#include <sluice/error.hpp>
 
 namespace sluice_cli {
 
 /// "64MiB", "4GiB", "1G", "1.5GB": the library's one size grammar (sluice/core/size.hpp).
 /// Throws sluice::config_error.
 inline std::uint64_t parse_size(std::string_view s) { return sluice::parse_size(s); }
+
+/// The value of an auto|on|off option as `Mode`, an enum with the members
+/// automatic, on and off (distributed_options::overlap_mode, populate_mode).
+/// Throws sluice::config_error naming the option for any other value.
+template <class Mode>
+Mode auto_on_off(std::string_view option, std::string_view value) {
+  if (value == "auto") return Mode::automatic;
+  if (value == "on") return Mode::on;
+  if (value == "off") return Mode::off;
+  throw sluice::config_error(fmt::format("{} '{}': expected auto, on or off", option, value));
+}
 
 inline std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

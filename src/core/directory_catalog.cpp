@@ -11,7 +11,6 @@
 #include <boost/asio/io_context.hpp>
 
 #include <sluice/checkpoint.hpp>
-#include <sluice/core/cores.hpp>
 #include <sluice/memory/staging_pool.hpp>
 #include <sluice/core/uring.hpp>
 #include <sluice/load.hpp>
@@ -63,11 +62,7 @@ std::unique_ptr<any_source> directory_catalog::open_source(const checkpoint& ck,
   // would read cold ranges O_DIRECT, past it (each byte then twice from disk).
   auto o = opt;
   if (sizing.page_cache && o.io == io_mode::automatic) o.io = io_mode::buffered;
-  // Cached views' pages mapped in ahead where the node's ranks leave cores
-  // to spare (load_options::populate_views).
-  const bool populate = o.populate_views == populate_mode::on ||
-                        (o.populate_views == populate_mode::automatic && cores_to_spare(sizing.local_ranks));
-  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, o, depth, populate), depth);
+  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, o, depth, o.populates(sizing.local_ranks)), depth);
 }
 
 }  // namespace sluice::inline v0

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <sluice/core/cores.hpp>
 #include <sluice/core/task.hpp>
 
 namespace boost::asio {
@@ -65,8 +66,15 @@ struct source_options {
   bool register_buffers = false;     ///< local files: register the staging pool with the ring
   bool punt_buffered = true;         ///< local files: buffered reads on io-wq (several copies at once)
   /// local files: map a cached view's pages in before handing it out
-  /// (automatic: with reader_sizing::local_ranks, see core/cores.hpp)
+  /// (automatic: with reader_sizing::local_ranks, see populates())
   populate_mode populate_views = populate_mode::automatic;
+
+  /// Whether `populate_views` means mapping cached views in ahead with
+  /// `local_ranks` ranks on this node: where each has two hardware threads.
+  [[nodiscard]] bool populates(std::size_t local_ranks) const noexcept {
+    if (populate_views != populate_mode::automatic) return populate_views == populate_mode::on;
+    return cores_to_spare(local_ranks);
+  }
 };
 
 /// How many ranks of a node share a distributed load's storage, and what one
