@@ -57,8 +57,8 @@ std::filesystem::path written(std::filesystem::path p, const std::vector<std::by
   return p;
 }
 // A scratch file of `n` pattern bytes and a buffered source over it on a
-// ring of its own: the map tests' setup.
-// `populate`: whether the source maps a cached view's pages in (file_source's last argument).
+// ring of its own: the map tests' setup. `populate`: whether the source maps
+// a cached view's pages in (file_source's last argument).
 struct buffered_file {
   explicit buffered_file(std::size_t n, bool populate = true)
       : data(pattern(n)), path(written(dir.path / "f", data)), src(ring, {path.string()}, io_mode::buffered, true, populate) {}
