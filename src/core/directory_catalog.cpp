@@ -44,6 +44,9 @@ class ring_file_source {
     return src_.cached(file, offset, length);
   }
   [[nodiscard]] lease view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) { return src_.view(file, offset, length); }
+  [[nodiscard]] lease transient_view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    return src_.transient_view(file, offset, length);
+  }
   void cancel() { ring_.cancel_all(); }
   void register_buffers(staging_pool& pool) { ring_.register_buffers(pool.region(), pool.slot_size()); }
 

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <set>
@@ -26,6 +28,7 @@
 #include <fmt/format.h>
 
 #include <sluice/core/channel.hpp>
+#include <sluice/core/cores.hpp>
 #include <sluice/core/run.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/distributed/deliver_window.hpp>
@@ -59,15 +62,85 @@ std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, polic
   return readers;
 }
 
+// A slice of a shared table this rank writes into the node's segment from
+// the page cache: bytes [offset, offset + size) of tensor `t`, at `at` in
+// the segment.
+struct table_write {
+  const tensor_ref* t;
+  std::uint64_t offset, size, at;
+};
+
+// Writes `writes` into `segment` from views of the files (`src`), through
+// the pieces' descriptors (memory::shared_host::write), instead of reading
+// them into its mapping: a page written so is allocated without zeroing and
+// without a fault, about half the CPU time of one faulted in and copied
+// (bench/shmem_writers.c; memory/shared_host.hpp), and each piece has one
+// writer (policy::plan_segment), so the node's ranks write at once. One
+// thread per piece of this rank's, as many as it has hardware threads
+// (hardware_threads() / local ranks, at least one). A failure names the
+// file, the tensor and its bytes. Returns the bytes written.
+std::uint64_t write_tables(const checkpoint& ck, any_source& src, const memory::shared_host& segment,
+                           const std::vector<table_write>& writes, std::size_t local_size) {
+  if (writes.empty()) return 0;
+  const auto pieces = segment.pieces();
+  std::map<std::size_t, std::vector<const table_write*>> by_piece;
+  std::uint64_t total = 0;
+  for (const auto& w : writes) {
+    by_piece[static_cast<std::size_t>(std::upper_bound(pieces.begin(), pieces.end(), w.at) - pieces.begin() - 1)].push_back(&w);
+    total += w.size;
+  }
+  std::vector<std::vector<const table_write*>> lanes(
+      std::min(by_piece.size(), std::max<std::size_t>(1, hardware_threads() / std::max<std::size_t>(1, local_size))));
+  std::size_t k = 0;
+  for (auto& [piece, ws] : by_piece) {
+    auto& lane = lanes[k++ % lanes.size()];
+    lane.insert(lane.end(), ws.begin(), ws.end());
+  }
+  auto write = [&](const std::vector<const table_write*>& lane) {
+    for (const auto* w : lane) {
+      const auto& t = *w->t;
+      const lease v = src.transient_view(t.shard, t.offset + w->offset, w->size);
+      try {
+        segment.write(w->at, v.bytes());
+      } catch (const io_error& e) {
+        throw io_error(fmt::format("writing a shared table's slice into the node's segment: {}", e.detail()),
+                       {ck.shards()[t.shard].uri, t.name, byte_range{t.offset + w->offset, t.offset + w->offset + w->size}}, e.code());
+      }
+    }
+  };
+  std::vector<std::exception_ptr> failed(lanes.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 1; i < lanes.size(); ++i)
+    threads.push_back(named_thread("sluice-tables", [&, i] {
+      try {
+        write(lanes[i]);
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
+    }));
+  try {
+    write(lanes[0]);
+  } catch (...) {
+    failed[0] = std::current_exception();
+  }
+  for (auto& t : threads) t.join();
+  for (auto& f : failed)
+    if (f) std::rethrow_exception(f);
+  return total;
+}
+
 // Memory every rank of `me`'s node maps (memory::shared_host): created by
 // its local rank 0, which hands the descriptor itself to the node's other
 // `local_size - 1` ranks (memory/node_handoff.hpp: a Unix socket, this user's
 // processes proving a token that travels in this communicator's all-gather,
-// never a path a peer chose); every rank fails if one cannot. Once all have
-// it, only mappings hold it: nothing to clean up after a crash. `what` names
-// it in the phases ("shared segment", "node window").
+// never a path a peer chose); every rank fails if one cannot. Every rank
+// holds its descriptors until its close_handle() (the segment's writers
+// write through them); after that only mappings hold it: nothing to clean up
+// after a crash. `pieces`: shared_host::create's. `what` names it in the
+// phases ("shared segment", "node window").
 memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t me, std::size_t local_rank,
-                                      std::size_t local_size, std::size_t size, const std::string& name, const std::string& what) {
+                                      std::size_t local_size, std::size_t size, std::span<const std::uint64_t> pieces,
+                                      const std::string& name, const std::string& what) {
   memory::shared_host mem;
   std::optional<memory::handoff_server> server;
   constexpr std::size_t ticket_bytes = 128;
@@ -80,7 +153,7 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
   std::exception_ptr failure;
   try {
     if (local_rank == 0) {
-      mem = memory::shared_host::create(size, name);
+      mem = memory::shared_host::create(size, name, pieces);
       if (receivers > 0) {
         server.emplace(mem);
         const auto t = server->ticket();
@@ -96,10 +169,9 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
       if (server) server->serve(receivers, handoff_timeout, c.liveness());
       return;
     }
-    mem = memory::receive_handoff(std::span(all).subspan(leader * ticket_bytes, ticket_bytes), size, handoff_timeout);
+    mem = memory::receive_handoff(std::span(all).subspan(leader * ticket_bytes, ticket_bytes), size, pieces, handoff_timeout);
   });
   server.reset();
-  mem.close_handle();
   for (auto* v : {&mine, &all}) std::fill(v->begin(), v->end(), std::byte{0});  // the tickets' tokens
   return mem;
 }
@@ -310,24 +382,35 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.shared_bytes = shared && !table_views ? plan.shared_bytes : 0;
   if (shared && !table_views) {
     const auto setup0 = clock::now();
-    segment = share_node_memory(c, me, st.local_rank, plan.local_size, plan.shared_bytes, fmt::format("{}-rank{}", opt.segment_name, me),
-                                "shared segment");
+    segment = share_node_memory(c, me, st.local_rank, plan.local_size, plan.shared_bytes, plan.segment_pieces,
+                                fmt::format("{}-rank{}", opt.segment_name, me), "shared segment");
     st.setup_seconds += since(setup0);
-    // This rank's slices of the shared tables, straight into the segment.
+    // This rank's slices of the shared tables, into the segment: those the
+    // node's page cache holds written from views of the files, the others
+    // read straight into its mapping.
     fault_point("tables", me);
     const auto r0 = clock::now();
     run_phase(c, "reading shared tables", [&] {
+      auto& tr = table_reader ? *table_reader : *reader;
+      // O_DIRECT asked for: every byte read from the disk, none from the page cache.
+      const bool from_page_cache = opt.load.io != io_mode::direct;
       planned_reads reads;
+      std::vector<table_write> writes;
       for (const auto& e : plan.entries) {
         if (!e.shared()) continue;
+        const auto& t = ck.tensors()[e.index];
         for (const auto& r : e.reads)
           if (r.reader == me) {
-            reads.push_back({&ck.tensors()[e.index], r.offset, r.size, segment.bytes().subspan(e.shared_offset + r.offset, r.size)});
             st.shared_bytes_written += r.size;
+            fetched += r.size;
+            if (from_page_cache && tr.source().cached(t.shard, t.offset + r.offset, r.size))
+              writes.push_back({&t, r.offset, r.size, e.shared_offset + r.offset});
+            else
+              reads.push_back({&t, r.offset, r.size, segment.bytes().subspan(e.shared_offset + r.offset, r.size)});
           }
       }
-      for (const auto& r : reads) fetched += r.size;
-      run_blocking(ioc, (table_reader ? *table_reader : *reader).read(reads));
+      st.resident_bytes += write_tables(ck, tr.source(), segment, writes, plan.local_size);
+      run_blocking(ioc, tr.read(reads));
       if (table_reader) {
         table_storage_bytes = table_reader->counters().bytes_read.load();
         table_requests = table_reader->counters().requests.load();
@@ -337,6 +420,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
         table_reader.reset();  // its connections and slots are not needed for the windows
       }
     });
+    segment.close_handle();  // written: from now on only the mappings hold it
     st.table_seconds = since(r0);
     st.read_seconds += st.table_seconds;
   }
@@ -361,9 +445,10 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   const std::uint32_t parities = overlap ? 3 : 2;
   if (schedule.node_window_bytes > 0) {
     const auto setup0 = clock::now();
-    node_window = {share_node_memory(c, me, st.local_rank, plan.local_size, parities * schedule.node_window_bytes,
-                                     fmt::format("{}-window-rank{}", opt.segment_name, me - st.local_rank), "node window"),
-                   schedule.node_window_bytes, parities};
+    auto window = share_node_memory(c, me, st.local_rank, plan.local_size, parities * schedule.node_window_bytes, {},
+                                    fmt::format("{}-window-rank{}", opt.segment_name, me - st.local_rank), "node window");
+    window.close_handle();  // copied through the mapping only
+    node_window = {std::move(window), schedule.node_window_bytes, parities};
     st.setup_seconds += since(setup0);
     st.node_window_bytes = node_window.size();
   }
@@ -398,7 +483,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   run_phase(c, "finishing the sink", [&] { s.finish(); });
   st.bytes_read = fetched;
   st.page_cache_bytes = w.taken + table_taken;
-  st.resident_bytes = table_resident;
+  st.resident_bytes += table_resident;
   st.node_copied_bytes = w.node;
   st.mapped_bytes = w.mapped + table_bytes;
   // Takes are read buffered (exact); table views are not reads (their fills are).

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -57,7 +58,9 @@ struct answer {
 
 handoff_server::handoff_server(shared_host mem, std::function<void(const std::string&)> warn)
     : mem_(std::move(mem)), warn_(warn ? std::move(warn) : [](const std::string& m) { std::fprintf(stderr, "sluice: %s\n", m.c_str()); }) {
-  if (mem_.fd() < 0) throw config_error("node handoff: the memory has no descriptor (not its creator, or closed)");
+  if (mem_.fds().empty()) throw config_error("node handoff: the memory has no descriptor (closed)");
+  if (mem_.fds().size() > max_pieces)
+    throw config_error(fmt::format("node handoff: {} pieces, more than the {} one message carries", mem_.fds().size(), max_pieces));
   token_ = comm::load_secret::draw();
   const auto n = comm::load_secret::nonce();
   for (auto b : n) name_ += fmt::format("{:02x}", static_cast<unsigned>(b));
@@ -113,18 +116,19 @@ void handoff_server::serve(std::size_t receivers, std::chrono::milliseconds time
         why = "a wrong proof";
     }
     if (why.empty()) {
-      // The descriptor itself, with its size: the receiver checks both.
-      const std::uint64_t size = mem_.size();
-      iovec iov{const_cast<std::uint64_t*>(&size), sizeof size};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      // The descriptors themselves (one per piece), with the size and the
+      // count: the receiver checks them against its plan.
+      const auto fds = mem_.fds();
+      const std::uint64_t head[2] = {mem_.size(), fds.size()};
+      iovec iov{const_cast<std::uint64_t*>(head), sizeof head};
+      std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
       msghdr msg{};
       msg.msg_iov = &iov, msg.msg_iovlen = 1;
-      msg.msg_control = control, msg.msg_controllen = sizeof control;
+      msg.msg_control = control.data(), msg.msg_controllen = control.size();
       cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
-      const int memfd = mem_.fd();
-      std::memcpy(CMSG_DATA(c), &memfd, sizeof memfd);
-      if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof size)) why = fmt::format("sendmsg: {}", std::strerror(errno));
+      c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+      if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof head)) why = fmt::format("sendmsg: {}", std::strerror(errno));
     }
     ::close(fd);
     if (!why.empty()) {
@@ -137,7 +141,8 @@ void handoff_server::serve(std::size_t receivers, std::chrono::milliseconds time
   }
 }
 
-shared_host receive_handoff(std::span<const std::byte> ticket, std::size_t size, std::chrono::milliseconds timeout) {
+shared_host receive_handoff(std::span<const std::byte> ticket, std::size_t size, std::span<const std::uint64_t> pieces,
+                            std::chrono::milliseconds timeout) {
   auto fail = [](const std::string& why) -> void { throw io_error(fmt::format("node handoff: {}", why)); };
   if (ticket.size() < ticket_bytes) fail(fmt::format("a ticket of {} bytes, expected {}", ticket.size(), ticket_bytes));
   const std::string name(reinterpret_cast<const char*>(ticket.data()), name_bytes);
@@ -165,28 +170,35 @@ shared_host receive_handoff(std::span<const std::byte> ticket, std::size_t size,
     fail("whoever holds the handoff's socket did not prove the load's token: refusing its memory");
   const auto proof = token.prove("sluice-handoff-receiver", 1, 0, mine, theirs.nonce);
   if (!send_all(fd, proof.data(), proof.size(), until)) fail(fmt::format("cannot answer: {}", std::strerror(errno)));
-  std::uint64_t got_size = 0;
-  iovec iov{&got_size, sizeof got_size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  std::uint64_t head[2] = {0, 0};  // size, pieces
+  iovec iov{head, sizeof head};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * max_pieces));
   msghdr msg{};
   msg.msg_iov = &iov, msg.msg_iovlen = 1;
-  msg.msg_control = control, msg.msg_controllen = sizeof control;
+  msg.msg_control = control.data(), msg.msg_controllen = control.size();
   ssize_t n = -1;
   while ((n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EINTR))
     if (!wait_for(fd, POLLIN, until)) fail(fmt::format("no memory came: {}", std::strerror(errno)));
-  int memfd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
-      std::memcpy(&memfd, CMSG_DATA(c), sizeof memfd);
-  if (n != static_cast<ssize_t>(sizeof got_size) || memfd < 0 || (msg.msg_flags & MSG_CTRUNC)) {
-    if (memfd >= 0) ::close(memfd);
-    fail("the local rank that made the memory sent no descriptor");
-  }
-  if (got_size != size) {
-    ::close(memfd);
-    fail(fmt::format("the memory handed over has {} bytes, the plan says {}", got_size, size));
-  }
-  return shared_host::adopt(memfd, size, "the node's memory (handed over)");
+  std::vector<int> fds;  // every descriptor that came, closed by adopt or below
+  if (n >= 0)
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(0)) {
+        const auto k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const auto at = fds.size();
+        fds.resize(at + k);
+        std::memcpy(fds.data() + at, CMSG_DATA(c), k * sizeof(int));
+      }
+  auto refuse = [&](const std::string& why) {
+    for (int f : fds) ::close(f);
+    fail(why);
+  };
+  if (n != static_cast<ssize_t>(sizeof head) || fds.empty() || (msg.msg_flags & MSG_CTRUNC))
+    refuse("the local rank that made the memory sent no descriptor");
+  if (head[0] != size) refuse(fmt::format("the memory handed over has {} bytes, the plan says {}", head[0], size));
+  const auto expected = pieces.empty() ? std::size_t{1} : pieces.size();
+  if (head[1] != fds.size() || fds.size() != expected)
+    refuse(fmt::format("the memory handed over comes in {} pieces ({} descriptors), the plan says {}", head[1], fds.size(), expected));
+  return shared_host::adopt(std::move(fds), size, pieces, "the node's memory (handed over)");
 }
 
 }  // namespace sluice::inline v0::memory

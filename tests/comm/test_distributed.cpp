@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <map>
 #include <set>
@@ -290,13 +293,12 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
       if (e.shared())
         for (const auto& rd : e.reads)
           if (rd.reader == r) table_share += rd.size;
+    // Or, into the segment: its share the page cache held, written from it
+    // (the rest read into the segment's mapping).
     const auto resident = j["stats"]["resident_bytes"].get<std::uint64_t>();
-    if (dopt.load.map_above && carrier == policy::node_copy::page_cache) {
-      REQUIRE(resident <= table_share);
+    REQUIRE(resident <= table_share);
+    if (carrier == policy::node_copy::page_cache)
       REQUIRE(j["stats"]["storage_bytes"].get<std::uint64_t>() + resident == j["stats"]["bytes_read"].get<std::uint64_t>());
-    } else {
-      REQUIRE(resident == 0);
-    }
     REQUIRE(j["stats"]["node_copied_bytes"].get<std::uint64_t>() == (windowed ? taken[r] : 0) + copied[r]);
     REQUIRE((j["stats"]["node_window_bytes"].get<std::uint64_t>() > 0) == (sched.node_window_bytes > 0));
     if (!by_node && !relay) REQUIRE(gloo_in[r] == plan.received_bytes[r]);
@@ -401,6 +403,60 @@ TEST_CASE("a one-rank distributed load equals the plain load", "[comm][distribut
 
 TEST_CASE("4 ranks, cooperative shared tables: each rank holds exactly its tensors, read once", "[comm][distributed]") {
   check_load(4, "tp1,dp4,ep4", "shared-cooperative");
+}
+
+TEST_CASE("4 ranks, cooperative shared tables from the page cache or the disk: written or read into the segment, the same bytes",
+          "[comm][distributed][offload]") {
+  // The shard files' pages dropped (cold: table bytes read into the
+  // segment's mapping), then read (hot: every table byte written from the
+  // page cache through the pieces' descriptors).
+  auto ck = checkpoint::open(checkpoint_dir());
+  auto pages = [&](bool keep) {
+    for (const auto& sh : ck.shards()) {
+      const int fd = ::open(sh.uri.c_str(), O_RDONLY | O_CLOEXEC);
+      REQUIRE(fd >= 0);
+      if (keep) {
+        std::vector<char> b(1 << 16);
+        while (::read(fd, b.data(), b.size()) > 0) {
+        }
+      } else {
+        REQUIRE(::fdatasync(fd) == 0);  // dirty pages are not dropped
+        REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+      }
+      ::close(fd);
+    }
+  };
+  const auto ref = reference_digests();
+  for (const bool hot : {false, true}) {
+    INFO((hot ? "hot" : "cold"));
+    pages(hot);
+    auto opt = small_options();
+    opt.plan.local_size = 4;
+    const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", opt);
+    const auto results = run_load(4, "tp1,dp4,ep4", "shared-cooperative", small_options());
+    std::uint64_t written = 0, resident = 0;
+    for (std::size_t r = 0; r < 4; ++r) {
+      const auto& j = results[r];
+      INFO("rank " << r << ": " << j.dump().substr(0, 1500));
+      REQUIRE(j["exit"] == 0);
+      for (auto& [name, sha] : j["digests"].items())
+        if (plan.entry(name).shared()) REQUIRE(sha.get<std::string>() == ref.at(name));
+      std::uint64_t share = 0;
+      for (const auto& e : plan.entries)
+        if (e.shared())
+          for (const auto& rd : e.reads)
+            if (rd.reader == r) share += rd.size;
+      REQUIRE(j["stats"]["shared_bytes_written"].get<std::uint64_t>() == share);
+      written += share;
+      resident += j["stats"]["resident_bytes"].get<std::uint64_t>();
+      if (hot) REQUIRE(j["stats"]["resident_bytes"].get<std::uint64_t>() == share);
+    }
+    std::uint64_t tables = 0;
+    for (const auto& e : plan.entries)
+      if (e.shared()) tables += e.info.size;
+    REQUIRE(written == tables);  // the node's one copy, its slices written once
+    if (!hot) REQUIRE(resident < written);  // dropped pages: read, not written from the page cache
+  }
 }
 
 TEST_CASE("4 ranks, round-robin experts: each rank holds and reads experts r, r + 4, ...", "[comm][distributed]") {

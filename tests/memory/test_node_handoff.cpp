@@ -47,11 +47,11 @@ TEST_CASE("the node's memory is handed over as a descriptor to the ranks that pr
   std::string wrong_error;
   std::thread ranks([&] {
     try {
-      (void)memory::receive_handoff(wrong, size, 10s);
+      (void)memory::receive_handoff(wrong, size, {}, 10s);
     } catch (const io_error& e) {
       wrong_error = e.what();
     }
-    for (auto& g : got) g = memory::receive_handoff(ticket, size, 10s);
+    for (auto& g : got) g = memory::receive_handoff(ticket, size, {}, 10s);
   });
   server.serve(2, 30s);
   ranks.join();
@@ -80,7 +80,7 @@ TEST_CASE("a receiver refuses memory of another size than the plan's, and a tick
   std::string error;
   std::thread rank([&] {
     try {
-      (void)memory::receive_handoff(ticket, 1u << 17, 10s);
+      (void)memory::receive_handoff(ticket, 1u << 17, {}, 10s);
     } catch (const io_error& e) {
       error = e.what();
     }
@@ -90,5 +90,32 @@ TEST_CASE("a receiver refuses memory of another size than the plan's, and a tick
   CHECK_THAT(error, Catch::Contains("has 65536 bytes, the plan says 131072"));
   auto gone = ticket;
   gone[0] = std::byte{'z'};  // a name nobody listens on
-  CHECK_THROWS_WITH(memory::receive_handoff(gone, 1u << 16, 2s), Catch::Contains("cannot reach the local rank"));
+  CHECK_THROWS_WITH(memory::receive_handoff(gone, 1u << 16, {}, 2s), Catch::Contains("cannot reach the local rank"));
+}
+
+TEST_CASE("a segment in pieces is handed over whole, every piece's descriptor, and a plan of other pieces is refused",
+          "[memory][handoff]") {
+  const std::vector<std::uint64_t> pieces{0, 4096, 3 * 4096};
+  constexpr std::size_t size = 4 * 4096;
+  auto mem = memory::shared_host::create(size, "sluice-test-handoff-pieces", pieces);
+  memory::handoff_server server(mem);
+  const auto ticket = server.ticket();
+  memory::shared_host got;
+  std::string error;
+  std::thread ranks([&] {
+    try {
+      (void)memory::receive_handoff(ticket, size, std::vector<std::uint64_t>{0, 8192}, 10s);
+    } catch (const io_error& e) {
+      error = e.what();
+    }
+    got = memory::receive_handoff(ticket, size, pieces, 10s);
+  });
+  server.serve(2, 30s);
+  ranks.join();
+  CHECK_THAT(error, Catch::Contains("comes in 3 pieces (3 descriptors), the plan says 2"));
+  REQUIRE(got.fds().size() == 3);  // kept for its writes
+  got.write(4000, std::vector<std::byte>(200, std::byte{0x5a}));
+  CHECK(mem.bytes()[4000] == std::byte{0x5a});
+  CHECK(mem.bytes()[4199] == std::byte{0x5a});
+  got.close_handle();
 }

@@ -8,9 +8,12 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <span>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sluice/memory/shared_host.hpp>
 
@@ -152,4 +155,79 @@ TEST_CASE("a creator killed mid-run leaves no /dev/shm entry, and its segment li
   REQUIRE_THROWS_AS(memory::shared_host::attach(handle, 1u << 20), io_error);
   // ... and a rank that had mapped it keeps valid memory until it lets go.
   REQUIRE(mine.bytes()[123] == std::byte{42});
+}
+
+TEST_CASE("a segment in pieces is one contiguous mapping, written through each piece's descriptor", "[memory][shared_host]") {
+  constexpr std::size_t size = 5 * 4096;
+  const std::vector<std::uint64_t> pieces{0, 4096, 3 * 4096};
+  auto seg = memory::shared_host::create(size, unique_name("pieces"), pieces);
+  REQUIRE(seg.fds().size() == 3);
+  REQUIRE(std::vector<std::uint64_t>(seg.pieces().begin(), seg.pieces().end()) == pieces);
+  // A write across both boundaries lands where the mapping says, and every
+  // piece is sealed as a one-piece segment is.
+  std::vector<std::byte> src(3 * 4096 + 100);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
+  seg.write(4000, src);
+  for (std::size_t i = 0; i < src.size(); ++i) REQUIRE(seg.bytes()[4000 + i] == src[i]);
+  REQUIRE(seg.bytes()[3999] == std::byte{0});
+  for (int fd : seg.fds()) {
+    CHECK(::ftruncate(fd, 0) != 0);
+    CHECK(::fcntl(fd, F_GET_SEALS) & F_SEAL_GROW);
+  }
+  // The other ways in: the pieces' bytes through the mapping are the same memory.
+  seg.bytes()[size - 1] = std::byte{9};
+  std::byte last{};
+  REQUIRE(::pread(seg.fds()[2], &last, 1, 2 * 4096 - 1) == 1);
+  REQUIRE(last == std::byte{9});
+  REQUIRE_THROWS_AS(seg.handle(), config_error);  // no one path names three pieces
+  REQUIRE_THROWS_AS(seg.write(size - 10, std::span(src).first(11)), usage_error);
+  seg.close_handle();
+  REQUIRE(seg.fds().empty());
+  REQUIRE_THROWS_AS(seg.write(0, std::span(src).first(1)), usage_error);
+  REQUIRE(seg.bytes()[4000] == src[0]);  // still mapped
+
+  // Layouts that are not pieces of it: a config error naming them.
+  for (const auto& bad : std::vector<std::vector<std::uint64_t>>{{4096}, {0, 100}, {0, 8192, 4096}, {0, size}}) {
+    INFO(fmt::format("{}", fmt::join(bad, ",")));
+    REQUIRE_THROWS_AS(memory::shared_host::create(size, "sluice-test-bad", bad), config_error);
+  }
+}
+
+TEST_CASE("adopting pieces checks each: their count, seals and sizes, naming the piece", "[memory][shared_host][hostile]") {
+  const std::vector<std::uint64_t> pieces{0, 4096};
+  auto seg = memory::shared_host::create(3 * 4096, unique_name("adopt"), pieces);
+  auto dup = [&](std::size_t i) { return ::fcntl(seg.fds()[i], F_DUPFD_CLOEXEC, 0); };
+  // The right descriptors: the same memory.
+  auto again = memory::shared_host::adopt({dup(0), dup(1)}, 3 * 4096, pieces);
+  again.bytes()[5000] = std::byte{3};
+  REQUIRE(seg.bytes()[5000] == std::byte{3});
+  // One descriptor short, the pieces swapped (sizes 4096 and 8192), an unsealed memfd in place of one.
+  CHECK_THROWS_WITH(memory::shared_host::adopt({dup(0)}, 3 * 4096, pieces), Catch::Contains("1 pieces, expected 2"));
+  CHECK_THROWS_WITH(memory::shared_host::adopt({dup(1), dup(0)}, 3 * 4096, pieces),
+                    Catch::Contains("piece 0: it has 8192 bytes, expected 4096"));
+  const int loose = ::memfd_create("sluice-test-unsealed", MFD_CLOEXEC);
+  REQUIRE(::ftruncate(loose, 8192) == 0);
+  CHECK_THROWS_WITH(memory::shared_host::adopt({dup(0), loose}, 3 * 4096, pieces), Catch::Contains("piece 1: not a sealed sluice segment"));
+}
+
+TEST_CASE("a write whose source cannot be read fails with an io_error, not a signal", "[memory][shared_host][hostile]") {
+  // The source: a view of a file cut after it was mapped (a file changed under a load).
+  const auto path = std::filesystem::temp_directory_path() / unique_name("cut");
+  const int f = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  REQUIRE(f >= 0);
+  REQUIRE(::ftruncate(f, 3 * 4096) == 0);
+  void* m = ::mmap(nullptr, 3 * 4096, PROT_READ, MAP_SHARED, f, 0);
+  REQUIRE(m != MAP_FAILED);
+  REQUIRE(::ftruncate(f, 4096) == 0);
+  auto seg = memory::shared_host::create(4 * 4096, unique_name("cut"), std::vector<std::uint64_t>{0, 8192});
+  try {
+    seg.write(0, std::span(static_cast<const std::byte*>(m), 3 * 4096));
+    FAIL("the write went through");
+  } catch (const io_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("its source could not be read"));
+    CHECK_THAT(e.what(), Catch::Contains("shared segment"));
+  }
+  ::munmap(m, 3 * 4096);
+  ::close(f);
+  std::filesystem::remove(path);
 }

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <concepts>
 #include <map>
 #include <numeric>
@@ -130,11 +132,14 @@ TEST_CASE("expert placement names: vLLM's two, and a config error naming anythin
                          Catch::Message("expert placement 'random': expected linear or round_robin"));
 }
 
-TEST_CASE("shared tables: one slice per local rank (cooperative) or one reader (single)", "[policy][plan][offload]") {
+TEST_CASE("shared tables: each local rank writes one range of the segment (cooperative), or one reader each (single)",
+          "[policy][plan][offload]") {
   const auto tensors = deepseek_like(64u << 20);
   const auto coop = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative);
   const auto single = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_single);
   std::size_t tables = 0;
+  std::vector<std::uint64_t> written(8, 0), first(8, ~std::uint64_t{0}), last(8, 0);
+  std::uint64_t table_bytes = 0;
   for (std::size_t i = 0; i < coop.entries.size(); ++i) {
     const auto& c = coop.entries[i];
     const auto& s = single.entries[i];
@@ -143,17 +148,70 @@ TEST_CASE("shared tables: one slice per local rank (cooperative) or one reader (
     REQUIRE(c.shared());
     REQUIRE(c.shared_offset % 4096 == 0);
     REQUIRE(c.shared_offset + c.info.size <= coop.shared_bytes);
-    REQUIRE(c.reads.size() == 8);
-    for (std::size_t k = 0; k < 8; ++k) REQUIRE(c.reads[k].reader == k);
-    for (const auto& r : c.reads) REQUIRE_FALSE(r.exchanged);
+    table_bytes += c.info.size;
+    for (std::size_t k = 0; k < c.reads.size(); ++k) {
+      const auto& r = c.reads[k];
+      REQUIRE_FALSE(r.exchanged);
+      if (k > 0) REQUIRE(r.reader > c.reads[k - 1].reader);  // in the writers' order
+      written[r.reader] += r.size;
+      first[r.reader] = std::min(first[r.reader], c.shared_offset + r.offset);
+      last[r.reader] = std::max(last[r.reader], c.shared_offset + r.offset + r.size);
+    }
     REQUIRE(s.reads.size() == 1);
     REQUIRE(coop.destination(c.info, 3) == destination::shared_host);
   }
   REQUIRE(tables == 4);  // 2 tables x (table, scale)
+  require_reads_tile(coop);
+  // Each local rank's bytes lie in one range of the segment, after the
+  // previous rank's, and the ranges are even to within a piece's alignment.
+  std::uint64_t sum = 0;
+  for (std::size_t k = 0; k < 8; ++k) {
+    sum += written[k];
+    if (written[k] == 0) continue;
+    if (k > 0 && written[k - 1] > 0) REQUIRE(first[k] >= last[k - 1]);
+    const auto even = coop.shared_bytes / 8;
+    REQUIRE(written[k] + (std::uint64_t{2} << 20) >= even);
+    REQUIRE(written[k] <= even + (std::uint64_t{2} << 20));
+  }
+  REQUIRE(sum == table_bytes);
+  // The pieces: ascending pages from 0, four per local rank (segment_lanes),
+  // and no piece written by two ranks.
+  const auto& pieces = coop.segment_pieces;
+  REQUIRE(pieces.size() == 32);
+  REQUIRE(pieces.front() == 0);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    REQUIRE(pieces[i] % 4096 == 0);
+    REQUIRE(pieces[i] < coop.shared_bytes);
+    if (i > 0) REQUIRE(pieces[i] > pieces[i - 1]);
+  }
+  auto piece_of = [&](std::uint64_t at) {
+    return static_cast<std::size_t>(std::upper_bound(pieces.begin(), pieces.end(), at) - pieces.begin() - 1);
+  };
+  std::vector<int> writer(pieces.size(), -1);
+  for (const auto& e : coop.entries)
+    for (const auto& r : e.reads) {
+      if (!e.shared()) continue;
+      for (auto i = piece_of(e.shared_offset + r.offset); i <= piece_of(e.shared_offset + r.offset + r.size - 1); ++i) {
+        if (writer[i] < 0) writer[i] = static_cast<int>(r.reader);
+        REQUIRE(writer[i] == static_cast<int>(r.reader));
+      }
+    }
   const auto per_rank = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::per_rank_host);
   REQUIRE(per_rank.shared_bytes == 0);
+  REQUIRE(per_rank.segment_pieces.empty());
   REQUIRE(per_rank.entry("model.engram.0.table").owner_destination == destination::host);
   REQUIRE(per_rank.entry("model.engram.0.table").reads.front().exchanged);
+}
+
+TEST_CASE("the segment's pieces: at most 64 in all, past 16 local ranks fewer per rank", "[policy][plan][offload]") {
+  const auto tensors = deepseek_like(64u << 20);
+  for (std::size_t ranks : {1u, 2u, 16u, 32u, 128u}) {
+    INFO(ranks);
+    const auto p = make_plan(tensors, classifier::deepseek(), 1, ranks, 1, offload_kind::shared_cooperative);
+    REQUIRE_FALSE(p.segment_pieces.empty());
+    REQUIRE(p.segment_pieces.size() <= max_segment_pieces);
+    require_reads_tile(p);
+  }
 }
 
 TEST_CASE("two nodes each read their own copy of a shared table", "[policy][plan][offload]") {
@@ -162,8 +220,15 @@ TEST_CASE("two nodes each read their own copy of a shared table", "[policy][plan
   o.local_size = 4;
   const auto p = make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::shared_cooperative, o);
   const auto& t = p.entry("model.engram.0.table");
-  REQUIRE(t.reads.size() == 8);
-  for (std::size_t k = 0; k < 8; ++k) REQUIRE(p.node_of(t.reads[k].reader) == k / 4);
+  // The reads of node 0's copy, then node 1's: the same cuts, each by the same local rank.
+  REQUIRE(t.reads.size() % 2 == 0);
+  const auto half = t.reads.size() / 2;
+  for (std::size_t k = 0; k < half; ++k) {
+    REQUIRE(p.node_of(t.reads[k].reader) == 0);
+    REQUIRE(p.node_of(t.reads[half + k].reader) == 1);
+    REQUIRE(t.reads[half + k].reader == t.reads[k].reader + 4);
+    REQUIRE(t.reads[half + k].offset == t.reads[k].offset);
+  }
   require_reads_tile(p);
   REQUIRE_THROWS_AS(make_plan(tensors, classifier::deepseek(), 1, 8, 8, offload_kind::none, {3}), config_error);
 }

@@ -57,10 +57,15 @@ class handoff_server {
   std::size_t refused_ = 0;
 };
 
+/// The most pieces one handoff carries (one message's descriptors).
+inline constexpr std::size_t max_pieces = 64;
+
 /// A receiver's side: connects to the server of `ticket`, checks it, and
-/// maps the memory it hands over (`size` bytes). Throws io_error naming what
-/// failed.
+/// maps the memory it hands over (`size` bytes, in the `pieces` the plan
+/// says: shared_host::create's; empty: one). Throws io_error naming what
+/// failed. The pieces' descriptors stay open in what it returns (for
+/// shared_host::write) until its close_handle().
 [[nodiscard]] shared_host receive_handoff(std::span<const std::byte> ticket, std::size_t size,
-                                          std::chrono::milliseconds timeout);
+                                          std::span<const std::uint64_t> pieces, std::chrono::milliseconds timeout);
 
 }  // namespace sluice::inline v0::memory

@@ -78,6 +78,9 @@ struct model_owner {
   std::vector<std::uint64_t> run_rows;
 };
 
+/// The most memfds a node's shared segment is made of (load_plan::segment_pieces).
+inline constexpr std::size_t max_segment_pieces = 64;
+
 /// Knobs of plan computation.
 struct plan_options {
   std::size_t local_size = 0;                          ///< ranks per node (0: the whole world is one node)
@@ -85,6 +88,9 @@ struct plan_options {
   std::uint64_t split_bytes = std::uint64_t{64} << 20;    ///< replicated tensors above this are read in slices by several ranks
   std::uint64_t slice_alignment = 4096;                ///< slice boundaries (within a tensor) are multiples of this
   std::uint64_t segment_alignment = 4096;              ///< tables start at multiples of this in the shared segment
+  /// The shared segment's pieces per local rank (load_plan::segment_pieces):
+  /// a writer of the node fills that many memfds at once, one per thread.
+  std::size_t segment_lanes = 4;
   /// PP > 1: layers per stage, in stage order (empty: split evenly, the
   /// remainder going to the stages before the last, as vLLM's get_pp_indices).
   std::vector<std::size_t> pp_stage_layers;
@@ -176,6 +182,13 @@ class load_plan {
   std::vector<plan_entry> entries;    ///< in file order
   std::uint32_t windows = 0;
   std::uint64_t shared_bytes = 0;     ///< size of each node's shared segment
+  /// Where each memfd of the segment starts (memory::shared_host's pieces):
+  /// every local rank's range of it cut in plan_options::segment_lanes, at
+  /// multiples of 2 MiB where the pieces are that large (else of 4 KiB).
+  /// Under shared-cooperative, local rank k reads the bytes of its range
+  /// (the k-th of local_size equal ranges of the segment) on every node, so
+  /// that each piece has one writer.
+  std::vector<std::uint64_t> segment_pieces;
   std::vector<std::uint64_t> read_bytes;  ///< storage bytes each rank reads
   std::uint64_t unowned_bytes = 0;    ///< bytes of tensors no rank's model takes (plan_options::model_owners): not read
   std::uint64_t unowned_tensors = 0;
@@ -542,12 +555,44 @@ struct pending_reads {
   std::vector<std::unique_ptr<rank_set>> keepers;  // the eligible sets of a model's parts (stable addresses)
 };
 
+// The shared segment's layout: each table's offset (multiples of
+// segment_alignment, in file order), its size, and its pieces: local_size
+// writer ranges, each cut in segment_lanes pieces. A cut falls on a multiple
+// of 2 MiB where the pieces are at least that large (huge pages can map
+// them), else of 4 KiB; empty pieces are dropped. Returns the writer ranges.
+inline std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_segment(load_plan& p, const plan_options& opt) {
+  std::uint64_t seg = 0;
+  for (auto& e : p.entries)
+    if (e.shared() && e.info.size > 0 && !e.owners.empty()) {
+      e.shared_offset = seg;
+      seg = (seg + e.info.size + opt.segment_alignment - 1) / opt.segment_alignment * opt.segment_alignment;
+    }
+  p.shared_bytes = seg;
+  p.segment_pieces.clear();
+  if (seg == 0) return {};
+  // At most max_segment_pieces in all (one handoff message's descriptors):
+  // past that many local ranks, writers share pieces.
+  const std::size_t lanes = std::clamp<std::size_t>(opt.segment_lanes, 1, std::max<std::size_t>(1, max_segment_pieces / p.local_size));
+  const std::size_t pieces = std::min(p.local_size * lanes, max_segment_pieces);
+  const std::uint64_t align = seg / pieces >= (std::uint64_t{2} << 20) ? std::uint64_t{2} << 20 : 4096;
+  const auto writers = split_range(0, seg, p.local_size, align);
+  if (p.local_size * lanes <= max_segment_pieces) {
+    for (auto [at, n] : writers)
+      for (auto [b, m] : split_range(at, n, lanes, align)) p.segment_pieces.push_back(b);
+  } else {
+    for (auto [b, m] : split_range(0, seg, pieces, align)) p.segment_pieces.push_back(b);
+  }
+  return writers;
+}
+
 // Pass 3, reads: the byte ranges of each tensor and the ranks each may be
 // read by; the shared tables' places in the node's segment. Cooperative
 // slices get their (forced) reader here.
 inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_options& opt) {
   pending_reads out;
-  std::uint64_t seg = 0;
+  // Local rank k of each node writes the k-th range of the segment: the
+  // bytes of the tables that lie in it (shared-cooperative).
+  const auto writers = plan_segment(p, opt);
   for (std::size_t i = 0; i < p.entries.size(); ++i) {
     auto& e = p.entries[i];
     const auto size = e.info.size;
@@ -563,15 +608,14 @@ inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_
       add_read(0, size);  // read by an owner (pass 4)
       out.experts.push_back(i);
     } else if (e.shared()) {
-      e.shared_offset = seg;
-      seg = (seg + size + opt.segment_alignment - 1) / opt.segment_alignment * opt.segment_alignment;
       for (std::size_t n = 0; n < p.nodes(); ++n) {
         if (p.offload == offload_kind::shared_cooperative) {
-          // Slice k of the node's copy is read by the node's local rank k.
-          std::size_t k = 0;
-          for (auto [so, len] : split_range(0, size, p.local_size, opt.slice_alignment)) {
-            add_read(so, len);
-            e.reads.back().reader = static_cast<rank_t>(n * p.local_size + k++);
+          for (std::size_t k = 0; k < writers.size(); ++k) {
+            const auto [at, len] = writers[k];
+            const auto b = std::max(at, e.shared_offset), end = std::min(at + len, e.shared_offset + size);
+            if (b >= end) continue;
+            add_read(b - e.shared_offset, end - b);
+            e.reads.back().reader = static_cast<rank_t>(n * p.local_size + k);
           }
         } else {
           add_read(0, size);
@@ -610,7 +654,6 @@ inline pending_reads plan_reads(load_plan& p, const rank_sets& sets, const plan_
       }
     }
   }
-  p.shared_bytes = seg;
   return out;
 }
 

@@ -201,6 +201,7 @@ struct schedule_hash {
 inline void hash_plan(schedule_hash& d, const load_plan& p) {
   for (auto v : {p.tp, p.dp, p.ep, p.pp, p.world, p.local_size}) d.mix(v);
   d.mix(static_cast<std::uint64_t>(p.offload)), d.mix(p.windows), d.mix(p.shared_bytes);
+  for (auto b : p.segment_pieces) d.mix(b);
   for (const auto& e : p.entries) {
     d.mix(e.info.name), d.mix(e.info.size), d.mix(e.index);
     for (auto n : e.info.shape) d.mix(n);

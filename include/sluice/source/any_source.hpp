@@ -53,7 +53,12 @@ class staging_pool;
 /// - `view(file, offset, length)`: a view of the range of the file's
 ///   mapping whose pages are not mapped in beforehand (they come in as they
 ///   are touched): for memory a rank maps but reads sparsely, such as a
-///   shared table; usage_error where can_map is false.
+///   shared table; usage_error where can_map is false;
+/// - `transient_view(file, offset, length)`: the same bytes in a mapping of
+///   their own, unmapped on the thread that drops the lease (not the
+///   process's unmapping thread): for bytes copied once, right away (a shared
+///   table's slice written into the node's segment); view()'s where the
+///   backend has no such mappings.
 ///
 /// Its reads run on the executor it was opened on (catalog::open_source's
 /// io_context): a load co_awaits them there, never blocking a thread of it.
@@ -97,6 +102,9 @@ class any_source {
   [[nodiscard]] virtual lease view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
     (void)file, (void)offset, (void)length;
     throw usage_error("this source has no page-cache views (can_map is false)");
+  }
+  [[nodiscard]] virtual lease transient_view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    return view(file, offset, length);  // a source without mappings of their own: its views
   }
 
   /// Owns `s` (any `source`) behind this interface, with the given preferred
@@ -173,6 +181,12 @@ class source_holder final : public any_source {
       return s_->view(file, offset, length);
     else
       return any_source::view(file, offset, length);
+  }
+  [[nodiscard]] lease transient_view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) override {
+    if constexpr (requires(S& x) { x.transient_view(file, offset, length); })
+      return s_->transient_view(file, offset, length);
+    else
+      return any_source::transient_view(file, offset, length);
   }
 
  private:

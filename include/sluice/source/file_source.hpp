@@ -194,6 +194,25 @@ class file_source {
     return lease(std::move(m), {base + offset, static_cast<std::size_t>(length)});
   }
 
+  /// The bytes view() gives, in a mapping of their own that is unmapped
+  /// where the lease is dropped: for a copy made at once, which should
+  /// neither map the whole file nor leave its unmapping to the process's
+  /// unmapping thread. Throws as view(), io_error if mmap fails.
+  [[nodiscard]] lease transient_view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
+    const auto& f = files_.at(file);
+    if (offset + length > f.size)
+      throw truncated_error(fmt::format("the file holds {} bytes", f.size), {f.path, "", byte_range{offset, offset + length}});
+    const std::uint64_t page = 4096, begin = offset / page * page;
+    const auto n = static_cast<std::size_t>(offset + length - begin);
+    if (n == 0) return lease(nullptr, {});
+    void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, f.fd, static_cast<off_t>(begin));
+    if (p == MAP_FAILED)
+      throw io_error(fmt::format("mmap failed: {}", std::strerror(errno)), {f.path, "", byte_range{offset, offset + length}}, errno);
+    auto* base = static_cast<std::byte*>(p);
+    return lease(std::shared_ptr<void>(p, [n](void* q) { ::munmap(q, n); }),
+                 {base + (offset - begin), static_cast<std::size_t>(length)});
+  }
+
   /// Bytes handed out as page-cache views so far.
   [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_bytes_.load(); }
   /// Of the views, those mapped in on the calling thread (see map).
