@@ -40,6 +40,7 @@
 #include <sluice/distributed/window.hpp>
 #include <sluice/memory/node_handoff.hpp>
 #include <sluice/memory/node_window.hpp>
+#include <sluice/memory/page_reporting.hpp>
 #include <sluice/memory/shared_host.hpp>
 #include <sluice/policy/schedule.hpp>
 #include <sluice/stages/pipeline.hpp>
@@ -392,8 +393,10 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
     const auto r0 = clock::now();
     run_phase(c, "reading shared tables", [&] {
       auto& tr = table_reader ? *table_reader : *reader;
-      // O_DIRECT asked for: every byte read from the disk, none from the page cache.
-      const bool from_page_cache = opt.load.io != io_mode::direct;
+      // O_DIRECT asked for: every byte read from the disk, none from the
+      // page cache. Where a fault in the segment takes a 2 MiB page
+      // (shmem_huge_faults), faulting costs less than writing 4 KiB pages.
+      const bool from_page_cache = opt.load.io != io_mode::direct && !::sluice::shmem_huge_faults();
       planned_reads reads;
       std::vector<table_write> writes;
       for (const auto& e : plan.entries) {

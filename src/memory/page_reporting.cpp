@@ -1,4 +1,4 @@
-// reports_free_memory, file_mapping_huge_pages (memory/page_reporting.hpp).
+// reports_free_memory, file_mapping_huge_pages, shmem_huge_faults (memory/page_reporting.hpp).
 
 #include <sluice/memory/page_reporting.hpp>
 
@@ -38,7 +38,24 @@ bool file_mapping_huge_pages(const char* setting, const std::filesystem::path& s
   if (v.empty() || v == "auto") return !reports_free_memory(sys);
   throw config_error(fmt::format("SLUICE_FILE_HUGEPAGES='{}': expected on, off or auto", printable(v, 64)));
 }
+
+bool shmem_huge_faults(const std::filesystem::path& sys) {
+  // One line, every policy listed, the system's in brackets:
+  // "always within_size advise [never] deny force".
+  std::ifstream f(sys / "kernel" / "mm" / "transparent_hugepage" / "shmem_enabled");
+  std::string line;
+  if (!std::getline(f, line)) return false;  // no THP for shmem here
+  const auto b = line.find('['), e = line.find(']');
+  if (b == std::string::npos || e == std::string::npos || e < b) return false;
+  const auto policy = line.substr(b + 1, e - b - 1);
+  return policy != "never" && policy != "deny" && !reports_free_memory(sys);
+}
 }  // namespace detail
+
+bool shmem_huge_faults() {
+  static const bool on = detail::shmem_huge_faults("/sys");
+  return on;
+}
 
 bool file_mapping_huge_pages() {
   static const bool on = detail::file_mapping_huge_pages(std::getenv("SLUICE_FILE_HUGEPAGES"), "/sys");

@@ -13,6 +13,7 @@
 #include <sluice/gloo/communicator.hpp>
 #include <sluice/distributed.hpp>
 #include <sluice/format/writer.hpp>
+#include <sluice/memory/page_reporting.hpp>
 #include <sluice/sink/callback_sink.hpp>
 #include <sluice/sink/digest_sink.hpp>
 #include <sluice/testing/emulated_device_lane.hpp>
@@ -449,7 +450,9 @@ TEST_CASE("4 ranks, cooperative shared tables from the page cache or the disk: w
       REQUIRE(j["stats"]["shared_bytes_written"].get<std::uint64_t>() == share);
       written += share;
       resident += j["stats"]["resident_bytes"].get<std::uint64_t>();
-      if (hot) REQUIRE(j["stats"]["resident_bytes"].get<std::uint64_t>() == share);
+      // Hot, all of it written from the page cache; unless a fault in the
+      // segment takes a 2 MiB page here (then faulting it in costs less).
+      if (hot) REQUIRE(j["stats"]["resident_bytes"].get<std::uint64_t>() == (shmem_huge_faults() ? 0 : share));
     }
     std::uint64_t tables = 0;
     for (const auto& e : plan.entries)

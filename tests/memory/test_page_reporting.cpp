@@ -72,3 +72,25 @@ TEST_CASE("an unknown setting of SLUICE_FILE_HUGEPAGES is a config_error naming 
                            }));
   }
 }
+
+TEST_CASE("shmem faults take huge pages where the system's policy allows them and no host takes free memory back",
+          "[memory][page_reporting]") {
+  sluice_test::temp_dir root("page-reporting");
+  REQUIRE_FALSE(detail::shmem_huge_faults(root.path()));  // no such file: no THP for shmem
+  const auto d = root.path() / "kernel" / "mm" / "transparent_hugepage";
+  std::filesystem::create_directories(d);
+  auto policy = [&](const std::string& line) { std::ofstream(d / "shmem_enabled") << line << "\n"; };
+  policy("always within_size advise [never] deny force");
+  REQUIRE_FALSE(detail::shmem_huge_faults(root.path()));
+  policy("always within_size advise never [deny] force");
+  REQUIRE_FALSE(detail::shmem_huge_faults(root.path()));
+  policy("always within_size [advise] never deny force");
+  REQUIRE(detail::shmem_huge_faults(root.path()));
+  policy("[always] within_size advise never deny force");
+  REQUIRE(detail::shmem_huge_faults(root.path()));
+  policy("always within_size advise never deny force");  // no choice marked: as none
+  REQUIRE_FALSE(detail::shmem_huge_faults(root.path()));
+  policy("always within_size [advise] never deny force");
+  balloon(root.path(), "virtio0", reporting);  // a host that takes free memory back
+  REQUIRE_FALSE(detail::shmem_huge_faults(root.path()));
+}

@@ -28,7 +28,22 @@ namespace sluice::inline v0 {
 /// config_error naming the variable.
 [[nodiscard]] bool file_mapping_huge_pages();
 
+/// Whether a fault in a shared-memory mapping that asks for huge pages
+/// (the node's shared segment: memory/shared_host.hpp) takes a 2 MiB page,
+/// decided once per process: the system's policy for shmem
+/// (`<sys>/kernel/mm/transparent_hugepage/shmem_enabled`) is anything but
+/// `never` or `deny` (always, within_size, advise, force), and the machine
+/// does not report free memory (there a 2 MiB page traps to the host at each
+/// 4 KiB first touch, as for file mappings). Where it does not, the segment's
+/// writers write its pages (pwrite: no zeroing, no fault) rather than fault
+/// them in; where it does, a fault zeroes and maps 2 MiB at once, which costs
+/// less than writing 4 KiB pages (bench/README.md, the shared segment in
+/// pieces).
+[[nodiscard]] bool shmem_huge_faults();
+
 namespace detail {
+/// shmem_huge_faults's rule for a given sysfs tree: what the tests call.
+[[nodiscard]] bool shmem_huge_faults(const std::filesystem::path& sys);
 /// file_mapping_huge_pages's rule, for a given value of the variable (null:
 /// unset) and machine: what the tests call.
 [[nodiscard]] bool file_mapping_huge_pages(const char* setting, const std::filesystem::path& sys);
