@@ -13,12 +13,13 @@
 #include <cstring>
 #include <exception>
 #include <map>
-#include <thread>
 #include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -110,20 +111,23 @@ std::uint64_t write_tables(const checkpoint& ck, any_source& src, const memory::
     }
   };
   std::vector<std::exception_ptr> failed(lanes.size());
+  auto run = [&](std::size_t i) {
+    try {
+      write(lanes[i]);
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  };
   std::vector<std::thread> threads;
-  for (std::size_t i = 1; i < lanes.size(); ++i)
-    threads.push_back(named_thread("sluice-tables", [&, i] {
-      try {
-        write(lanes[i]);
-      } catch (...) {
-        failed[i] = std::current_exception();
-      }
-    }));
-  try {
-    write(lanes[0]);
-  } catch (...) {
-    failed[0] = std::current_exception();
+  std::vector<std::size_t> here{0};  // lanes this thread writes: the first, and any whose thread did not start
+  for (std::size_t i = 1; i < lanes.size(); ++i) {
+    try {
+      threads.push_back(named_thread("sluice-tables", [&run, i] { run(i); }));
+    } catch (const std::system_error&) {
+      here.push_back(i);
+    }
   }
+  for (auto i : here) run(i);
   for (auto& t : threads) t.join();
   for (auto& f : failed)
     if (f) std::rethrow_exception(f);
