@@ -79,7 +79,7 @@ struct table_write {
 // (bench/shmem_writers.c; memory/shared_host.hpp), and each piece has one
 // writer (policy::plan_segment), so the node's ranks write at once. One
 // thread per piece of this rank's, as many as it has hardware threads
-// (hardware_threads() / local ranks, at least one). A failure names the
+// (threads_per_rank). A failure names the
 // file, the tensor and its bytes. Returns the bytes written.
 std::uint64_t write_tables(const checkpoint& ck, any_source& src, const memory::shared_host& segment,
                            const std::vector<table_write>& writes, std::size_t local_size) {
@@ -91,8 +91,7 @@ std::uint64_t write_tables(const checkpoint& ck, any_source& src, const memory::
     by_piece[static_cast<std::size_t>(std::upper_bound(pieces.begin(), pieces.end(), w.at) - pieces.begin() - 1)].push_back(&w);
     total += w.size;
   }
-  std::vector<std::vector<const table_write*>> lanes(
-      std::min(by_piece.size(), std::max<std::size_t>(1, hardware_threads() / std::max<std::size_t>(1, local_size))));
+  std::vector<std::vector<const table_write*>> lanes(std::min(by_piece.size(), threads_per_rank(local_size)));
   std::size_t k = 0;
   for (auto& [piece, ws] : by_piece) {
     auto& lane = lanes[k++ % lanes.size()];

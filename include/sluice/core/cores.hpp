@@ -24,6 +24,12 @@ namespace sluice::inline v0 {
   return std::max(1u, std::thread::hardware_concurrency());  // more CPUs than a cpu_set_t holds
 }
 
+/// Each of `local_ranks` ranks' share of this process's hardware threads
+/// (hardware_threads()), at least 1.
+[[nodiscard]] inline std::size_t threads_per_rank(std::size_t local_ranks) noexcept {
+  return std::max<std::size_t>(1, hardware_threads() / std::max<std::size_t>(1, local_ranks));
+}
+
 /// Whether each of `local_ranks` ranks on this node has at least two
 /// hardware threads (hardware_threads()).
 [[nodiscard]] inline bool cores_to_spare(std::size_t local_ranks) noexcept {

@@ -66,12 +66,17 @@ class shared_host {
     try {
       for (std::size_t i = 0; i < starts.size(); ++i) {
         const int fd = ::memfd_create(std::string(name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0) throw io_error(fmt::format("memfd_create failed: {}", std::strerror(errno)), {std::string(name)}, errno);
+        if (fd < 0) {
+          const int e = errno;
+          throw io_error(fmt::format("memfd_create failed: {}", std::strerror(e)), {std::string(name)}, e);
+        }
         fds.push_back(fd);
         const auto n = piece_end(starts, i, size) - starts[i];
-        if (::ftruncate(fd, static_cast<off_t>(n)) != 0 || ::fcntl(fd, F_ADD_SEALS, seals) != 0)
-          throw io_error(fmt::format("cannot size and seal the shared segment at {} bytes: {}", size, std::strerror(errno)),
-                         {std::string(name)}, errno);
+        if (::ftruncate(fd, static_cast<off_t>(n)) != 0 || ::fcntl(fd, F_ADD_SEALS, seals) != 0) {
+          const int e = errno;
+          throw io_error(fmt::format("cannot size and seal the shared segment at {} bytes: {}", size, std::strerror(e)),
+                         {std::string(name)}, e);
+        }
       }
     } catch (...) {
       for (int fd : fds) ::close(fd);

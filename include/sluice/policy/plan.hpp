@@ -559,7 +559,9 @@ struct pending_reads {
 // segment_alignment, in file order), its size, and its pieces: local_size
 // writer ranges, each cut in segment_lanes pieces. A cut falls on a multiple
 // of 2 MiB where the pieces are at least that large (huge pages can map
-// them), else of 4 KiB; empty pieces are dropped. Returns the writer ranges.
+// them), else of 4 KiB; empty pieces are dropped. Returns the non-empty
+// writer ranges, in order: the k-th is local rank k's (a segment smaller than
+// local_size alignments has fewer, and the last local ranks write none).
 inline std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_segment(load_plan& p, const plan_options& opt) {
   std::uint64_t seg = 0;
   for (auto& e : p.entries)

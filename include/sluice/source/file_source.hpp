@@ -186,9 +186,7 @@ class file_source {
   /// disk, when touched. Not counted as read. Throws truncated_error when the
   /// file holds less.
   [[nodiscard]] lease view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
-    auto& f = files_.at(file);
-    if (offset + length > f.size)
-      throw truncated_error(fmt::format("the file holds {} bytes", f.size), {f.path, "", byte_range{offset, offset + length}});
+    auto& f = holding(file, offset, length);
     auto m = mapping_of(f);
     std::byte* base = static_cast<std::byte*>(m.get());
     return lease(std::move(m), {base + offset, static_cast<std::size_t>(length)});
@@ -199,9 +197,7 @@ class file_source {
   /// neither map the whole file nor leave its unmapping to the process's
   /// unmapping thread. Throws as view(), io_error if mmap fails.
   [[nodiscard]] lease transient_view(std::uint32_t file, std::uint64_t offset, std::uint64_t length) {
-    const auto& f = files_.at(file);
-    if (offset + length > f.size)
-      throw truncated_error(fmt::format("the file holds {} bytes", f.size), {f.path, "", byte_range{offset, offset + length}});
+    const auto& f = holding(file, offset, length);
     const std::uint64_t page = 4096, begin = offset / page * page;
     const auto n = static_cast<std::size_t>(offset + length - begin);
     if (n == 0) return lease(nullptr, {});
@@ -258,6 +254,13 @@ class file_source {
   };
   // The file's mapping, made once (reads may run on several threads of the
   // io_context). It outlives the source: views hold it.
+  // `file`, which must hold [offset, offset + length): truncated_error where it does not.
+  file& holding(std::uint32_t index, std::uint64_t offset, std::uint64_t length) {
+    auto& f = files_.at(index);
+    if (offset + length > f.size)
+      throw truncated_error(fmt::format("the file holds {} bytes", f.size), {f.path, "", byte_range{offset, offset + length}});
+    return f;
+  }
   std::shared_ptr<void> mapping_of(file& f) {
     std::lock_guard g(map_mu_);
     if (!f.mapping) {
