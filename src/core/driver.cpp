@@ -486,7 +486,28 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   fetched += w.fetched;
   // A delivery of the last windows that failed: no window's status exchange reported it yet.
   check_peers(c, done.failure, "delivering tensors to the sink");
-  run_phase(c, "finishing the sink", [&] { s.finish(); });
+  // The sink's last calls; with them, whether this rank still holds a view
+  // of the node's segment. Where no rank of the node does, nothing will read
+  // it again: each frees its share of the pieces at once, in parallel,
+  // instead of the last rank to unmap it freeing all of it alone.
+  {
+    std::exception_ptr failure;
+    try {
+      s.finish();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const std::byte unheld{static_cast<unsigned char>(segment.sole() ? 1 : 0)};
+    std::vector<std::byte> unhelds(c.size());
+    check_peers(c, failure, "finishing the sink", std::span(&unheld, 1), unhelds);
+    const auto local = unhelds.begin() + static_cast<std::ptrdiff_t>(me - st.local_rank);
+    if (segment && std::all_of(local, local + static_cast<std::ptrdiff_t>(plan.local_size), [](std::byte b) { return b == std::byte{1}; }))
+    {
+      const auto r0 = clock::now();
+      st.shared_bytes_released = segment.release(st.local_rank, plan.local_size);
+      st.release_seconds = since(r0);
+    }
+  }
   st.bytes_read = fetched;
   st.page_cache_bytes = w.taken + table_taken;
   st.resident_bytes += table_resident;

@@ -454,12 +454,59 @@ TEST_CASE("4 ranks, cooperative shared tables from the page cache or the disk: w
       // segment takes a 2 MiB page here (then faulting it in costs less).
       if (hot) REQUIRE(j["stats"]["resident_bytes"].get<std::uint64_t>() == (shmem_huge_faults() ? 0 : share));
     }
-    std::uint64_t tables = 0;
+    std::uint64_t tables = 0, released = 0;
     for (const auto& e : plan.entries)
       if (e.shared()) tables += e.info.size;
     REQUIRE(written == tables);  // the node's one copy, its slices written once
+    // No sink kept a view: every rank gave its share of the pieces back, the whole segment once.
+    for (const auto& j : results) released += j["stats"]["shared_bytes_released"].get<std::uint64_t>();
+    REQUIRE(released == results[0]["stats"]["shared_bytes"].get<std::uint64_t>());
     if (!hot) REQUIRE(resident < written);  // dropped pages: read, not written from the page cache
   }
+}
+
+TEST_CASE("a rank that keeps views of the shared segment past the load: no rank releases it, and the views still read the tables",
+          "[comm][distributed][offload]") {
+  const auto store = sluice_test::fresh_dir("dist-keep-store");
+  constexpr std::size_t n = 4;
+  const auto ref = reference_digests();
+  const auto res = sluice_test::run_ranks(
+      n,
+      [&](std::size_t rank) {
+        comm::rank_info who;
+        who.hostname = "127.0.0.1";
+        who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
+        who.store_dir = store.string();
+        who.timeout = 20s;
+        auto ck = checkpoint::open(checkpoint_dir());
+        struct keeping {  // rank 2 keeps the tables, as an engine serving from them does
+          bool keep = false;
+          recording_sink s;
+          std::vector<tensor_view> tables;
+          bool accept(tensor_view v) {
+            if (keep && v.kind == view_kind::shared) tables.push_back(v);
+            return s.accept(std::move(v));
+          }
+        } k;
+        k.keep = rank == 2;
+        const auto st = load_distributed(ck, "tp1,dp4,ep4", "shared-cooperative", who, k, small_options());
+        if (st.shared_bytes == 0 || st.shared_views == 0) return 10;
+        if (st.shared_bytes_released != 0) return 11;
+        // Read after every rank's load returned, and after its peers let go of
+        // their mappings: rank 2's views hold what the tables hold.
+        digest_sink d;
+        for (auto& v : k.tables) (void)d.accept(v);
+        if (rank == 2 && d.digests().size() != st.shared_views) return 12;
+        for (const auto& [name, dg] : d.digests())
+          if (dg.sha256 != ref.at(name)) return 13;
+        return 0;
+      },
+      120s);
+  for (std::size_t r = 0; r < n; ++r) {
+    INFO("rank " << r << " (10: no shared tables, 11: the segment released under a kept view, 12: views missing, 13: wrong bytes)");
+    CHECK(res[r].code == 0);
+  }
+  fs::remove_all(store);
 }
 
 TEST_CASE("4 ranks, round-robin experts: each rank holds and reads experts r, r + 4, ...", "[comm][distributed]") {

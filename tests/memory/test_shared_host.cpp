@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -191,6 +193,51 @@ TEST_CASE("a segment in pieces is one contiguous mapping, written through each p
     INFO(fmt::format("{}", fmt::join(bad, ",")));
     REQUIRE_THROWS_AS(memory::shared_host::create(size, "sluice-test-bad", bad), config_error);
   }
+}
+
+TEST_CASE("a rank releases its share of the pieces: their memory goes back in every mapping, the others' stays",
+          "[memory][shared_host]") {
+  constexpr std::size_t page = 4096, size = 6 * page;
+  const std::vector<std::uint64_t> pieces{0, 2 * page, 3 * page, 5 * page};  // 2, 1, 2 and 1 pages
+  auto seg = memory::shared_host::create(size, unique_name("release"), pieces);
+  std::vector<int> dups;
+  for (int fd : seg.fds()) dups.push_back(::dup(fd));
+  auto other = memory::shared_host::adopt(dups, size, pieces);  // another local rank's mapping of it
+  std::memset(seg.bytes().data(), 0x5a, size);
+  // Whether anything else in the process still holds the mapping.
+  CHECK(seg.sole());
+  {
+    auto hold = seg.keep();
+    CHECK_FALSE(seg.sole());
+    auto copy = seg;
+    CHECK_FALSE(copy.sole());
+  }
+  CHECK(seg.sole());
+  CHECK_FALSE(memory::shared_host{}.sole());
+
+  // Rank 1 of 2 releases pieces 1 and 3 through its own mapping.
+  REQUIRE(other.release(1, 2) == 2 * page);
+  auto blocks = [&](std::size_t i) {
+    struct stat st {};
+    REQUIRE(::fstat(seg.fds()[i], &st) == 0);
+    return st.st_blocks;
+  };
+  CHECK(blocks(1) == 0);
+  CHECK(blocks(3) == 0);
+  CHECK(blocks(0) > 0);
+  CHECK(blocks(2) > 0);
+  std::size_t wrong = 0;
+  for (std::size_t b = 0; b < size; ++b) {
+    const bool released = (b >= 2 * page && b < 3 * page) || b >= 5 * page;
+    wrong += seg.bytes()[b] != (released ? std::byte{0} : std::byte{0x5a});
+  }
+  CHECK(wrong == 0);
+  REQUIRE(seg.release(0, 2) == 4 * page);
+  CHECK(blocks(0) == 0);
+  CHECK(other.bytes()[0] == std::byte{0});
+  CHECK(seg.release(4, 2) == 0);  // a rank past the pieces has none
+  CHECK(seg.release(0, 0) == 0);
+  CHECK(memory::shared_host{}.release(0, 1) == 0);
 }
 
 TEST_CASE("adopting pieces checks each: their count, seals and sizes, naming the piece", "[memory][shared_host][hostile]") {

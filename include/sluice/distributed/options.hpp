@@ -158,6 +158,10 @@ struct distributed_stats {
   std::uint64_t device_views = 0;         ///< device lane: tensors (parts) delivered in device memory
   std::uint64_t shared_bytes = 0;         ///< size of the node's shared segment
   std::uint64_t shared_bytes_written = 0; ///< bytes this rank wrote into it
+  /// Bytes of it this rank gave back to the system at the end of the load
+  /// (its share of the pieces, memory::shared_host::release): where no rank
+  /// of the node held a view of the segment after its sink's finish().
+  std::uint64_t shared_bytes_released = 0;
   std::uint32_t windows = 0;
   std::uint64_t connections = 0;          ///< S3: connections of this rank's client (0: local files)
   std::uint64_t table_readers = 0;        ///< ranks of this node that read shared-table bytes
@@ -169,6 +173,7 @@ struct distributed_stats {
   bool overlapped = false;                ///< window reads overlapped the collectives (distributed_options::overlap)
   double seconds = 0, setup_seconds = 0, read_seconds = 0, exchange_seconds = 0, deliver_seconds = 0;
   double table_seconds = 0;  ///< reading shared tables into the segment (included in read_seconds), barrier included
+  double release_seconds = 0;  ///< giving its share of the segment back (shared_bytes_released; in `seconds`)
   /// Start-up before `seconds` (the tool-level calls that join the world and
   /// open the checkpoint; 0 where the caller did): joining the world (the
   /// store's rendezvous, every connection), then opening and planning the
@@ -181,11 +186,11 @@ struct distributed_stats {
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"cache", {{"hit_bytes", cache_hit_bytes}, {"fetched_bytes", cache_fetched_bytes}, {"refetched_bytes", cache_refetched_bytes}}}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"resident_bytes", resident_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"status_exchanges", status_exchanges}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
-            {"shared_bytes_written", shared_bytes_written}, {"windows", windows}, {"connections", connections},
+            {"shared_bytes_written", shared_bytes_written}, {"shared_bytes_released", shared_bytes_released}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
             {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
-                         {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds},
+                         {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds}, {"release", release_seconds},
                          {"join", join_seconds}, {"open", open_seconds}}}};
   }
 };

@@ -188,6 +188,29 @@ class shared_host {
   [[nodiscard]] std::size_t size() const noexcept { return map_ ? map_->size : 0; }
   /// Shared ownership of the mapping (for leases of views into it).
   [[nodiscard]] std::shared_ptr<void> keep() const noexcept { return map_; }
+  /// Whether this object alone holds the mapping in this process: no copy
+  /// of it and no lease from keep() is left.
+  [[nodiscard]] bool sole() const noexcept { return map_ && map_.use_count() == 1; }
+
+  /// Gives the memory of pieces `part`, `part + parts`, `part + 2 * parts`,
+  /// ... back to the system now (MADV_REMOVE: every mapping of them reads
+  /// zeros from then on); returns the bytes given back. Only for when no
+  /// process of the node will read the segment again: then each of the
+  /// node's `parts` ranks frees its share of the pieces at once, where
+  /// otherwise the last rank to unmap the segment frees all of it alone
+  /// (3.2 GiB of 4 KiB pages: 0.43 s in one rank; 0.22 s with 8 ranks
+  /// releasing on 2 cores). A piece the kernel does not release is left
+  /// to the unmapping, which frees it all the same.
+  std::uint64_t release(std::size_t part, std::size_t parts) const noexcept {
+    if (!map_ || map_->size == 0 || parts == 0) return 0;
+    std::uint64_t n = 0;
+    const auto& starts = map_->starts;
+    for (std::size_t i = part; i < starts.size(); i += parts) {
+      const auto len = piece_end(starts, i, map_->size) - starts[i];
+      if (::madvise(map_->data + starts[i], len, MADV_REMOVE) == 0) n += len;
+    }
+    return n;
+  }
   [[nodiscard]] explicit operator bool() const noexcept { return map_ != nullptr; }
 
  private:
