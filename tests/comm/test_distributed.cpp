@@ -64,6 +64,16 @@ distributed_options small_options() {
   return o;
 }
 
+// Rank `rank` of `n` ranks on one node (this machine), meeting through `store`.
+comm::rank_info one_node(std::size_t rank, std::size_t n, const fs::path& store) {
+  comm::rank_info who;
+  who.hostname = "127.0.0.1";
+  who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
+  who.store_dir = store.string();
+  who.timeout = 20s;
+  return who;
+}
+
 std::map<std::string, std::string> reference_digests() {
   auto ck = checkpoint::open(checkpoint_dir());
   digest_sink d;
@@ -473,11 +483,7 @@ TEST_CASE("a rank that keeps views of the shared segment past the load: no rank 
   const auto res = sluice_test::run_ranks(
       n,
       [&](std::size_t rank) {
-        comm::rank_info who;
-        who.hostname = "127.0.0.1";
-        who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
-        who.store_dir = store.string();
-        who.timeout = 20s;
+        const auto who = one_node(rank, n, store);
         auto ck = checkpoint::open(checkpoint_dir());
         struct keeping {  // rank 2 keeps the tables, as an engine serving from them does
           bool keep = false;
@@ -849,11 +855,7 @@ TEST_CASE("window buffers kept between loads are reused, a sink holding every vi
   const auto res = sluice_test::run_ranks(
       n,
       [&](std::size_t rank) {
-        comm::rank_info who;
-        who.hostname = "127.0.0.1";  // every "node" of the test is this machine
-        who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
-        who.store_dir = store.string();
-        who.timeout = 20s;
+        const auto who = one_node(rank, n, store);
         comm::gloo c(who);
         auto ck = checkpoint::open(checkpoint_dir());
         auto o = small_options();
@@ -1336,11 +1338,7 @@ std::vector<nlohmann::json> run_collective(std::size_t n, const std::function<nl
       [&](std::size_t rank) {
         nlohmann::json j;
         try {
-          comm::rank_info who;
-          who.hostname = "127.0.0.1";  // every "node" of the test is this machine
-          who.rank = rank, who.world_size = n, who.local_rank = rank, who.local_size = n;
-          who.store_dir = store.string();
-          who.timeout = 20s;
+          const auto who = one_node(rank, n, store);
           comm::gloo c(who);
           j = body(rank, c);
         } catch (const std::exception& e) {
