@@ -501,8 +501,9 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
     std::vector<std::byte> unhelds(c.size());
     check_peers(c, failure, "finishing the sink", std::span(&unheld, 1), unhelds);
     const auto local = unhelds.begin() + static_cast<std::ptrdiff_t>(me - st.local_rank);
-    if (segment && std::all_of(local, local + static_cast<std::ptrdiff_t>(plan.local_size), [](std::byte b) { return b == std::byte{1}; }))
-    {
+    const bool node_done =
+        std::all_of(local, local + static_cast<std::ptrdiff_t>(plan.local_size), [](std::byte b) { return b == std::byte{1}; });
+    if (segment && node_done) {
       const auto r0 = clock::now();
       st.shared_bytes_released = segment.release(st.local_rank, plan.local_size);
       st.release_seconds = since(r0);
