@@ -154,20 +154,18 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
   constexpr auto handoff_timeout = std::chrono::seconds(60);
   // Made, and its ticket shared, in one meeting of the ranks: the status
   // exchange carries every rank's ticket (only local ranks 0 have one).
-  std::exception_ptr failure;
-  try {
-    if (local_rank == 0) {
-      mem = memory::shared_host::create(size, name, pieces);
-      if (receivers > 0) {
-        server.emplace(mem);
-        const auto t = server->ticket();
-        std::memcpy(mine.data(), t.data(), std::min(t.size(), ticket_bytes));
-      }
-    }
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  check_peers(c, failure, "creating the " + what, mine, all);
+  run_phase(
+      c, "creating the " + what,
+      [&] {
+        if (local_rank != 0) return;
+        mem = memory::shared_host::create(size, name, pieces);
+        if (receivers > 0) {
+          server.emplace(mem);
+          const auto t = server->ticket();
+          std::memcpy(mine.data(), t.data(), std::min(t.size(), ticket_bytes));
+        }
+      },
+      mine, all);
   run_phase(c, "handing over the " + what, [&] {  // also: every local rank has it
     if (local_rank == 0) {
       if (server) server->serve(receivers, handoff_timeout, c.liveness());
@@ -491,15 +489,15 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // it again: each frees its share of the pieces at once, in parallel,
   // instead of the last rank to unmap it freeing all of it alone.
   {
-    std::exception_ptr failure;
-    try {
-      s.finish();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    const std::byte unheld{static_cast<unsigned char>(segment.sole() ? 1 : 0)};
+    std::byte unheld{0};
     std::vector<std::byte> unhelds(c.size());
-    check_peers(c, failure, "finishing the sink", std::span(&unheld, 1), unhelds);
+    run_phase(
+        c, "finishing the sink",
+        [&] {
+          s.finish();
+          unheld = segment.sole() ? std::byte{1} : std::byte{0};
+        },
+        std::span(&unheld, 1), unhelds);
     const auto local = unhelds.begin() + static_cast<std::ptrdiff_t>(me - st.local_rank);
     const bool node_done =
         std::all_of(local, local + static_cast<std::ptrdiff_t>(plan.local_size), [](std::byte b) { return b == std::byte{1}; });

@@ -74,6 +74,16 @@ comm::rank_info one_node(std::size_t rank, std::size_t n, const fs::path& store)
   return who;
 }
 
+// Runs body(rank, who) on `n` ranks of one node that meet through a fresh
+// store (`tag` names its folder); their exit codes.
+std::vector<sluice_test::rank_result> on_one_node(std::size_t n, const char* tag,
+                                                  const std::function<int(std::size_t, const comm::rank_info&)>& body) {
+  const auto store = sluice_test::fresh_dir(tag);
+  auto res = sluice_test::run_ranks(n, [&](std::size_t rank) { return body(rank, one_node(rank, n, store)); }, 120s);
+  fs::remove_all(store);
+  return res;
+}
+
 std::map<std::string, std::string> reference_digests() {
   auto ck = checkpoint::open(checkpoint_dir());
   digest_sink d;
@@ -477,42 +487,36 @@ TEST_CASE("4 ranks, cooperative shared tables from the page cache or the disk: w
 
 TEST_CASE("a rank that keeps views of the shared segment past the load: no rank releases it, and the views still read the tables",
           "[comm][distributed][offload]") {
-  const auto store = sluice_test::fresh_dir("dist-keep-store");
   constexpr std::size_t n = 4;
   const auto ref = reference_digests();
-  const auto res = sluice_test::run_ranks(
-      n,
-      [&](std::size_t rank) {
-        const auto who = one_node(rank, n, store);
-        auto ck = checkpoint::open(checkpoint_dir());
-        struct keeping {  // rank 2 keeps the tables, as an engine serving from them does
-          bool keep = false;
-          recording_sink s;
-          std::vector<tensor_view> tables;
-          bool accept(tensor_view v) {
-            if (keep && v.kind == view_kind::shared) tables.push_back(v);
-            return s.accept(std::move(v));
-          }
-        } k;
-        k.keep = rank == 2;
-        const auto st = load_distributed(ck, "tp1,dp4,ep4", "shared-cooperative", who, k, small_options());
-        if (st.shared_bytes == 0 || st.shared_views == 0) return 10;
-        if (st.shared_bytes_released != 0) return 11;
-        // Read after every rank's load returned, and after its peers let go of
-        // their mappings: rank 2's views hold what the tables hold.
-        digest_sink d;
-        for (auto& v : k.tables) (void)d.accept(v);
-        if (rank == 2 && d.digests().size() != st.shared_views) return 12;
-        for (const auto& [name, dg] : d.digests())
-          if (dg.sha256 != ref.at(name)) return 13;
-        return 0;
-      },
-      120s);
+  const auto res = on_one_node(n, "dist-keep-store", [&](std::size_t rank, const comm::rank_info& who) {
+    auto ck = checkpoint::open(checkpoint_dir());
+    struct keeping {  // rank 2 keeps the tables, as an engine serving from them does
+      bool keep = false;
+      recording_sink s;
+      std::vector<tensor_view> tables;
+      bool accept(tensor_view v) {
+        if (keep && v.kind == view_kind::shared) tables.push_back(v);
+        return s.accept(std::move(v));
+      }
+    } k;
+    k.keep = rank == 2;
+    const auto st = load_distributed(ck, "tp1,dp4,ep4", "shared-cooperative", who, k, small_options());
+    if (st.shared_bytes == 0 || st.shared_views == 0) return 10;
+    if (st.shared_bytes_released != 0) return 11;
+    // Read after every rank's load returned, and after its peers let go of
+    // their mappings: rank 2's views hold what the tables hold.
+    digest_sink d;
+    for (auto& v : k.tables) (void)d.accept(v);
+    if (rank == 2 && d.digests().size() != st.shared_views) return 12;
+    for (const auto& [name, dg] : d.digests())
+      if (dg.sha256 != ref.at(name)) return 13;
+    return 0;
+  });
   for (std::size_t r = 0; r < n; ++r) {
     INFO("rank " << r << " (10: no shared tables, 11: the segment released under a kept view, 12: views missing, 13: wrong bytes)");
     CHECK(res[r].code == 0);
   }
-  fs::remove_all(store);
 }
 
 TEST_CASE("4 ranks, round-robin experts: each rank holds and reads experts r, r + 4, ...", "[comm][distributed]") {
@@ -849,74 +853,68 @@ TEST_CASE("one rank with a device lane: everything uploaded, nothing exchanged",
 }
 
 TEST_CASE("window buffers kept between loads are reused, a sink holding every view bounds them, and the loads deliver the same tensors", "[comm][distributed]") {
-  const auto store = sluice_test::fresh_dir("dist-reuse-store");
   constexpr std::size_t n = 4;
   const auto ref = reference_digests();
-  const auto res = sluice_test::run_ranks(
-      n,
-      [&](std::size_t rank) {
-        const auto who = one_node(rank, n, store);
-        comm::gloo c(who);
-        auto ck = checkpoint::open(checkpoint_dir());
-        auto o = small_options();
-        o.plan.local_size = n;
-        o.buffers = std::make_shared<window_buffers>();
-        const auto plan = plan_for(ck, "tp1,dp4,ep4", "none", o);
-        // The window buffers each load's tensors lay in (a lease's bytes start its buffer).
-        struct buffers_seen {
-          recording_sink s;
-          std::set<const std::byte*> at;
-          bool accept(tensor_view v) {
-            if (v.kind == view_kind::bytes) at.insert(v.hold.bytes().data());
-            return s.accept(std::move(v));
-          }
-        } a, b;
-        (void)load_distributed(ck, c, plan, a, o);
-        (void)load_distributed(ck, c, plan, b, o);
-        if (a.s.digests.digests().empty() || a.at.empty()) return 10;
-        for (const auto& [name, d] : a.s.digests.digests())
-          if (d.sha256 != ref.at(name) || b.s.digests.digests().at(name).sha256 != d.sha256) return 11;
-        if (a.s.digests.digests().size() != b.s.digests.digests().size()) return 12;
-        // The first load's kept buffers (both window parities, each sized for
-        // the largest window) came back; the second reuses those and allocates none.
-        if (b.at.size() > 2) return 13;
-        for (const auto* p : b.at)
-          if (!a.at.contains(p)) return 13;
-        // A sink that holds every view until the end (an engine keeping the
-        // window's bytes as its weights): each window then takes buffers of
-        // its own, and the load holds no more than those plus its reserve;
-        // once the sink lets go, only the reserve stays.
-        struct holding {
-          recording_sink s;
-          std::vector<lease> held;
-          bool accept(tensor_view v) {
-            if (v.hold) held.push_back(v.hold);
-            return s.accept(std::move(v));
-          }
-        } h;
-        (void)load_distributed(ck, c, plan, h, o);
-        for (const auto& [name, d] : h.s.digests.digests())
-          if (d.sha256 != ref.at(name)) return 11;
-        const auto sched = policy::make_schedule(plan, policy::lane_split::one, policy::node_copy::page_cache);
-        std::uint64_t kept = 0, scratch = 0, windows_kept = 0;
-        for (const auto& w : sched.windows) {
-          const auto& lay = w.lanes.at(0).ranks.at(rank);
-          kept = std::max(kept, lay.kept_bytes), scratch = std::max(scratch, lay.scratch_bytes);
-          windows_kept += lay.kept_bytes > 0;
-        }
-        const auto reserve = o.buffers->capacity_for(kept) + o.buffers->capacity_for(scratch);
-        if (o.buffers->stats().live_bytes > windows_kept * o.buffers->capacity_for(kept) + 2 * reserve) return 14;
-        h.held.clear();
-        if (o.buffers->stats().live_bytes > 2 * reserve) return 15;
-        return 0;
-      },
-      120s);
+  const auto res = on_one_node(n, "dist-reuse-store", [&](std::size_t rank, const comm::rank_info& who) {
+    comm::gloo c(who);
+    auto ck = checkpoint::open(checkpoint_dir());
+    auto o = small_options();
+    o.plan.local_size = n;
+    o.buffers = std::make_shared<window_buffers>();
+    const auto plan = plan_for(ck, "tp1,dp4,ep4", "none", o);
+    // The window buffers each load's tensors lay in (a lease's bytes start its buffer).
+    struct buffers_seen {
+      recording_sink s;
+      std::set<const std::byte*> at;
+      bool accept(tensor_view v) {
+        if (v.kind == view_kind::bytes) at.insert(v.hold.bytes().data());
+        return s.accept(std::move(v));
+      }
+    } a, b;
+    (void)load_distributed(ck, c, plan, a, o);
+    (void)load_distributed(ck, c, plan, b, o);
+    if (a.s.digests.digests().empty() || a.at.empty()) return 10;
+    for (const auto& [name, d] : a.s.digests.digests())
+      if (d.sha256 != ref.at(name) || b.s.digests.digests().at(name).sha256 != d.sha256) return 11;
+    if (a.s.digests.digests().size() != b.s.digests.digests().size()) return 12;
+    // The first load's kept buffers (both window parities, each sized for
+    // the largest window) came back; the second reuses those and allocates none.
+    if (b.at.size() > 2) return 13;
+    for (const auto* p : b.at)
+      if (!a.at.contains(p)) return 13;
+    // A sink that holds every view until the end (an engine keeping the
+    // window's bytes as its weights): each window then takes buffers of
+    // its own, and the load holds no more than those plus its reserve;
+    // once the sink lets go, only the reserve stays.
+    struct holding {
+      recording_sink s;
+      std::vector<lease> held;
+      bool accept(tensor_view v) {
+        if (v.hold) held.push_back(v.hold);
+        return s.accept(std::move(v));
+      }
+    } h;
+    (void)load_distributed(ck, c, plan, h, o);
+    for (const auto& [name, d] : h.s.digests.digests())
+      if (d.sha256 != ref.at(name)) return 11;
+    const auto sched = policy::make_schedule(plan, policy::lane_split::one, policy::node_copy::page_cache);
+    std::uint64_t kept = 0, scratch = 0, windows_kept = 0;
+    for (const auto& w : sched.windows) {
+      const auto& lay = w.lanes.at(0).ranks.at(rank);
+      kept = std::max(kept, lay.kept_bytes), scratch = std::max(scratch, lay.scratch_bytes);
+      windows_kept += lay.kept_bytes > 0;
+    }
+    const auto reserve = o.buffers->capacity_for(kept) + o.buffers->capacity_for(scratch);
+    if (o.buffers->stats().live_bytes > windows_kept * o.buffers->capacity_for(kept) + 2 * reserve) return 14;
+    h.held.clear();
+    if (o.buffers->stats().live_bytes > 2 * reserve) return 15;
+    return 0;
+  });
   for (std::size_t r = 0; r < n; ++r) {
     INFO("rank " << r << " (10: nothing held, 11: wrong bytes, 12: different tensors, 13: buffers not reused, "
                  "14: more memory than the held windows and the reserve, 15: more than the reserve once let go)");
     CHECK(res[r].code == 0);
   }
-  fs::remove_all(store);
 }
 
 TEST_CASE("window reads overlapped with the collectives, or serial, deliver the same tensors", "[comm][distributed]") {

@@ -92,16 +92,19 @@ void check_peers(Comm& c, std::exception_ptr& failure, std::string_view phase, s
 /// what it throws, then agrees with the peers on the outcome (check_peers).
 /// `f` calls the communicator only in collectives that every rank completes
 /// whether or not it fails (the collective open's broadcasts): a rank that
-/// threw before one would leave its peers waiting in it.
+/// threw before one would leave its peers waiting in it. `payload`,
+/// `payloads`: as check_peers', the payload filled by `f` (what it found,
+/// for every rank).
 template <comm::communicator Comm, class F>
-void run_phase(Comm& c, std::string_view phase, F&& f) {
+void run_phase(Comm& c, std::string_view phase, F&& f, std::span<const std::byte> payload = {},
+               std::span<std::byte> payloads = {}) {
   std::exception_ptr failure;
   try {
     f();
   } catch (...) {
     failure = std::current_exception();
   }
-  check_peers(c, failure, phase);
+  check_peers(c, failure, phase, payload, payloads);
 }
 
 }  // namespace detail
