@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One node, one copy: 8 ranks of one node against one process and against 8
 # independent processes, in one run, on the demo's sample checkpoint.
-#   bench/node_copy.sh [--repeat N] [--cold] [--ranks N]
+#   bench/node_copy.sh [--repeat N] [--cold] [--ranks N] [--holes N]
 #   SLUICE_SAMPLE_SIZE=8GiB (default); SLUICE_SAMPLES: where the sample is made (default .samples);
 #   SLUICE_BIN: a folder with sluice-load, sluice-launch and gen-checkpoint built already
 #   (default: build/release/examples, built first)
@@ -21,6 +21,9 @@
 # each with copies (the default sink path) and with page-cache views (--map-above 1MiB, their
 # pages mapped in by the load: --populate-views on), hot
 # (the sample in the page cache) and, with --cold, cold (caches dropped before each run: root).
+# --holes N: hot, every row starts from a page cache that lost N 2 MiB ranges of each shard
+# (posix_fadvise DONTNEED at offsets drawn with a fixed seed, the same for every row), as
+# reclaim leaves a file that was read a while ago.
 # The ranks' start-up is the launcher's wall clock minus the slowest rank's load, printed on
 # its own and split by the ranks' summaries (seconds.join, seconds.open): processes and exit
 # (the launcher's wall clock minus the longest-lived rank's join, open and load), joining the
@@ -31,13 +34,14 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
-repeat=3 cold=0 ranks=8
+repeat=3 cold=0 ranks=8 holes=0
 while (($#)); do
   case $1 in
     --repeat) repeat=$2; shift 2 ;;
     --cold) cold=1; shift ;;
     --ranks) ranks=$2; shift 2 ;;
-    *) echo "usage: $0 [--repeat N] [--cold] [--ranks N]" >&2; exit 2 ;;
+    --holes) holes=$2; shift 2 ;;
+    *) echo "usage: $0 [--repeat N] [--cold] [--ranks N] [--holes N]" >&2; exit 2 ;;
   esac
 done
 size=${SLUICE_SAMPLE_SIZE:-8GiB}
@@ -64,7 +68,20 @@ trap 'rm -rf "$work"' EXIT
 
 now() { date +%s.%N; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-warm() { cat "$sample"/*.safetensors > /dev/null; }
+warm() {
+  cat "$sample"/*.safetensors > /dev/null
+  ((holes)) || return 0
+  "$py" - "$holes" "$sample"/*.safetensors <<'PY'
+import os, random, sys
+rng, n = random.Random(42), int(sys.argv[1])
+for path in sys.argv[2:]:
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    for _ in range(n):
+        os.posix_fadvise(fd, rng.randrange(size) // (2 << 20) * (2 << 20), 2 << 20, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+PY
+}
 
 # run KIND TEMP OPTS...: prints the wall seconds of one run
 run() {
@@ -106,7 +123,7 @@ best() {  # best KIND TEMP OPTS...
 temps=(hot)
 ((cold)) && temps+=(cold)
 shmem=$(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null || true)
-echo "# bench/node_copy.sh --repeat $repeat$( ((cold)) && echo ' --cold') --ranks $ranks  ($(date -u +%F), sample $size: $(du -sh "$sample" | cut -f1), $(nproc) cores, shmem THP: ${shmem:-unknown})"
+echo "# bench/node_copy.sh --repeat $repeat$( ((cold)) && echo ' --cold') --ranks $ranks$( ((holes)) && echo " --holes $holes")  ($(date -u +%F), sample $size: $(du -sh "$sample" | cut -f1), $(nproc) cores, shmem THP: ${shmem:-unknown})"
 printf "%-6s %-7s %-28s %9s %14s %14s\n" temp sink row seconds "vs 1 process" "vs N procs"
 for temp in "${temps[@]}"; do
   # Hot starts from the page cache a sluice load of the sample leaves: its

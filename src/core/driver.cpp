@@ -64,6 +64,15 @@ std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, polic
   return readers;
 }
 
+// The piece of a file whose presence in the page cache decides, for a shared
+// table's share, between writing it from there and reading it: one
+// cachestat per piece (microseconds; 1632 for a rank's 408 MiB share), and
+// adjacent pieces of one kind merged again into one write or one read.
+// Asked once per share instead, 2 MiB evicted from 8 GiB of shards (DAMON
+// on this VM, reclaim anywhere) sent whole shares, a third of the tables, to
+// the slower reads (bench/README.md).
+constexpr std::uint64_t table_probe = std::uint64_t{256} << 10;
+
 // A slice of a shared table this rank writes into the node's segment from
 // the page cache: bytes [offset, offset + size) of tensor `t`, at `at` in
 // the segment.
@@ -407,10 +416,27 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
           if (r.reader == me) {
             st.shared_bytes_written += r.size;
             fetched += r.size;
-            if (from_page_cache && tr.source().cached(t.shard, t.offset + r.offset, r.size))
-              writes.push_back({&t, r.offset, r.size, e.shared_offset + r.offset});
-            else
-              reads.push_back({&t, r.offset, r.size, segment.bytes().subspan(e.shared_offset + r.offset, r.size)});
+            // Asked of the page cache a piece at a time (table_probe bytes of
+            // the file): a file the kernel has partly evicted (reclaim, DAMON)
+            // sends its missing pieces to the reads, not the whole share.
+            for (auto b = r.offset, end = r.offset + r.size; b < end;) {
+              const auto stop = from_page_cache ? std::min(end, ((t.offset + b) / table_probe + 1) * table_probe - t.offset) : end;
+              const auto n = stop - b;
+              const auto at = e.shared_offset + b;
+              if (from_page_cache && tr.source().cached(t.shard, t.offset + b, n)) {
+                if (!writes.empty() && writes.back().t == &t && writes.back().offset + writes.back().size == b)
+                  writes.back().size += n;
+                else
+                  writes.push_back({&t, b, n, at});
+              } else if (!reads.empty() && reads.back().tensor == &t && reads.back().offset + reads.back().size == b) {
+                auto& x = reads.back();
+                x.size += n;
+                x.direct = {x.direct.data(), x.size};
+              } else {
+                reads.push_back({&t, b, n, segment.bytes().subspan(at, n)});
+              }
+              b = stop;
+            }
           }
       }
       st.resident_bytes += write_tables(ck, tr.source(), segment, writes, plan.local_size);
