@@ -85,8 +85,8 @@ std::vector<sluice_test::rank_result> on_one_node(std::size_t n, const char* tag
   return res;
 }
 
-std::map<std::string, std::string> reference_digests() {
-  auto ck = checkpoint::open(checkpoint_dir());
+std::map<std::string, std::string> reference_digests(const fs::path& dir = checkpoint_dir()) {
+  auto ck = checkpoint::open(dir);
   digest_sink d;
   load_options lo;
   lo.register_buffers = false;
@@ -405,6 +405,14 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   if (n % 2 == 0) check_load_on(2, n, topology, offload, dopt, mode);
 }
 
+// A rank's result (run_load) of a load under shared-cooperative: it ended
+// well, and the shared tables it digested are the single-process load's.
+void require_shared_tables(const nlohmann::json& j, const policy::load_plan& plan, const std::map<std::string, std::string>& ref) {
+  REQUIRE(j["exit"] == 0);
+  for (auto& [name, sha] : j["digests"].items())
+    if (plan.entry(name).shared()) REQUIRE(sha.get<std::string>() == ref.at(name));
+}
+
 }  // namespace
 
 TEST_CASE("a one-rank distributed load equals the plain load", "[comm][distributed]") {
@@ -460,9 +468,7 @@ TEST_CASE("4 ranks, cooperative shared tables from the page cache or the disk: w
     for (std::size_t r = 0; r < 4; ++r) {
       const auto& j = results[r];
       INFO("rank " << r << ": " << j.dump().substr(0, 1500));
-      REQUIRE(j["exit"] == 0);
-      for (auto& [name, sha] : j["digests"].items())
-        if (plan.entry(name).shared()) REQUIRE(sha.get<std::string>() == ref.at(name));
+      require_shared_tables(j, plan, ref);
       std::uint64_t share = 0;
       for (const auto& e : plan.entries)
         if (e.shared())
@@ -503,14 +509,7 @@ TEST_CASE("4 ranks, shared tables from a page cache missing 2 MiB of one: only t
   gen.max_shard_bytes = 1u << 20;
   testing::write_checkpoint(dir, gen);
   auto ck = checkpoint::open(dir);
-  std::map<std::string, std::string> ref;
-  {
-    digest_sink d;
-    load_options lo;
-    lo.register_buffers = false;
-    (void)load(ck, d, lo);
-    for (auto& [n, t] : d.digests()) ref[n] = t.sha256;
-  }
+  const auto ref = reference_digests(dir);
   auto opt = small_options();
   opt.plan.local_size = 4;
   const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", opt);
@@ -548,9 +547,7 @@ TEST_CASE("4 ranks, shared tables from a page cache missing 2 MiB of one: only t
   for (std::size_t r = 0; r < 4; ++r) {
     const auto& j = results[r];
     INFO("rank " << r << ": " << j.dump().substr(0, 1500));
-    REQUIRE(j["exit"] == 0);
-    for (auto& [name, sha] : j["digests"].items())
-      if (plan.entry(name).shared()) REQUIRE(sha.get<std::string>() == ref.at(name));
+    require_shared_tables(j, plan, ref);
     written += j["stats"]["shared_bytes_written"].get<std::uint64_t>();
     resident += j["stats"]["resident_bytes"].get<std::uint64_t>();
   }
