@@ -205,12 +205,14 @@ class block_cache {
 
  private:
   std::uint64_t scan() const;
+  void trim_locked(std::uint64_t target);   // trim, evict_mutex_ held
   options opt_;
   std::shared_ptr<counters> counters_;
   std::atomic<std::uint64_t> bytes_{0};
   std::atomic<std::uint64_t> writes_begun_{0};
   std::atomic<std::uint64_t> in_flight_{0};   // bytes reserved by writes not yet ended
-  std::mutex evict_mutex_, trim_mutex_;
+  std::atomic<std::uint64_t> ended_{0};       // bytes of writes ended so far (written or not)
+  std::mutex evict_mutex_;
   boost::asio::thread_pool workers_{worker_threads};
 };
 
