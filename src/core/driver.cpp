@@ -38,6 +38,7 @@
 #include <sluice/distributed/peers.hpp>
 #include <sluice/distributed/read_window.hpp>
 #include <sluice/distributed/slice_reader.hpp>
+#include <sluice/distributed/table_writes.hpp>
 #include <sluice/distributed/window.hpp>
 #include <sluice/memory/node_handoff.hpp>
 #include <sluice/memory/node_window.hpp>
@@ -73,14 +74,6 @@ std::set<policy::rank_t> node_table_readers(const policy::load_plan& plan, polic
 // the slower reads (bench/README.md).
 constexpr std::uint64_t table_probe = std::uint64_t{256} << 10;
 
-// A slice of a shared table this rank writes into the node's segment from
-// the page cache: bytes [offset, offset + size) of tensor `t`, at `at` in
-// the segment.
-struct table_write {
-  const tensor_ref* t;
-  std::uint64_t offset, size, at;
-};
-
 // Writes `writes` into `segment` from views of the files (`src`), through
 // the pieces' descriptors (memory::shared_host::write), instead of reading
 // them into its mapping: a page written so is allocated without zeroing and
@@ -88,33 +81,28 @@ struct table_write {
 // (bench/shmem_writers.c; memory/shared_host.hpp), and each piece has one
 // writer (policy::plan_segment), so the node's ranks write at once. One
 // thread per piece of this rank's, as many as it has hardware threads
-// (threads_per_rank). A failure names the
-// file, the tensor and its bytes. Returns the bytes written.
-std::uint64_t write_tables(const checkpoint& ck, any_source& src, const memory::shared_host& segment,
-                           const std::vector<table_write>& writes, std::size_t local_size) {
-  if (writes.empty()) return 0;
-  const auto pieces = segment.pieces();
-  std::map<std::size_t, std::vector<const table_write*>> by_piece;
+// (table_lanes, threads_per_rank). A failure names the file,
+// the tensor and its bytes. Returns the bytes written and the threads that
+// wrote them.
+struct tables_written {
+  std::uint64_t bytes = 0;
+  std::size_t threads = 0;
+};
+tables_written write_tables(const checkpoint& ck, any_source& src, const memory::shared_host& segment,
+                            const std::vector<table_write>& writes, std::size_t local_size) {
+  if (writes.empty()) return {};
   std::uint64_t total = 0;
-  for (const auto& w : writes) {
-    by_piece[static_cast<std::size_t>(std::upper_bound(pieces.begin(), pieces.end(), w.at) - pieces.begin() - 1)].push_back(&w);
-    total += w.size;
-  }
-  std::vector<std::vector<const table_write*>> lanes(std::min(by_piece.size(), threads_per_rank(local_size)));
-  std::size_t k = 0;
-  for (auto& [piece, ws] : by_piece) {
-    auto& lane = lanes[k++ % lanes.size()];
-    lane.insert(lane.end(), ws.begin(), ws.end());
-  }
-  auto write = [&](const std::vector<const table_write*>& lane) {
-    for (const auto* w : lane) {
-      const auto& t = *w->t;
-      const lease v = src.transient_view(t.shard, t.offset + w->offset, w->size);
+  for (const auto& w : writes) total += w.size;
+  const auto lanes = table_lanes(writes, segment.pieces(), threads_per_rank(local_size));
+  auto write = [&](const std::vector<table_write>& lane) {
+    for (const auto& w : lane) {
+      const auto& t = *w.t;
+      const lease v = src.transient_view(t.shard, t.offset + w.offset, w.size);
       try {
-        segment.write(w->at, v.bytes());
+        segment.write(w.at, v.bytes());
       } catch (const io_error& e) {
         throw io_error(fmt::format("writing a shared table's slice into the node's segment: {}", e.detail()),
-                       {ck.shards()[t.shard].uri, t.name, byte_range{t.offset + w->offset, t.offset + w->offset + w->size}}, e.code());
+                       {ck.shards()[t.shard].uri, t.name, byte_range{t.offset + w.offset, t.offset + w.offset + w.size}}, e.code());
       }
     }
   };
@@ -139,7 +127,7 @@ std::uint64_t write_tables(const checkpoint& ck, any_source& src, const memory::
   for (auto& t : threads) t.join();
   for (auto& f : failed)
     if (f) std::rethrow_exception(f);
-  return total;
+  return {total, lanes.size()};
 }
 
 // Memory every rank of `me`'s node maps (memory::shared_host): created by
@@ -439,7 +427,9 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
             }
           }
       }
-      st.resident_bytes += write_tables(ck, tr.source(), segment, writes, plan.local_size);
+      const auto written = write_tables(ck, tr.source(), segment, writes, plan.local_size);
+      st.resident_bytes += written.bytes;
+      st.table_writers = written.threads;
       run_blocking(ioc, tr.read(reads));
       if (table_reader) {
         table_storage_bytes = table_reader->counters().bytes_read.load();

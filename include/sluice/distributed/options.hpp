@@ -170,6 +170,10 @@ struct distributed_stats {
   /// table readers than local ranks gets the node's share of the others
   /// (reader_sizing); cooperative readers keep their own shares.
   std::uint64_t table_connections = 0, table_queue_depth = 0;
+  /// Threads that wrote this rank's share of the tables from the page cache
+  /// into the segment (one per piece, as far as its hardware threads go; 0:
+  /// none written so).
+  std::uint64_t table_writers = 0;
   bool overlapped = false;                ///< window reads overlapped the collectives (distributed_options::overlap)
   double seconds = 0, setup_seconds = 0, read_seconds = 0, exchange_seconds = 0, deliver_seconds = 0;
   double table_seconds = 0;  ///< reading shared tables into the segment (included in read_seconds), barrier included
@@ -187,7 +191,7 @@ struct distributed_stats {
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"cache", {{"hit_bytes", cache_hit_bytes}, {"fetched_bytes", cache_fetched_bytes}, {"refetched_bytes", cache_refetched_bytes}}}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
             {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"resident_bytes", resident_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"status_exchanges", status_exchanges}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"shared_bytes_released", shared_bytes_released}, {"windows", windows}, {"connections", connections},
-            {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth},
+            {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth}, {"table_writers", table_writers},
             {"overlapped", overlapped},
             {"seconds", {{"total", seconds}, {"setup", setup_seconds}, {"read", read_seconds},
                          {"exchange", exchange_seconds}, {"deliver", deliver_seconds}, {"tables", table_seconds}, {"release", release_seconds},
