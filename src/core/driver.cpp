@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <map>
 #include <memory>
 #include <optional>
 #include <set>

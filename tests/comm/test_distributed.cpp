@@ -405,6 +405,23 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
   if (n % 2 == 0) check_load_on(2, n, topology, offload, dopt, mode);
 }
 
+// Every shard of `ck` read into the page cache (`keep`) or dropped from it.
+void page_cache(const checkpoint& ck, bool keep) {
+  for (const auto& sh : ck.shards()) {
+    const int fd = ::open(sh.uri.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    if (keep) {
+      std::vector<char> b(1 << 16);
+      while (::read(fd, b.data(), b.size()) > 0) {
+      }
+    } else {
+      REQUIRE(::fdatasync(fd) == 0);  // dirty pages are not dropped
+      REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+    }
+    ::close(fd);
+  }
+}
+
 // A rank's result (run_load) of a load under shared-cooperative: it ended
 // well, and the shared tables it digested are the single-process load's.
 void require_shared_tables(const nlohmann::json& j, const policy::load_plan& plan, const std::map<std::string, std::string>& ref) {
@@ -441,25 +458,10 @@ TEST_CASE("4 ranks, cooperative shared tables from the page cache or the disk: w
   // segment's mapping), then read (hot: every table byte written from the
   // page cache through the pieces' descriptors).
   auto ck = checkpoint::open(checkpoint_dir());
-  auto pages = [&](bool keep) {
-    for (const auto& sh : ck.shards()) {
-      const int fd = ::open(sh.uri.c_str(), O_RDONLY | O_CLOEXEC);
-      REQUIRE(fd >= 0);
-      if (keep) {
-        std::vector<char> b(1 << 16);
-        while (::read(fd, b.data(), b.size()) > 0) {
-        }
-      } else {
-        REQUIRE(::fdatasync(fd) == 0);  // dirty pages are not dropped
-        REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
-      }
-      ::close(fd);
-    }
-  };
   const auto ref = reference_digests();
   for (const bool hot : {false, true}) {
     INFO((hot ? "hot" : "cold"));
-    pages(hot);
+    page_cache(ck, hot);
     auto opt = small_options();
     opt.plan.local_size = 4;
     const auto plan = plan_for(ck, "tp1,dp4,ep4", "shared-cooperative", opt);
@@ -520,12 +522,7 @@ TEST_CASE("4 ranks, shared tables from a page cache missing 2 MiB of one: only t
   constexpr std::uint64_t mib2 = 2u << 20;
   const auto hole = (table->offset + mib2 - 1) / mib2 * mib2;
   REQUIRE(hole + mib2 <= table->offset + table->size);
-  for (const auto& sh : ck.shards()) {  // every page in the page cache...
-    std::ifstream f(sh.uri, std::ios::binary);
-    std::vector<char> b(1 << 16);
-    while (f.read(b.data(), static_cast<std::streamsize>(b.size())) || f.gcount() > 0) {
-    }
-  }
+  page_cache(ck, true);  // every page in the page cache...
   {  // ...but the 2 MiB-aligned range of the largest table
     const int fd = ::open(ck.shards()[table->shard].uri.c_str(), O_RDONLY | O_CLOEXEC);
     REQUIRE(fd >= 0);
