@@ -511,7 +511,7 @@ def main():
     # peers come from site-packages with their .pyc files, but a sluice run
     # from a build tree (PYTHONPATH=build/release/python) has none, and each
     # worker (PYTHONDONTWRITEBYTECODE) would compile its sources again inside
-    # the timed load: about 5 ms of CPU per rank (bench/README.md).
+    # the timed load: about 5 ms of CPU per rank (bench/HISTORY.md).
     compileall.compile_dir(os.path.dirname(sluice.__file__), quiet=1)
     sck = sluice.open(ck)
     total = sck.tensor_bytes
@@ -595,7 +595,7 @@ def main():
         """Each entry (label, contender, settings record, backend) loaded --rounds
         times, each load in a fresh process, the order reversing every round
         (A B C, C B A, ...): on this VM a load's speed depended on what the
-        load before it left in memory (bench/README.md, the cold trap), and a
+        load before it left in memory (bench/HISTORY.md, the cold trap), and a
         fixed order gave each contender the same predecessor every time.
         Returns {label: its median record, with "rounds": every load's seconds}."""
         got = {label: [] for label, *_ in entries}
@@ -681,7 +681,7 @@ def main():
             # reverses every round (A B, B A, A B, ...), so that each contender
             # follows each other one and itself about equally often: on this
             # VM a cold load's speed depended on what the previous load left
-            # in memory (bench/README.md, the cold trap), and a fixed order
+            # in memory (bench/HISTORY.md, the cold trap), and a fixed order
             # gave one contender the same predecessor every round.
             for i in range(a.rounds):
                 for c, label in (runs if i % 2 == 0 else runs[::-1]):

@@ -88,7 +88,7 @@ struct stream_state final : admission {
   // Two sides, each woken only when the other changed what it waits for:
   // a wake is two context switches, and with one per tensor a load of a few
   // thousand tensors on ranks sharing cores spent more time switching than
-  // handing out (bench/README.md, the peers race's ranks row).
+  // handing out (bench/HISTORY.md, the peers race's ranks row).
   std::condition_variable items;  // next(): an item, the end
   std::condition_variable room;   // the sink: room in the queue, pins dropped, the consumer waiting; both: a stop
   std::deque<queued> queue;

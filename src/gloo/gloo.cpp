@@ -80,7 +80,7 @@ using unbound_buffers = std::vector<std::unique_ptr<::gloo::transport::UnboundBu
 // of its time slice. 4 ranks on 2 cores: 70,000-98,000 loop wakes over 12
 // rank-loads of the peers sample, 5,000-17,000 in batch; the loop thread's
 // CPU about 10 ms per rank-load, 1.7 ms in batch; a 4-rank load of a
-// 72-tensor checkpoint 0.06-0.08 s, 0.03 s in batch (bench/README.md). A
+// 72-tensor checkpoint 0.06-0.08 s, 0.03 s in batch (bench/HISTORY.md). A
 // core left idle still runs the loop at once: batch only declines to preempt.
 class loop_ticker final : public ::gloo::transport::tcp::Handler {
  public:
@@ -713,7 +713,7 @@ void gloo::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
     // Every rank sends its part to every other at once. Gloo's all-gather is
     // a ring: size - 1 steps, each waiting for the previous one's rank to
     // run, which for the failure protocol's small status records made every
-    // meeting of 8 ranks on 2 cores cost 5-14 ms (bench/README.md). Each
+    // meeting of 8 ranks on 2 cores cost 5-14 ms (bench/HISTORY.md). Each
     // rank sends and receives the same bytes either way.
     if (in.data() != out.data() + rank_ * in.size()) std::memmove(out.data() + rank_ * in.size(), in.data(), in.size());
     std::vector<send_message> sends;

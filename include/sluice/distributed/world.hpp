@@ -52,7 +52,7 @@ namespace sluice::inline v0 {
 /// load, and a window without a message costs no collective
 /// (window_schedule::status) whatever its size. Measured on the 8 GiB
 /// sample, 8 ranks, hot, copies: 4.1-6.3 s with 256 MiB windows, 3.3-3.5 s
-/// with 32-64 MiB (bench/README.md). Between nodes, where windows carry
+/// with 32-64 MiB (bench/HISTORY.md). Between nodes, where windows carry
 /// messages, bigger windows mean fewer collectives: unchanged.
 [[nodiscard]] inline policy::plan_options plan_options_for(const checkpoint& ck, std::size_t world, const distributed_options& opt) {
   auto po = opt.plan;

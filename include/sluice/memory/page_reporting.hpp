@@ -37,7 +37,7 @@ namespace sluice::inline v0 {
 /// 4 KiB first touch, as for file mappings). Where it does not, the segment's
 /// writers write its pages (pwrite: no zeroing, no fault) rather than fault
 /// them in; where it does, a fault zeroes and maps 2 MiB at once, which costs
-/// less than writing 4 KiB pages (bench/README.md, the shared segment in
+/// less than writing 4 KiB pages (bench/HISTORY.md, the shared segment in
 /// pieces).
 [[nodiscard]] bool shmem_huge_faults();
 

@@ -7,7 +7,7 @@
 ///
 /// The first write to fresh anonymous memory costs a page fault and a page
 /// clear per 4 KiB; on a page-cache-hot load into fresh parameters that is
-/// most of the load, for every loader (bench/README.md, fresh destinations).
+/// most of the load, for every loader (bench/HISTORY.md, fresh destinations).
 /// The reads take those faults on whichever thread copies; the prefaulter
 /// takes the other end of the destinations on another core
 /// (`MADV_POPULATE_WRITE`: faulted in writable, nothing written), so the

@@ -149,7 +149,7 @@ class file_source {
     // read can block the thread, the work is a few page-table entries (one
     // per 2 MiB folio), and a trip through io-wq (two thread wakes) cost
     // more than the work; on ranks sharing cores, most of their context
-    // switches (bench/README.md, the peers race's ranks row).
+    // switches (bench/HISTORY.md, the peers race's ranks row).
     if (resident) {
       if (::madvise(base + begin, static_cast<std::size_t>(end - begin), MADV_POPULATE_READ) != 0) {
         const int e = errno;
