@@ -257,7 +257,8 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // memory region every local rank maps, which readers read into and keepers
   // copy from.
   const bool with_lane = lane != nullptr;
-  const bool page_cache = opt.takes_from_page_cache(catalog_source && ck.storage().shares_page_cache(), plan.local_size);
+  const bool local_files = catalog_source && ck.storage().shares_page_cache();
+  const bool page_cache = opt.takes_from_page_cache(local_files, plan.local_size);
   const auto node = page_cache                                    ? policy::node_copy::page_cache
                     : opt.node_window && plan.local_size > 1 ? policy::node_copy::window
                                                                   : policy::node_copy::none;
@@ -340,7 +341,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   // read sparsely (rows looked up), so each rank maps it without mapping its
   // pages in; it only makes sure its share of the node's reads is in the page
   // cache (mapping that share in where it is not: the cooperative cold fill).
-  const bool table_views = shared && page_cache && opt.load.map_above > 0;
+  const bool table_views = shared && opt.table_views(local_files, plan.local_size);
   std::vector<lease> tables;  // by entry, table_views only
   std::uint64_t table_taken = 0, table_bytes = 0, table_resident = 0;
   if (table_views) {

@@ -390,7 +390,9 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
   // Each node's shared segment written once; or, with views of the page
   // cache asked for on a node that shares it, no segment: every local rank
   // maps the tables' file ranges.
-  const bool table_views = dopt.load.map_above && carrier == policy::node_copy::page_cache;
+  // A rank alone on its node maps its tables all the same.
+  const bool table_views =
+      dopt.load.map_above && (carrier == policy::node_copy::page_cache || (n / nodes == 1 && dopt.page_cache));
   REQUIRE(written == (table_views ? 0 : shared_table_bytes * nodes));
   if (table_views)
     for (const auto& j : results) REQUIRE(j["stats"]["shared_bytes"] == 0);
@@ -446,6 +448,39 @@ TEST_CASE("a one-rank distributed load equals the plain load", "[comm][distribut
   REQUIRE(st.shared_bytes > 0);
   REQUIRE(st.shared_views == 4);
   REQUIRE(st.windows > 1);
+}
+
+TEST_CASE("a one-rank distributed load with views: the shared tables are views of the file, no segment, the same bytes",
+          "[comm][distributed][page_cache]") {
+  // As one process's views: a rank alone on its node maps its tables rather
+  // than copy them into a segment of its own.
+  auto ck = checkpoint::open(checkpoint_dir());
+  const auto plan = plan_for(ck, "tp1,dp1,ep1", "shared-cooperative", small_options());
+  std::uint64_t tables = 0;
+  for (const auto& e : plan.entries)
+    if (e.shared()) tables += e.info.size;
+  REQUIRE(tables > 0);
+  recording_sink s;
+  comm::rank_info who;
+  who.hostname = "127.0.0.1";
+  auto o = small_options();
+  o.load.map_above = 1;
+  auto st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, s, o);
+  const auto ref = reference_digests();
+  REQUIRE(s.digests.digests().size() == ref.size());
+  for (auto& [n, d] : s.digests.digests()) REQUIRE(d.sha256 == ref.at(n));
+  REQUIRE(st.bytes_read == ck.tensor_bytes());
+  REQUIRE(st.shared_bytes == 0);
+  REQUIRE(st.shared_bytes_written == 0);
+  REQUIRE(st.shared_views == 4);
+  REQUIRE(st.mapped_bytes >= tables);
+  // Under io=direct nothing is a view: the tables go into the segment.
+  o.load.io = io_mode::direct;
+  recording_sink d;
+  st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, d, o);
+  for (auto& [n, x] : d.digests.digests()) REQUIRE(x.sha256 == ref.at(n));
+  REQUIRE(st.shared_bytes_written == tables);
+  REQUIRE(st.mapped_bytes == 0);
 }
 
 TEST_CASE("4 ranks, cooperative shared tables: each rank holds exactly its tensors, read once", "[comm][distributed]") {
@@ -787,6 +822,7 @@ TEST_CASE("page-cache views (map_above): what a rank keeps and reads or takes it
   auto o = small_options();
   o.load.map_above = 1;
   check_load(4, "tp1,dp4,ep4", "shared-cooperative", o);
+  check_load_on(2, 2, "tp1,dp2,ep2", "shared-cooperative", o, lane_mode::none);  // a rank alone on its node: its tables too
   o.plan.split_bytes = 4u << 10;  // row parts, slices read by several ranks
   check_load(4, "tp2,dp2,ep4", "none", o);
   check_load(4, "tp1,dp4,ep4", "per-rank", o, lane_mode::emulated);  // the device lane copies as before

@@ -107,6 +107,14 @@ struct distributed_options {
   [[nodiscard]] bool takes_from_page_cache(bool storage_shares, std::size_t local_ranks) const noexcept {
     return page_cache && storage_shares && local_ranks > 1 && load.io != io_mode::direct;
   }
+  /// Whether the node's shared tables are views of its page cache instead of
+  /// a segment filled by copies: views asked for (`load.map_above`) where the
+  /// page cache is the node's copy (takes_from_page_cache). A rank alone on
+  /// its node takes nothing from the page cache (it reads all it keeps) but
+  /// maps its tables all the same, as one process's views do.
+  [[nodiscard]] bool table_views(bool storage_shares, std::size_t local_ranks) const noexcept {
+    return load.map_above > 0 && takes_from_page_cache(storage_shares, std::max<std::size_t>(local_ranks, 2));
+  }
   /// Whether `overlap` means overlapping with `local_ranks` ranks on this
   /// machine, reading from remote storage or not.
   [[nodiscard]] bool overlaps(std::size_t local_ranks, bool remote = false) const noexcept {
