@@ -355,8 +355,11 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
         if (!e.shared() || e.info.size == 0) continue;
         table_bytes += e.info.size;
         const auto& t = ck.tensors()[e.index];
-        if (!reader->source().can_map(t.shard, t.offset, e.info.size))
-          throw io_error("the page cache cannot serve a view of this table", {ck.shards()[t.shard].uri, t.name, t.range()});
+        // Not can_map: a rank alone on its node reads its own bytes past the
+        // page cache where they are not cached (io=automatic), and can_map
+        // declines such ranges. A table's view is made either way, and its
+        // share mapped in below (the catalog's files: view() throws
+        // truncated_error for a range the file no longer holds).
         tables[j] = reader->source().view(t.shard, t.offset, e.info.size);
         std::uint64_t mine = 0;  // the plan's share of the node's storage reads
         for (const auto& r : e.reads) {

@@ -453,34 +453,43 @@ TEST_CASE("a one-rank distributed load equals the plain load", "[comm][distribut
 TEST_CASE("a one-rank distributed load with views: the shared tables are views of the file, no segment, the same bytes",
           "[comm][distributed][page_cache]") {
   // As one process's views: a rank alone on its node maps its tables rather
-  // than copy them into a segment of its own.
-  auto ck = checkpoint::open(checkpoint_dir());
+  // than copy them into a segment of its own, cold (its source reads past
+  // the page cache, io=automatic, but a table's view is mapped in) or hot.
+  // A checkpoint of the test's own: it drops the files' pages.
+  const auto dir = sluice_test::fresh_dir("dist-lone-views-ckpt");
+  testing::write_checkpoint(dir, small_model());
+  auto ck = checkpoint::open(dir);
+  const auto ref = reference_digests(dir);
   const auto plan = plan_for(ck, "tp1,dp1,ep1", "shared-cooperative", small_options());
   std::uint64_t tables = 0;
   for (const auto& e : plan.entries)
     if (e.shared()) tables += e.info.size;
   REQUIRE(tables > 0);
-  recording_sink s;
   comm::rank_info who;
   who.hostname = "127.0.0.1";
   auto o = small_options();
   o.load.map_above = 1;
-  auto st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, s, o);
-  const auto ref = reference_digests();
-  REQUIRE(s.digests.digests().size() == ref.size());
-  for (auto& [n, d] : s.digests.digests()) REQUIRE(d.sha256 == ref.at(n));
-  REQUIRE(st.bytes_read == ck.tensor_bytes());
-  REQUIRE(st.shared_bytes == 0);
-  REQUIRE(st.shared_bytes_written == 0);
-  REQUIRE(st.shared_views == 4);
-  REQUIRE(st.mapped_bytes >= tables);
+  for (const bool hot : {false, true}) {
+    INFO((hot ? "hot" : "cold"));
+    page_cache(ck, hot);
+    recording_sink s;
+    const auto st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, s, o);
+    REQUIRE(s.digests.digests().size() == ref.size());
+    for (auto& [n, d] : s.digests.digests()) REQUIRE(d.sha256 == ref.at(n));
+    REQUIRE(st.bytes_read == ck.tensor_bytes());
+    REQUIRE(st.shared_bytes == 0);
+    REQUIRE(st.shared_bytes_written == 0);
+    REQUIRE(st.shared_views == 4);
+    REQUIRE(st.mapped_bytes >= tables);
+  }
   // Under io=direct nothing is a view: the tables go into the segment.
   o.load.io = io_mode::direct;
   recording_sink d;
-  st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, d, o);
+  const auto st = load_distributed(ck, "tp1,dp1,ep1", "shared-cooperative", who, d, o);
   for (auto& [n, x] : d.digests.digests()) REQUIRE(x.sha256 == ref.at(n));
   REQUIRE(st.shared_bytes_written == tables);
   REQUIRE(st.mapped_bytes == 0);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("4 ranks, cooperative shared tables: each rank holds exactly its tensors, read once", "[comm][distributed]") {
