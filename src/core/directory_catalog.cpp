@@ -24,11 +24,17 @@ namespace {
 // the source goes first).
 class ring_file_source {
  public:
-  ring_file_source(asio::io_context& ioc, const checkpoint& ck, const source_options& opt, unsigned depth, bool populate)
+  ring_file_source(asio::io_context& ioc, const checkpoint& ck, const source_options& opt, unsigned depth, bool populate,
+                   bool map_uncached)
       : ring_(ioc, uring_options{std::max(opt.ring_entries, depth), opt.register_buffers}),
-        src_(ring_, ck.shard_uris(), opt.io, opt.punt_buffered, populate) {}
+        src_(ring_, ck.shard_uris(), opt.io, opt.punt_buffered, populate) {
+    src_.map_uncached(map_uncached);
+  }
   [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
     return src_.read_at(file, offset, dst);
+  }
+  [[nodiscard]] task<std::size_t> read_via_page_cache(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    return src_.read_via_page_cache(file, offset, dst);
   }
   [[nodiscard]] std::size_t file_count() const noexcept { return src_.file_count(); }
   [[nodiscard]] std::string file_uri(std::uint32_t file) const { return src_.file_uri(file); }
@@ -61,11 +67,15 @@ std::unique_ptr<any_source> directory_catalog::open_source(const checkpoint& ck,
   // A reader with more than its rank's share of the node (fewer readers than
   // ranks) keeps more reads in flight; its ring must hold them.
   const unsigned depth = sizing.queue_depth(opt.queue_depth);
-  // Ranks that read from the page cache what this one reads: automatic
-  // would read cold ranges O_DIRECT, past it (each byte then twice from disk).
-  auto o = opt;
-  if (sizing.page_cache && o.io == io_mode::automatic) o.io = io_mode::buffered;
-  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, o, depth, o.populates(sizing.local_ranks)), depth);
+  // Ranks that take from the page cache what this one reads: the reads of
+  // such bytes go through it (byte_extent::via_page_cache; past it, each
+  // byte would come from disk twice), and a view of a range not cached is
+  // its read (the node's cooperative fill). Other reads still bypass it
+  // where io=automatic would: the bytes only this rank keeps, and the
+  // tables it reads into the node's segment.
+  return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, opt, depth, opt.populates(sizing.local_ranks),
+                                                             sizing.page_cache && opt.io != io_mode::direct),
+                          depth);
 }
 
 }  // namespace sluice::inline v0

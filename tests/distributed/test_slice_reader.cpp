@@ -142,3 +142,47 @@ TEST_CASE("a slice reader over a buffered source reads every extent straight int
   REQUIRE(std::memcmp(dst.data() + 1, data.data() + 3, t.size) == 0);
   REQUIRE(reader.realigned() == 0);
 }
+
+TEST_CASE("a slice reader reads extents other ranks take through the page cache, the others past it", "[distributed][slice_reader]") {
+  // A node whose ranks take bytes from its page cache: what they take must
+  // land there (via_page_cache), whatever its alignment; what one rank alone
+  // reads may bypass it.
+  sluice_test::scratch_dir dir;
+  const auto data = pattern(4 << 20);
+  const auto path = dir.path / "f";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  }
+  // Both aligned, so that only via_page_cache tells them apart.
+  const std::vector<tensor_ref> ts{at("shared", 0, 1 << 20), at("own", 2 << 20, 1 << 20)};
+  asio::io_context ioc;
+  uring_context ring(ioc);
+  auto owned = std::make_unique<file_source>(ring, std::vector<std::string>{path.string()}, io_mode::automatic);
+  file_source* src = owned.get();
+  if (src->direct_alignment(0) == 0) {
+    WARN("O_DIRECT not supported by this file system: every read is buffered");
+    return;
+  }
+  load_options opt;
+  opt.staging_budget = 8 << 20;
+  opt.max_read = 1 << 20;
+  slice_reader reader(any_source::wrap(std::move(owned), 4), opt);
+  drop(path);
+  if (src->cached(0, 0, 4096)) {
+    WARN("the page cache kept the file: nothing to tell apart");
+    return;
+  }
+  staging_pool mem({.budget = 2 << 20, .slot_size = 1 << 20});
+  auto a = *mem.try_acquire(), b = *mem.try_acquire();
+  planned_reads reads{{&ts[0], 0, ts[0].size, a.bytes(), false, true}, {&ts[1], 0, ts[1].size, b.bytes()}};
+  run_blocking(ioc, reader.read(reads));
+  REQUIRE(std::memcmp(a.bytes().data(), data.data(), 1 << 20) == 0);
+  REQUIRE(std::memcmp(b.bytes().data(), data.data() + (2 << 20), 1 << 20) == 0);
+  CHECK(src->buffered_reads() == 1);
+  CHECK(src->direct_reads() == 1);
+  CHECK(reader.realigned() == 0);
+  CHECK(src->cached(0, 0, 1 << 20));          // there for the node's other ranks
+  CHECK_FALSE(src->cached(0, 2 << 20, 4096));  // never cached: read past the page cache
+}
+

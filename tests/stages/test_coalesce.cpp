@@ -151,3 +151,20 @@ TEST_CASE("with an alignment no request crosses one of its multiples, and every 
     CHECK(shared >= 1);
   }
 }
+
+TEST_CASE("extents read through the page cache never share a request with extents read past it", "[stages][coalesce]") {
+  // byte_extent::via_page_cache: a request is read one way or the other.
+  auto ts = layout({{0, 100}, {0, 100}, {0, 100}, {0, 100}});
+  std::vector<byte_extent> jobs;
+  for (const auto& t : ts) jobs.push_back(byte_extent::whole(t));
+  jobs[2].via_page_cache = jobs[3].via_page_cache = true;
+  coalesce c({1 << 20});
+  std::vector<read_request> out;
+  sluice_test::run(run_pipeline(c, jobs, [&](read_request r) { out.push_back(std::move(r)); }));
+  REQUIRE(out.size() == 2);
+  REQUIRE(out[0].pieces.size() == 2);
+  REQUIRE_FALSE(out[0].via_page_cache);
+  REQUIRE(out[1].pieces.size() == 2);
+  REQUIRE(out[1].via_page_cache);
+}
+

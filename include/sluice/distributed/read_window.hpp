@@ -254,7 +254,13 @@ class read_window : public pipeable {
             }
             continue;
           }
-          reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size)});
+          // Bytes several ranks of the node read (the reader and those that
+          // take them, in any order: windows do not wait on each other's
+          // reads) go through the page cache, so the disk gives each once;
+          // the bytes one rank alone reads may bypass it (O_DIRECT where not
+          // cached).
+          const bool shared = rd.exchanged && schedule_->node == policy::node_copy::page_cache;
+          reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size), false, shared});
         }
         // What a device-lane rank read travels or stays as read, except the
         // whole rows of a column split: its cut parts do.

@@ -153,7 +153,7 @@ class slice_reader {
   // copied out once. Not where the range is all cached: a buffered read
   // into the destination is then the one copy.
   [[nodiscard]] bool staged_for_direct_io(const byte_extent& x) {
-    const std::uint64_t a = src_->direct_alignment(x.tensor->shard);
+    const std::uint64_t a = x.via_page_cache ? 0 : src_->direct_alignment(x.tensor->shard);
     if (!a) return false;
     const auto off = x.file_offset();
     if (off % a == 0 && x.size % a == 0 && reinterpret_cast<std::uintptr_t>(x.direct.data()) % a == 0) return false;

@@ -71,6 +71,12 @@ class any_source {
   /// normal, 0 at or past the end). Throws io_error naming the file and range,
   /// cancelled_error after cancel().
   [[nodiscard]] virtual task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) = 0;
+  /// read_at for bytes other ranks of the node will take from its page
+  /// cache: through it, never past it (file_source::read_via_page_cache);
+  /// read_at for a backend without a page cache.
+  [[nodiscard]] virtual task<std::size_t> read_via_page_cache(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    return read_at(file, offset, dst);
+  }
   [[nodiscard]] virtual std::size_t file_count() const = 0;
   [[nodiscard]] virtual std::string file_uri(std::uint32_t file) const = 0;
   [[nodiscard]] virtual const io_counters& counters() const noexcept = 0;
@@ -128,6 +134,12 @@ class source_holder final : public any_source {
       : s_(std::move(s)), depth_(depth ? depth : 1), stage_below_(stage_below) {}
   [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) override {
     return s_->read_at(file, offset, dst);
+  }
+  [[nodiscard]] task<std::size_t> read_via_page_cache(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) override {
+    if constexpr (requires(S& x) { x.read_via_page_cache(file, offset, dst); })
+      return s_->read_via_page_cache(file, offset, dst);
+    else
+      return s_->read_at(file, offset, dst);
   }
   [[nodiscard]] std::size_t file_count() const override { return s_->file_count(); }
   [[nodiscard]] std::string file_uri(std::uint32_t file) const override { return s_->file_uri(file); }

@@ -91,8 +91,9 @@ struct reader_sizing {
   std::size_t connections_per_rank = 0;  ///< S3: 0 = the node's max_connections / local_ranks (at least 1)
   std::size_t readers = 0;               ///< ranks of this node reading at once; 0 = local_ranks
   /// Other ranks of this node read from the page cache what this source
-  /// reads (catalog::shares_page_cache, policy::schedule::page_cache): read
-  /// through it, never past it (io_mode::automatic then reads buffered).
+  /// reads (catalog::shares_page_cache, policy::schedule::page_cache): the
+  /// bytes they take are read through it (any_source::read_via_page_cache),
+  /// and a view may be of a range not cached (its mapping in is the read).
   bool page_cache = false;
 
   /// Ranks among which the node's I/O is split (at least 1).

@@ -110,8 +110,13 @@ class file_source {
   [[nodiscard]] bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
     const auto& f = files_.at(file);
     if (mode_ == io_mode::direct || length == 0 || offset + length > f.size) return false;
-    return mode_ == io_mode::buffered || detail::mostly_cached(f.fd, offset, length);
+    return mode_ == io_mode::buffered || maps_uncached_ || detail::mostly_cached(f.fd, offset, length);
   }
+  /// Under io_mode::automatic: views of ranges not in the page cache too
+  /// (can_map), for ranks that share this node's page cache as their copy,
+  /// whose mapping in is the node's cooperative read; reads still bypass it
+  /// where they may (read_via_page_cache for those that may not).
+  void map_uncached(bool on) noexcept { maps_uncached_ = on; }
 
   /// A view of bytes [offset, offset + length) of `file` in the page cache
   /// (see the file comment), its pages mapped in first (for a range whose
@@ -220,8 +225,18 @@ class file_source {
   /// Reads up to dst.size() bytes at `offset` of file `file`; returns the
   /// count (short near end of file, 0 at or past it).
   [[nodiscard]] task<std::size_t> read_at(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    return read(file, offset, dst, false);
+  }
+  /// read_at through the page cache, whatever the mode (io_mode::direct
+  /// included): bytes other ranks of the node will take from it.
+  [[nodiscard]] task<std::size_t> read_via_page_cache(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst) {
+    return read(file, offset, dst, true);
+  }
+
+ private:
+  [[nodiscard]] task<std::size_t> read(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst, bool via_cache) {
     const auto& f = files_.at(file);
-    const bool aligned = f.direct_fd >= 0 && offset % f.align == 0 && dst.size() % f.align == 0 &&
+    const bool aligned = !via_cache && f.direct_fd >= 0 && offset % f.align == 0 && dst.size() % f.align == 0 &&
                          reinterpret_cast<std::uintptr_t>(dst.data()) % f.align == 0 &&
                          !(mode_ == io_mode::automatic && detail::mostly_cached(f.fd, offset, dst.size()));
     (aligned ? counters_direct_ : counters_buffered_).fetch_add(1, std::memory_order_relaxed);
@@ -243,7 +258,6 @@ class file_source {
     co_return n;
   }
 
- private:
   struct file {
     std::string path;
     int fd = -1;
@@ -313,6 +327,7 @@ class file_source {
   uring_context* ring_;
   io_mode mode_;
   bool punt_buffered_;
+  bool maps_uncached_ = false;
   bool populate_cached_;
   std::vector<file> files_;
   io_counters counters_;

@@ -32,6 +32,9 @@ struct byte_extent {
   std::uint64_t size = 0;
   std::span<std::byte> direct;
   bool map = false;           ///< hand the bytes out as a view of the page cache (the source said it can)
+  /// Read through the page cache, never past it (any_source::read_via_page_cache):
+  /// other ranks of the node take these bytes from it.
+  bool via_page_cache = false;
   /// The whole tensor `t`.
   [[nodiscard]] static byte_extent whole(const tensor_ref& t, std::span<std::byte> direct = {}) noexcept {
     return {&t, 0, t.size, direct};
@@ -55,6 +58,7 @@ struct read_request {
   std::vector<request_piece> pieces;  ///< in file order, tiling the range
   std::span<std::byte> direct;        ///< non-empty: read into this, not a slot
   bool mapped = false;                ///< a view of the page cache (source.map), not a read
+  bool via_page_cache = false;        ///< byte_extent::via_page_cache (a request never mixes the two)
 
   [[nodiscard]] std::uint64_t end() const noexcept { return offset + length; }
 };
@@ -95,7 +99,7 @@ class coalesce : public pipeable {
         }
         continue;
       }
-      const bool fits = cur && cur->file == x.tensor->shard && cur->end() == x.file_offset() &&
+      const bool fits = cur && cur->file == x.tensor->shard && cur->end() == x.file_offset() && cur->via_page_cache == x.via_page_cache &&
                         cur->length + x.size <= opt_.max_read && same_block(cur->offset, x.file_offset() + x.size);
       if (fits) {
         cur->pieces.push_back({x.tensor, x.offset, x.size});
@@ -143,6 +147,7 @@ class coalesce : public pipeable {
     r.length = len;
     r.pieces.push_back({x.tensor, x.offset + off, len});
     r.direct = direct;
+    r.via_page_cache = x.via_page_cache;
     return r;
   }
   coalesce_options opt_;

@@ -166,7 +166,13 @@ class fetch : public pipeable {
     const std::uint64_t need = req.end() - begin;  // bytes that must arrive (the aligned tail may be past EOF)
     std::uint64_t got = 0;
     while (got < need) {
-      const auto n = co_await src->read_at(req.file, begin + got, buf.subspan(got));
+      std::size_t n = 0;
+      if constexpr (requires { src->read_via_page_cache(req.file, begin, buf); }) {
+        n = req.via_page_cache ? co_await src->read_via_page_cache(req.file, begin + got, buf.subspan(got))
+                               : co_await src->read_at(req.file, begin + got, buf.subspan(got));
+      } else {
+        n = co_await src->read_at(req.file, begin + got, buf.subspan(got));
+      }
       if (n == 0) {
         const auto* t = req.pieces.empty() ? nullptr : req.pieces.front().tensor;
         for (const auto& p : req.pieces)  // name the tensor the file ends in
