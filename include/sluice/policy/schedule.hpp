@@ -171,7 +171,7 @@ inline constexpr std::uint64_t default_status_every = std::uint64_t{2} << 30;
 struct schedule {
   lane_split lanes = lane_split::one;
   /// How a planned message between two ranks of one node travels (see
-  /// node_copy): the page cache (local files read buffered: the kernel reads
+  /// node_copy): the page cache (its bytes read through it: the kernel reads
   /// each byte from disk once for the node) or the node window carry it as
   /// its receiver's take (rank_layout::read_at::taken), so nothing of it
   /// crosses a socket; `none`: the communicator.
