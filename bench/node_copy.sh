@@ -7,6 +7,10 @@
 #   (default: build/release/examples, built first)
 # Rows (each the best of N runs, wall clock of the whole command, processes included):
 #   one process           sluice-load SAMPLE
+#   one rank              sluice-load SAMPLE --topology tp1,dp1,ep1 --offload shared-cooperative:
+#                         the N ranks' command in a world of one, so one process that keeps
+#                         what an engine keeps (the tables in one host segment, or their views);
+#                         "one process" drops the tables with the rest (its sink discards)
 #   N ranks               sluice-launch -n N -- sluice-load SAMPLE --topology tp1,dpN,epN
 #                         --offload shared-cooperative (ranks of the node take what they keep
 #                         from its page cache)
@@ -92,6 +96,8 @@ run() {
   local rc=0
   case $kind in
     one) "$B/sluice-load" "$sample" --no-progress "$@" > /dev/null 2>&1 || rc=$? ;;
+    solo) "$B/sluice-load" "$sample" --no-progress --topology tp1,dp1,ep1 --offload shared-cooperative "$@" \
+            > /dev/null 2>&1 || rc=$? ;;
     ranks|gloo|every)
       local extra=()
       [[ $kind == gloo ]] && extra=(--exchange-all)
@@ -124,7 +130,7 @@ temps=(hot)
 ((cold)) && temps+=(cold)
 shmem=$(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null || true)
 echo "# bench/node_copy.sh --repeat $repeat$( ((cold)) && echo ' --cold') --ranks $ranks$( ((holes)) && echo " --holes $holes")  ($(date -u +%F), sample $size: $(du -sh "$sample" | cut -f1), $(nproc) cores, shmem THP: ${shmem:-unknown})"
-printf "%-6s %-7s %-28s %9s %14s %14s\n" temp sink row seconds "vs 1 process" "vs N procs"
+printf "%-6s %-7s %-28s %9s %14s %12s %14s\n" temp sink row seconds "vs 1 process" "vs 1 rank" "vs N procs"
 for temp in "${temps[@]}"; do
   # Hot starts from the page cache a sluice load of the sample leaves: its
   # folio sizes (2 MiB, or 4-128 KiB where cat or small reads filled it) set
@@ -138,13 +144,15 @@ for temp in "${temps[@]}"; do
     # than two hardware threads per rank) would cost its row nothing.
     [[ $sink == views ]] && opts=(--map-above 1MiB --populate-views on)
     one=$(best one "$temp" "${opts[@]}")
+    solo=$(best solo "$temp" "${opts[@]}")
     rk=$(best ranks "$temp" "${opts[@]}")
     ev=$(best every "$temp" "${opts[@]}")
     gl=$(best gloo "$temp" "${opts[@]}")
     pr=$(best procs "$temp" "${opts[@]}")
-    for row in "one process:$one" "$ranks ranks:$rk" "$ranks ranks, status each window:$ev" "$ranks ranks, Gloo loopback:$gl" "$ranks processes (baseline):$pr"; do
+    for row in "one process:$one" "one rank, tables kept:$solo" "$ranks ranks:$rk" "$ranks ranks, status each window:$ev" "$ranks ranks, Gloo loopback:$gl" "$ranks processes (baseline):$pr"; do
       name=${row%:*} t=${row##*:}
-      printf "%-6s %-7s %-28s %9.2f %13.2fx %13.2fx\n" "$temp" "$sink" "$name" "$t" "$(calc "$t / $one")" "$(calc "$t / $pr")"
+      printf "%-6s %-7s %-28s %9.2f %13.2fx %11.2fx %13.2fx\n" "$temp" "$sink" "$name" "$t" "$(calc "$t / $one")" \
+        "$(calc "$t / $solo")" "$(calc "$t / $pr")"
     done
     "$py" - "$work/best-ranks.json" "$rk" <<'PY'
 import json, sys
