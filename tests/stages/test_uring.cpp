@@ -28,6 +28,7 @@
 #include <sluice/source/file_source.hpp>
 
 #include "support/coro.hpp"
+#include "support/files.hpp"
 #include "support/pages.hpp"
 
 using namespace sluice;
@@ -35,15 +36,8 @@ using sluice_test::present_pages;
 namespace asio = boost::asio;
 
 namespace {
-std::vector<std::byte> pattern(std::size_t n) {
-  std::vector<std::byte> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
-  return v;
-}
-void write_file(const std::filesystem::path& p, const std::vector<std::byte>& v) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size()));
-}
+using sluice_test::pattern;
+using sluice_test::write_file;
 
 task<void> read_into(file_source& src, std::uint64_t off, std::span<std::byte> dst, std::size_t* got) {
   *got = co_await src.read_at(0, off, dst);
