@@ -74,7 +74,7 @@ std::unique_ptr<any_source> directory_catalog::open_source(const checkpoint& ck,
   // where io=automatic would: the bytes only this rank keeps, and the
   // tables it reads into the node's segment.
   return any_source::wrap(std::make_unique<ring_file_source>(ioc, ck, opt, depth, opt.populates(sizing.local_ranks),
-                                                             sizing.page_cache && opt.io != io_mode::direct),
+                                                             sizing.page_cache),
                           depth);
 }
 

@@ -21,6 +21,7 @@
 #include <sluice/testing/generator.hpp>
 
 #include "multiprocess.hpp"
+#include "support/files.hpp"
 #include "rank_json.hpp"
 #include "recording_sink.hpp"
 
@@ -409,19 +410,7 @@ void check_load(std::size_t n, const std::string& topology, const std::string& o
 
 // Every shard of `ck` read into the page cache (`keep`) or dropped from it.
 void page_cache(const checkpoint& ck, bool keep) {
-  for (const auto& sh : ck.shards()) {
-    const int fd = ::open(sh.uri.c_str(), O_RDONLY | O_CLOEXEC);
-    REQUIRE(fd >= 0);
-    if (keep) {
-      std::vector<char> b(1 << 16);
-      while (::read(fd, b.data(), b.size()) > 0) {
-      }
-    } else {
-      REQUIRE(::fdatasync(fd) == 0);  // dirty pages are not dropped
-      REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
-    }
-    ::close(fd);
-  }
+  for (const auto& sh : ck.shards()) keep ? sluice_test::warm_pages(sh.uri) : sluice_test::drop_pages(sh.uri);
 }
 
 // A rank's result (run_load) of a load under shared-cooperative: it ended

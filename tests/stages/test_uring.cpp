@@ -165,13 +165,7 @@ TEST_CASE("automatic mode reads a range in the page cache buffered and a range n
   }
   CHECK(src.buffered_reads() == 1);
   CHECK(src.direct_reads() == 0);
-  // Drop the file from the page cache (clean pages only: write back first; the
-  // whole file, as the kernel keeps a large folio when only part of it is advised).
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  REQUIRE(fd >= 0);
-  REQUIRE(::fdatasync(fd) == 0);
-  REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
-  ::close(fd);
+  sluice_test::drop_pages(path);
   read(1 << 20);
   CHECK(src.direct_reads() == 1);
   CHECK(src.buffered_reads() == 1);
