@@ -40,6 +40,9 @@ class ring_file_source {
   [[nodiscard]] std::string file_uri(std::uint32_t file) const { return src_.file_uri(file); }
   [[nodiscard]] const io_counters& counters() const noexcept { return src_.counters(); }
   [[nodiscard]] std::uint32_t direct_alignment(std::uint32_t file) const { return src_.direct_alignment(file); }
+  [[nodiscard]] std::uint32_t direct_alignment_at(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    return src_.direct_alignment_at(file, offset, length);
+  }
   [[nodiscard]] bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
     return src_.can_map(file, offset, length);
   }

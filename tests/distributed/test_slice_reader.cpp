@@ -3,6 +3,7 @@
 // through the page cache or past it.
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include <sluice/core/uring.hpp>
 #include <sluice/distributed/slice_reader.hpp>
 #include <sluice/source/file_source.hpp>
+#include <sluice/source/page_cache.hpp>
 
 #include "support/coro.hpp"
 #include "support/files.hpp"
@@ -139,4 +141,59 @@ TEST_CASE("a slice reader reads extents other ranks take through the page cache,
   CHECK(f.reader->realigned() == 0);
   CHECK(f.src->cached(0, 0, 1 << 20));          // there for the node's other ranks
   CHECK_FALSE(f.src->cached(0, 2 << 20, 4096));  // never cached: read past the page cache
+}
+
+TEST_CASE("a slice reader stages an unaligned extent only where its source would read the range past the page cache",
+          "[distributed][slice_reader]") {
+  // The source's rule decides (direct_alignment_at): under io=automatic a
+  // range mostly in the page cache is read through it, so a slot would only
+  // add a copy; under io=direct the same range is read past it, so it goes
+  // through a slot. (A range all cached goes straight in under both: the
+  // first test.)
+  const auto t = at("a", 100, 8 << 20);  // unaligned in the file
+  // Opens the file under `mode` with three quarters of the extent's range in
+  // the page cache; false (with a warning) where this machine cannot say.
+  auto partly_cached = [&](std::optional<reading>& f, io_mode mode) {
+    try {
+      f.emplace(12 << 20, mode);
+    } catch (const std::exception& e) {  // a file system without O_DIRECT (tmpfs): io=direct refuses it
+      WARN("cannot open here under this mode: " << e.what());
+      return false;
+    }
+    if (!f->drop_or_warn()) return false;
+    sluice_test::warm_range(f->path, 0, 6 << 20);
+    const int fd = ::open(f->path.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    const auto in_cache = detail::cached_bytes(fd, t.offset, t.size);
+    ::close(fd);
+    if (in_cache * 2 < t.size || f->src->cached(0, t.offset, t.size)) {
+      WARN("cachestat(2) unavailable, or the page cache did not keep exactly the warmed part: nothing to tell apart");
+      return false;
+    }
+    return true;
+  };
+  auto read_it = [&](reading& f) {
+    std::vector<std::byte> dst(t.size + 1);
+    f.read({{&t, 0, t.size, std::span(dst).subspan(1)}});
+    REQUIRE(std::memcmp(dst.data() + 1, f.data.data() + t.offset, t.size) == 0);
+  };
+  SECTION("io=automatic: straight in, one buffered read") {
+    std::optional<reading> f;
+    if (!partly_cached(f, io_mode::automatic)) return;
+    CHECK(f->src->direct_alignment_at(0, t.offset, t.size) == 0);
+    CHECK(f->src->direct_alignment_at(0, 8 << 20, 4 << 20) != 0);  // a range not cached
+    read_it(*f);
+    CHECK(f->reader->realigned() == 0);
+    CHECK(f->src->buffered_reads() >= 1);
+    CHECK(f->src->direct_reads() == 0);
+  }
+  SECTION("io=direct: through a slot, O_DIRECT") {
+    std::optional<reading> f;
+    if (!partly_cached(f, io_mode::direct)) return;
+    CHECK(f->src->direct_alignment_at(0, t.offset, t.size) != 0);
+    read_it(*f);
+    CHECK(f->reader->realigned() == 1);
+    CHECK(f->src->buffered_reads() == 0);
+    CHECK(f->src->direct_reads() >= 1);
+  }
 }

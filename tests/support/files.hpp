@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -42,6 +44,21 @@ inline void warm_pages(const std::filesystem::path& p) {
   std::vector<char> b(1 << 20);
   while (f.read(b.data(), static_cast<std::streamsize>(b.size())) || f.gcount() > 0) {
   }
+}
+
+/// Reads [offset, offset + length) of the file, so those pages are in the
+/// page cache (readahead may bring in more after them).
+inline void warm_range(const std::filesystem::path& p, std::uint64_t offset, std::uint64_t length) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM) == 0);  // no readahead past the range
+  std::vector<char> b(1 << 20);
+  for (std::uint64_t at = offset; at < offset + length;) {
+    const auto n = ::pread(fd, b.data(), std::min<std::uint64_t>(b.size(), offset + length - at), static_cast<off_t>(at));
+    REQUIRE(n > 0);
+    at += static_cast<std::uint64_t>(n);
+  }
+  ::close(fd);
 }
 
 }  // namespace sluice_test

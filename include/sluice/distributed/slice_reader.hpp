@@ -144,20 +144,24 @@ class slice_reader {
 
  private:
   // Whether an extent bound for its destination goes through a slot instead:
-  // where the source reads past the page cache (O_DIRECT: direct_alignment)
-  // but the extent's file range or destination is not aligned to it, a read
-  // straight into the destination would fall back to a buffered read (the
-  // kernel's copy, and a page-cache page to make for every 4 KiB: a lone
-  // rank's cold load of the 8 GiB sample took 10.8 s of CPU for 8.8 s),
-  // while a staged read is widened to the alignment, read O_DIRECT, and
-  // copied out once. Not where the range is all cached: a buffered read
-  // into the destination is then the one copy.
+  // where the source would read its range past the page cache (O_DIRECT:
+  // direct_alignment_at) but the extent's file range or destination is not
+  // aligned to it, a read straight into the destination would fall back to a
+  // buffered read (the kernel's copy, and a page-cache page to make for every
+  // 4 KiB: a lone rank's cold load of the 8 GiB sample took 10.8 s of CPU for
+  // 8.8 s), while a staged read is widened to the alignment, read O_DIRECT,
+  // and copied out once. Not where the source would read the range through
+  // the page cache anyway (its own rule, direct_alignment_at: under
+  // io=automatic, the range mostly cached), nor where every byte of it is
+  // cached (io=direct too: a buffered read of cached pages fills nothing),
+  // for a buffered read into the destination is then the one copy, where a
+  // slot would add a second.
   [[nodiscard]] bool staged_for_direct_io(const byte_extent& x) {
     const std::uint64_t a = x.via_page_cache ? 0 : src_->direct_alignment(x.tensor->shard);
     if (!a) return false;
     const auto off = x.file_offset();
     if (off % a == 0 && x.size % a == 0 && reinterpret_cast<std::uintptr_t>(x.direct.data()) % a == 0) return false;
-    if (src_->cached(x.tensor->shard, off, x.size)) return false;
+    if (!src_->direct_alignment_at(x.tensor->shard, off, x.size) || src_->cached(x.tensor->shard, off, x.size)) return false;
     ++realigned_;
     return true;
   }

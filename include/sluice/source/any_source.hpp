@@ -39,6 +39,10 @@ class staging_pool;
 /// - `direct_alignment(file)`: the alignment (memory, offset, length) under
 ///   which a read of `file` bypasses the page cache (O_DIRECT), 0 where none:
 ///   fetch widens staged reads to it;
+/// - `direct_alignment_at(file, offset, length)`: that alignment where a
+///   read of the range would bypass the page cache, 0 where it would go
+///   through it (local files under io=automatic: the range mostly cached);
+///   direct_alignment(file) for a backend without it;
 /// - `register_buffers(pool)`: uses `pool`'s slots as the backend's fixed
 ///   buffers where it has them (io_uring), before the first read; a no-op for
 ///   a backend without them;
@@ -91,6 +95,10 @@ class any_source {
   [[nodiscard]] virtual std::uint32_t direct_alignment(std::uint32_t file) const {
     (void)file;
     return 0;
+  }
+  [[nodiscard]] virtual std::uint32_t direct_alignment_at(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    (void)offset, (void)length;
+    return direct_alignment(file);
   }
   virtual void register_buffers(staging_pool& pool) { (void)pool; }
   [[nodiscard]] virtual bool can_map(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
@@ -166,6 +174,12 @@ class source_holder final : public any_source {
       return s_->direct_alignment(file);
     else
       return 0;
+  }
+  [[nodiscard]] std::uint32_t direct_alignment_at(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const override {
+    if constexpr (requires(const S& x) { x.direct_alignment_at(file, offset, length); })
+      return s_->direct_alignment_at(file, offset, length);
+    else
+      return direct_alignment(file);
   }
   void register_buffers(staging_pool& pool) override {
     if constexpr (requires(S& x) { x.register_buffers(pool); }) s_->register_buffers(pool);

@@ -101,6 +101,14 @@ class file_source {
     const auto& f = files_.at(file);
     return f.direct_fd >= 0 ? f.align : 0;
   }
+  /// The alignment under which a read of [offset, offset + length) of
+  /// `file` would bypass the page cache, 0 where it would go through it: no
+  /// O_DIRECT, or under io_mode::automatic a range mostly in the page cache
+  /// (its read is then a copy from there). The rule read_at follows.
+  [[nodiscard]] std::uint32_t direct_alignment_at(std::uint32_t file, std::uint64_t offset, std::uint64_t length) const {
+    const auto& f = files_.at(file);
+    return f.direct_fd >= 0 && bypasses_cache(f, offset, length) ? f.align : 0;
+  }
 
   /// Whether [offset, offset + length) of `file` is better handed out by
   /// `map` than read: io_mode::automatic when the range is mostly in the
@@ -236,9 +244,9 @@ class file_source {
  private:
   [[nodiscard]] task<std::size_t> read(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst, bool via_cache) {
     const auto& f = files_.at(file);
+    // The alignment first: the page cache is asked (a syscall) only for a read that could bypass it.
     const bool aligned = !via_cache && f.direct_fd >= 0 && offset % f.align == 0 && dst.size() % f.align == 0 &&
-                         reinterpret_cast<std::uintptr_t>(dst.data()) % f.align == 0 &&
-                         !(mode_ == io_mode::automatic && detail::mostly_cached(f.fd, offset, dst.size()));
+                         reinterpret_cast<std::uintptr_t>(dst.data()) % f.align == 0 && bypasses_cache(f, offset, dst.size());
     (aligned ? counters_direct_ : counters_buffered_).fetch_add(1, std::memory_order_relaxed);
     const int fd = aligned ? f.direct_fd : f.fd;
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
@@ -266,6 +274,12 @@ class file_source {
     std::uint64_t size = 0;
     std::shared_ptr<void> mapping;  // the whole file, private; made at the first map
   };
+  // Whether an aligned read of the range goes past the page cache
+  // (direct_alignment_at, read): always but under io_mode::automatic, where
+  // a range mostly cached is better copied from there.
+  [[nodiscard]] bool bypasses_cache(const file& f, std::uint64_t offset, std::uint64_t length) const noexcept {
+    return !(mode_ == io_mode::automatic && detail::mostly_cached(f.fd, offset, length));
+  }
   // The file's mapping, made once (reads may run on several threads of the
   // io_context). It outlives the source: views hold it.
   // `file`, which must hold [offset, offset + length): truncated_error where it does not.
