@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One node, one copy: 8 ranks of one node against one process and against 8
 # independent processes, in one run, on the demo's sample checkpoint.
-#   bench/node_copy.sh [--repeat N] [--cold] [--ranks N] [--holes N]
+#   bench/node_copy.sh [--repeat N] [--cold] [--ranks N] [--holes N] [--offload MODE]
 #   SLUICE_SAMPLE_SIZE=8GiB (default); SLUICE_SAMPLES: where the sample is made (default .samples);
 #   SLUICE_BIN: a folder with sluice-load, sluice-launch and gen-checkpoint built already
 #   (default: build/release/examples, built first)
@@ -25,6 +25,9 @@
 # each with copies (the default sink path) and with page-cache views (--map-above 1MiB, their
 # pages mapped in by the load: --populate-views on), hot
 # (the sample in the page cache) and, with --cold, cold (caches dropped before each run: root).
+# --offload MODE: the ranks' and the one rank's --offload (default shared-cooperative); with
+# none every rank keeps its own copy of the tables (sluice-load's default), so each rank's
+# window buffers hold the largest table whole.
 # --holes N: hot, every row starts from a page cache that lost N 2 MiB ranges of each shard
 # (posix_fadvise DONTNEED at offsets drawn with a fixed seed, the same for every row), as
 # reclaim leaves a file that was read a while ago.
@@ -38,14 +41,15 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
-repeat=3 cold=0 ranks=8 holes=0
+repeat=3 cold=0 ranks=8 holes=0 offload=shared-cooperative
 while (($#)); do
   case $1 in
     --repeat) repeat=$2; shift 2 ;;
     --cold) cold=1; shift ;;
     --ranks) ranks=$2; shift 2 ;;
     --holes) holes=$2; shift 2 ;;
-    *) echo "usage: $0 [--repeat N] [--cold] [--ranks N] [--holes N]" >&2; exit 2 ;;
+    --offload) offload=$2; shift 2 ;;
+    *) echo "usage: $0 [--repeat N] [--cold] [--ranks N] [--holes N] [--offload MODE]" >&2; exit 2 ;;
   esac
 done
 size=${SLUICE_SAMPLE_SIZE:-8GiB}
@@ -96,14 +100,14 @@ run() {
   local rc=0
   case $kind in
     one) "$B/sluice-load" "$sample" --no-progress "$@" > /dev/null 2>&1 || rc=$? ;;
-    solo) "$B/sluice-load" "$sample" --no-progress --topology tp1,dp1,ep1 --offload shared-cooperative "$@" \
+    solo) "$B/sluice-load" "$sample" --no-progress --topology tp1,dp1,ep1 --offload "$offload" "$@" \
             > /dev/null 2>&1 || rc=$? ;;
     ranks|gloo|every)
       local extra=()
       [[ $kind == gloo ]] && extra=(--exchange-all)
       [[ $kind == every ]] && extra=(--status-every 0)
       "$B/sluice-launch" -n "$ranks" --json-out "$work/$kind.json" -- "$B/sluice-load" "$sample" \
-        --topology "tp1,dp$ranks,ep$ranks" --offload shared-cooperative --no-progress "${extra[@]}" "$@" > /dev/null 2>&1 || rc=$? ;;
+        --topology "tp1,dp$ranks,ep$ranks" --offload "$offload" --no-progress "${extra[@]}" "$@" > /dev/null 2>&1 || rc=$? ;;
     procs)
       local pids=()
       for ((r = 0; r < ranks; r++)); do "$B/sluice-load" "$sample" --no-progress --staging 512MiB "$@" > /dev/null 2>&1 & pids+=($!); done
@@ -129,7 +133,7 @@ best() {  # best KIND TEMP OPTS...
 temps=(hot)
 ((cold)) && temps+=(cold)
 shmem=$(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null || true)
-echo "# bench/node_copy.sh --repeat $repeat$( ((cold)) && echo ' --cold') --ranks $ranks$( ((holes)) && echo " --holes $holes")  ($(date -u +%F), sample $size: $(du -sh "$sample" | cut -f1), $(nproc) cores, shmem THP: ${shmem:-unknown})"
+echo "# bench/node_copy.sh --repeat $repeat$( ((cold)) && echo ' --cold') --ranks $ranks$( ((holes)) && echo " --holes $holes")$([[ $offload != shared-cooperative ]] && echo " --offload $offload")  ($(date -u +%F), sample $size: $(du -sh "$sample" | cut -f1), $(nproc) cores, shmem THP: ${shmem:-unknown})"
 printf "%-6s %-7s %-28s %9s %14s %12s %14s\n" temp sink row seconds "vs 1 process" "vs 1 rank" "vs N procs"
 for temp in "${temps[@]}"; do
   # Hot starts from the page cache a sluice load of the sample leaves: its
