@@ -331,8 +331,10 @@ def iter_weights(ck, staging="4GiB", max_read="32MiB", queue_depth=4, threads=1,
       whose bytes are in the page cache (any, under io="buffered"; never under
       io="direct") comes as a view of the page cache, a private mapping of its
       file: no copy and no memory of its own; writing to it copies the page,
-      never the file. False reads it into a slot or memory of its own. A
-      one-process load only.
+      never the file. False reads it into a slot or memory of its own. In a
+      distributed load, the tensors of 1 MiB or more that this rank keeps
+      whole and reads or takes itself from local files (and, where the
+      node's page cache is its copy, the shared tables) come as such views.
     placeholders: in a distributed load, whether another rank's tensors come
       as empty placeholders (sluice_kind "placeholder": every rank then sees
       the same sequence of names); False skips them in C++, but for the names
