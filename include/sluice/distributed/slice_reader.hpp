@@ -160,7 +160,7 @@ class slice_reader {
     const std::uint64_t a = x.via_page_cache ? 0 : src_->direct_alignment(x.tensor->shard);
     if (!a) return false;
     const auto off = x.file_offset();
-    if (off % a == 0 && x.size % a == 0 && reinterpret_cast<std::uintptr_t>(x.direct.data()) % a == 0) return false;
+    if (direct_io_aligned(a, off, x.size, x.direct.data())) return false;
     if (!src_->direct_alignment_at(x.tensor->shard, off, x.size) || src_->cached(x.tensor->shard, off, x.size)) return false;
     ++realigned_;
     return true;

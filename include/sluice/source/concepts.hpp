@@ -32,6 +32,15 @@ enum class io_mode {
   buffered,   ///< always through the page cache
 };
 
+/// Whether a read of `length` bytes at file `offset` into `memory` meets
+/// O_DIRECT's alignment `align` (memory, offset and length alike): the one
+/// check a file source reads by (file_source) and a reader stages by
+/// (slice_reader).
+[[nodiscard]] inline bool direct_io_aligned(std::uint64_t align, std::uint64_t offset, std::uint64_t length,
+                                            const void* memory) noexcept {
+  return align && offset % align == 0 && length % align == 0 && reinterpret_cast<std::uintptr_t>(memory) % align == 0;
+}
+
 /// Whether a page-cache view whose every page is cached has its pages mapped
 /// in before it is handed out (see load_options::populate_views).
 enum class populate_mode : std::uint8_t {

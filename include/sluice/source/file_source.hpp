@@ -245,8 +245,8 @@ class file_source {
   [[nodiscard]] task<std::size_t> read(std::uint32_t file, std::uint64_t offset, std::span<std::byte> dst, bool via_cache) {
     const auto& f = files_.at(file);
     // The alignment first: the page cache is asked (a syscall) only for a read that could bypass it.
-    const bool aligned = !via_cache && f.direct_fd >= 0 && offset % f.align == 0 && dst.size() % f.align == 0 &&
-                         reinterpret_cast<std::uintptr_t>(dst.data()) % f.align == 0 && bypasses_cache(f, offset, dst.size());
+    const bool aligned = !via_cache && f.direct_fd >= 0 && direct_io_aligned(f.align, offset, dst.size(), dst.data()) &&
+                         bypasses_cache(f, offset, dst.size());
     (aligned ? counters_direct_ : counters_buffered_).fetch_add(1, std::memory_order_relaxed);
     const int fd = aligned ? f.direct_fd : f.fd;
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
