@@ -168,9 +168,10 @@ gib = 1 << 30
 print(f"       {'':7} start-up of the ranks {float(sys.argv[2]) - max(x['total'] for x in sec):.2f} s: processes and exit "
       f"{float(sys.argv[2]) - lived:.2f} s, joining {max(x['join'] for x in sec):.2f} s, opening {max(x['open'] for x in sec):.2f} s; in the load: setup "
       f"{max(x['setup'] for x in sec):.2f} s, shared tables {max(x['tables'] for x in sec):.2f} s, "
-      f"windows {max(x['read'] - x['tables'] for x in sec):.2f} s, freeing the segment {max(x.get('release', 0) for x in sec):.2f} s; per rank: received "
+      f"windows {max(x['read'] - x['tables'] for x in sec):.2f} s, delivery {max(x['deliver'] for x in sec):.2f} s, freeing the segment {max(x.get('release', 0) for x in sec):.2f} s; per rank: received "
       f"{max(x['bytes_received'] for x in s) / gib:.2f} GiB, from the page cache {max(x['page_cache_bytes'] for x in s) / gib:.2f} GiB, "
-      f"as views {max(x['mapped_bytes'] for x in s) / gib:.2f} GiB; status exchanges {s[0]['status_exchanges']} of {s[0]['windows']} windows")
+      f"as views {max(x['mapped_bytes'] for x in s) / gib:.2f} GiB, read at delivery {max(x.get('delivered_read_bytes', 0) for x in s) / gib:.2f} GiB, "
+      f"peak RSS {max(x['peak_rss_bytes'] for x in s) / gib:.2f} GiB; status exchanges {s[0]['status_exchanges']} of {s[0]['windows']} windows")
 PY
   done
 done

@@ -94,6 +94,12 @@ std::optional<int> parse(options& o, int argc, char** argv) {
                  "with --topology: bytes of tensors per exchange window (default 256MiB); each\n"
                  "rank's window buffers are sized by its share of the largest window")
       ->type_name("SIZE");
+  std::string pieces_above;
+  app.add_option("--pieces-above", pieces_above,
+                 "with --topology: a tensor of SIZE or more that a rank gets whole through its own\n"
+                 "reads (no message carries it) is read as it is delivered, in pieces of 8MiB\n"
+                 "(--max-read if smaller), not into a window buffer (default 64MiB; 0: never)")
+      ->type_name("SIZE");
   app.add_flag("--keep", o.keep,
                "with --topology: hold every tensor the rank owns until the load ends (its view,\n"
                "or a copy), as an engine holding its weights would: for measuring node memory");
@@ -133,6 +139,7 @@ std::optional<int> parse(options& o, int argc, char** argv) {
   if (!max_read.empty()) o.load.max_read = sluice_cli::parse_size(max_read);
   if (!cache_max.empty()) o.cache_max = sluice_cli::parse_size(cache_max);
   if (!window.empty()) o.window_bytes = sluice_cli::parse_size(window);
+  if (!pieces_above.empty()) o.pieces_above = pieces_above == "0" ? 0 : sluice_cli::parse_size(pieces_above);
   if (!status_every.empty()) o.status_every = status_every == "0" ? 0 : sluice_cli::parse_size(status_every);
   if (!map_above.empty()) o.load.map_above = std::max<std::uint64_t>(1, sluice_cli::parse_size(map_above));
   if (!populate.empty()) o.load.populate_views = sluice_cli::auto_on_off<populate_mode>("--populate-views", populate);

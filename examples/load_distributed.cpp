@@ -153,6 +153,7 @@ int run_distributed(const options& o) {
   dopt.page_cache = dopt.node_window = !o.exchange_all;
   dopt.status_every = o.status_every;
   if (o.window_bytes) dopt.plan.window_bytes = o.window_bytes;
+  if (o.pieces_above) dopt.pieces_above = *o.pieces_above;
   dopt.overlap = sluice_cli::auto_on_off<distributed_options::overlap_mode>("--overlap", o.overlap);
   if (o.uneven == "keep-whole") dopt.plan.uneven_tp_keep_whole = true;
   else if (o.uneven != "error") throw config_error(fmt::format("--uneven '{}': expected error or keep-whole", o.uneven));

@@ -36,6 +36,7 @@ struct options {
   bool keep = false;          // --keep: hold every tensor until the load ends
   std::uint64_t status_every = sluice::policy::default_status_every;  // --status-every
   std::uint64_t window_bytes = 0;  // --window (0: the plan's default)
+  std::optional<std::uint64_t> pieces_above;  // --pieces-above (else distributed_options' default)
 };
 
 // Digests of what this rank holds: placeholders (tensors it does not own) are skipped.

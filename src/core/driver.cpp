@@ -174,6 +174,13 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
   return mem;
 }
 
+// The largest piece a tensor read at delivery comes in (deliver_window):
+// buffers of small pieces, reused batch after batch, stay in the caches. 8 ranks of the 8 GiB sample, hot, each
+// keeping 3.1 GiB of tables it reads at delivery (2 cores, bench/README.md):
+// pieces of 32 MiB 5.4-6.6 s, of 8 MiB 3.9 s, of 2 MiB 3.6-3.9 s; 8 MiB keeps
+// requests large enough for a cold disk and S3's range GETs.
+constexpr std::uint64_t delivery_piece = std::uint64_t{8} << 20;
+
 // Runs the window pipeline (window_ticket → window_ticket) over `windows`
 // windows with `credits` of them in flight at most: the first `credits`
 // tickets go in at once, and each window that comes out delivered lets the
@@ -489,10 +496,16 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   }
   std::optional<parity_gate> gate;
   if (overlap && node_window) gate.emplace(plan.windows, parities);
+  // A large tensor a rank gets whole through its own source is read as it
+  // is delivered (distributed_options::pieces_above), in pieces of a read
+  // request each, at most delivery_piece, unless the sink wants whole tensors.
+  const delivery_reads delivery{s.traits().whole_tensors ? 0 : opt.pieces_above,
+                                std::min(delivery_piece, request_bytes_for(opt.load.max_read, slot_size_for(opt.load.max_read))),
+                                reader->queue_depth()};
   auto pipeline = read_window(ck, plan, schedule, me, lane, *buffers, *reader, opt.load.map_above, node_window ? &node_window : nullptr,
-                              gate ? &*gate : nullptr) |
+                              gate ? &*gate : nullptr, delivery) |
                   exchange_window(c, plan, lane, plan.windows, exchange_thread ? &*exchange_thread : nullptr, gate ? &*gate : nullptr) |
-                  deliver_window(ck, plan, me, segment, tables, s, opt.placeholders);
+                  deliver_window(ck, plan, me, segment, tables, s, opt.placeholders, *reader, *buffers, delivery);
   auto done = run_blocking(ioc, run_windows(pipeline, plan.windows, overlap ? 2u : 1u));
   const auto& w = done.stats;
   st.read_seconds += w.read_seconds, st.exchange_seconds += w.exchange_seconds, st.deliver_seconds += w.deliver_seconds;
@@ -531,6 +544,7 @@ distributed_stats drive(const checkpoint& ck, comm::any_communicator& c, const p
   st.resident_bytes += table_resident;
   st.node_copied_bytes = w.node;
   st.mapped_bytes = w.mapped + table_bytes;
+  st.delivered_read_bytes = w.delivered_read;
   // Takes are read buffered (exact); table views are not reads (their fills are).
   st.storage_bytes = reader->counters().bytes_read.load() + table_storage_bytes - w.taken;
   st.requests = reader->counters().requests.load() + table_requests;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -275,7 +276,7 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
   if (n > 1 && nodes == 1 && by_node) REQUIRE(all_taken > 0);
   if (!by_node) REQUIRE(all_taken == 0);  // one rank per node, or asked: every byte travels
   const auto results = run_load(n, topology, offload, dopt, {}, {}, mode, nodes);
-  std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0, mapped = 0;
+  std::uint64_t read = 0, written = 0, shared_table_bytes = 0, device_table_bytes = 0, uploaded = 0, mapped = 0, delivered = 0;
   for (const auto& e : plan.entries) {
     if (e.shared()) shared_table_bytes += e.info.size;
     if (e.owner_destination == policy::destination::device) device_table_bytes += e.info.size;
@@ -367,6 +368,8 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
     if (mode == lane_mode::emulated) uploaded += j["stats"]["bytes_uploaded"].get<std::uint64_t>();
     mapped += j["stats"]["mapped_bytes"].get<std::uint64_t>();
     if (!dopt.load.map_above) REQUIRE(j["stats"]["mapped_bytes"] == 0);
+    delivered += j["stats"]["delivered_read_bytes"].get<std::uint64_t>();
+    if (!dopt.pieces_above) REQUIRE(j["stats"]["delivered_read_bytes"] == 0);
     read += j["stats"]["bytes_read"].get<std::uint64_t>();
     written += j["stats"]["shared_bytes_written"].get<std::uint64_t>();
   }
@@ -400,6 +403,11 @@ void check_load_on(std::size_t nodes, std::size_t n, const std::string& topology
   // Views of the page cache where asked for: what a rank keeps in host memory
   // whole or as a row part, and neither sends nor receives.
   if (dopt.load.map_above && mode == lane_mode::none) REQUIRE(mapped > 0);
+  // Read at delivery where asked for every size: what a rank keeps and
+  // neither sends nor receives (on one node through its page cache: every
+  // host tensor; across nodes, what a node's ranks read alone).
+  if (dopt.pieces_above == 1 && !dopt.load.map_above && nodes == 1 && carrier == policy::node_copy::page_cache)
+    REQUIRE(delivered > 0);
 }
 
 void check_load(std::size_t n, const std::string& topology, const std::string& offload,
@@ -706,11 +714,13 @@ TEST_CASE("8 ranks TP1/DP8/EP8 with cooperative offload", "[comm][distributed]")
 // carries what ranks keep): the failure is reported at the next status
 // exchange (window_schedule::status), not the window's own.
 TEST_CASE("one rank with a corrupted shard makes every rank fail with a clear error", "[comm][distributed]") {
- for (const std::size_t local : {std::size_t{1}, std::size_t{4}}) {
-  INFO("local_size " << local);
+ for (const std::size_t local : {std::size_t{1}, std::size_t{4}})
+ for (const std::uint64_t pieces_above : {std::uint64_t{0}, std::uint64_t{1}}) {  // 1: its reads made at delivery
+  INFO("local_size " << local << ", pieces_above " << pieces_above);
   auto ck = checkpoint::open(checkpoint_dir());
   auto opt = small_options();
   opt.plan.local_size = local;
+  opt.pieces_above = pieces_above;
   const auto plan = plan_for(ck, "tp1,dp4,ep4", "none", opt);
   // A shard that rank 1 reads from.
   std::string victim;
@@ -824,6 +834,149 @@ TEST_CASE("page-cache views (map_above): what a rank keeps and reads or takes it
   o.plan.split_bytes = 4u << 10;  // row parts, slices read by several ranks
   check_load(4, "tp2,dp2,ep4", "none", o);
   check_load(4, "tp1,dp4,ep4", "per-rank", o, lane_mode::emulated);  // the device lane copies as before
+}
+
+TEST_CASE("tensors read at delivery (pieces_above): every shape of load delivers the same bytes, each tensor once, in order",
+          "[comm][distributed][pieces]") {
+  auto o = small_options();
+  o.load.max_read = 16u << 10;  // pieces of 16 KiB: several per tensor
+  o.pieces_above = 1;           // every tensor a rank gets whole through its own reads
+  check_load(4, "tp1,dp4,ep4", "none", o);  // one node (the page cache carries the rest) and two
+  o.plan.split_bytes = 4u << 10;
+  check_load(4, "tp2,dp2,ep4", "shared-cooperative", o);  // row parts, slices read by several ranks
+  check_load(4, "tp1,dp4,ep4", "per-rank", o, lane_mode::emulated);  // the host lane's tensors; the device lane's as before
+  o.page_cache = false;  // through the node window: only what a rank reads for itself alone
+  check_load(4, "tp1,dp4,ep4", "none", o);
+  o.overlap = distributed_options::overlap_mode::on;  // the delivery's reads beside the next window's
+  check_load(4, "tp1,dp4,ep4", "none", o);
+}
+
+// The sink of the test below: every view's place in its tensor, its size
+// and its buffer, by tensor (placeholders aside), and each tensor's bytes.
+struct pieces_seen {
+  struct piece {
+    std::uint64_t offset = 0, size = 0, buffer = 0;
+    view_kind kind = view_kind::bytes;
+  };
+  std::map<std::string, std::vector<piece>> views;
+  std::map<std::string, std::vector<std::byte>> bytes;
+  bool accept(tensor_view v) {
+    if (!v.carries_data()) return true;
+    views[v.name()].push_back({v.offset, v.bytes.size(), v.hold ? v.hold.bytes().size() : 0, v.kind});
+    auto& b = bytes[v.name()];
+    b.resize(v.part_size());
+    std::memcpy(b.data() + v.offset, v.bytes.data(), v.bytes.size());
+    return true;
+  }
+};
+
+struct whole_pieces_seen : pieces_seen {
+  static constexpr bool whole_tensors = true;
+};
+
+TEST_CASE("a large tensor a rank gets whole through its own reads comes in ordered pieces, into its destination, or whole "
+          "to a sink that wants it whole, never in a window buffer its size",
+          "[comm][distributed][pieces]") {
+  constexpr std::size_t n = 4;
+  constexpr std::uint64_t above = 256u << 10, max_read = 64u << 10;
+  auto whole_bytes = [](const checkpoint& ck, const std::string& name) {
+    for (const auto& t : ck.tensors())
+      if (t.name == name) {
+        std::vector<std::byte> b(t.size);
+        std::ifstream f(ck.shards()[t.shard].uri, std::ios::binary);
+        f.seekg(static_cast<std::streamoff>(t.offset));
+        f.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(t.size));
+        return b;
+      }
+    return std::vector<std::byte>{};
+  };
+  const auto res = on_one_node(n, "dist-pieces-store", [&](std::size_t rank, const comm::rank_info& who) {
+    comm::gloo c(who);
+    auto ck = checkpoint::open(checkpoint_dir());
+    auto o = small_options();
+    o.plan.local_size = n;
+    o.load.max_read = max_read;
+    o.pieces_above = above;
+    const auto plan = plan_for(ck, "tp1,dp4,ep4", "none", o);
+    // One node, every byte through the page cache, nothing split: each
+    // tensor this rank keeps of at least `above` bytes is read at delivery
+    // (every rank keeps the tables: offload none).
+    std::set<std::string> large;
+    std::uint64_t large_bytes = 0, smallest = ~std::uint64_t{0};
+    for (const auto& e : plan.entries)
+      if (e.owners.contains(static_cast<policy::rank_t>(rank)) && e.info.size >= above)
+        large.insert(e.info.name), large_bytes += e.info.size, smallest = std::min(smallest, e.info.size);
+    if (large.empty()) return 10;
+    // In pieces: in order, back to back, each at most a read request in a
+    // buffer of that size, the same bytes as the file; the rest whole, in
+    // window buffers smaller than any large tensor.
+    {
+      o.buffers = std::make_shared<window_buffers>();
+      pieces_seen s;
+      const auto st = load_distributed(ck, c, plan, s, o);
+      if (st.delivered_read_bytes != large_bytes) return 11;
+      for (const auto& [name, views] : s.views) {
+        if (s.bytes[name] != whole_bytes(ck, name)) return 12;
+        if (!large.contains(name)) {
+          if (views.size() != 1 || views[0].buffer >= smallest) return 13;
+          continue;
+        }
+        if (views.size() < 2) return 14;
+        std::uint64_t at = 0;
+        for (const auto& p : views) {
+          if (p.offset != at || p.size > max_read || p.buffer > max_read || p.kind != view_kind::bytes) return 14;
+          at += p.size;
+        }
+      }
+      if (s.views.size() != st.owned) return 15;
+    }
+    // The same load without it: the large tensors lie whole in window
+    // buffers, which stay in reserve between loads at their size.
+    {
+      auto whole = o;
+      whole.pieces_above = 0;
+      whole.buffers = std::make_shared<window_buffers>();
+      pieces_seen s;
+      const auto st = load_distributed(ck, c, plan, s, whole);
+      if (st.delivered_read_bytes != 0) return 17;
+      for (const auto& name : large)
+        if (s.views.at(name).size() != 1 || s.views.at(name)[0].buffer < smallest) return 17;
+      if (o.buffers->stats().live_bytes >= whole.buffers->stats().live_bytes) return 16;
+    }
+    // A sink with a destination of its own: read straight there, one placed view.
+    {
+      struct destined : pieces_seen {
+        std::map<std::string, std::vector<std::byte>> dst;
+        std::span<std::byte> direct_destination(const tensor_ref& t) {
+          auto& d = dst[t.name];
+          d.resize(t.size);
+          return d;
+        }
+      } s;
+      const auto st = load_distributed(ck, c, plan, s, o);
+      if (st.delivered_read_bytes != large_bytes) return 18;
+      for (const auto& name : large) {
+        const auto& v = s.views.at(name);
+        if (v.size() != 1 || v[0].kind != view_kind::placed || s.dst.at(name) != whole_bytes(ck, name)) return 18;
+      }
+    }
+    // A sink that wants whole tensors gets them whole, from the windows.
+    {
+      whole_pieces_seen s;
+      const auto st = load_distributed(ck, c, plan, s, o);
+      if (st.delivered_read_bytes != 0) return 19;
+      for (const auto& [name, views] : s.views)
+        if (views.size() != 1 || s.bytes[name] != whole_bytes(ck, name)) return 19;
+    }
+    return 0;
+  });
+  for (std::size_t r = 0; r < n; ++r) {
+    INFO("rank " << r << " (10: no large tensor, 11: read at delivery not the large ones, 12: wrong bytes, 13: a small "
+                 "tensor in pieces or a large buffer, 14: pieces out of order or larger than a read, 15: tensors lost, "
+                 "16: window buffers kept as large as without it, 17: without pieces_above, 18: not into the sink's "
+                 "destination, 19: a whole-tensor sink got pieces)");
+    CHECK(res[r].code == 0);
+  }
 }
 
 TEST_CASE("4 ranks, parts the engine's model chose: each rank holds its blocks, in the model's order, and receives only those",

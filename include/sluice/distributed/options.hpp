@@ -84,6 +84,22 @@ struct distributed_options {
   /// communicator's liveness signal). 0: after every window. Every rank must
   /// pass the same (the schedule's digest covers it).
   std::uint64_t status_every = policy::default_status_every;
+  /// A tensor (or row part) of at least this many bytes that this rank keeps
+  /// in host memory and gets whole through its own source (its reads, and
+  /// its takes of the node's page cache: no message and no node window
+  /// carries any of it) is read when the window delivers it, instead of
+  /// into the window's buffer with the rest: into the sink's destination
+  /// where the sink has one for it (`direct_destination`, a whole tensor:
+  /// one `view_kind::placed` view), else in ordered pieces of 8 MiB
+  /// (`load.max_read` if smaller), a queue depth at a time, each a view of a
+  /// buffer the next pieces reuse once the sink lets go. A rank's window
+  /// buffers then never hold such a tensor: without it, a table of 1.66 GB
+  /// that every rank keeps (offload `none`) made each rank's window buffer
+  /// 1.66 GB, faulted in by 8 ranks at once (bench/README.md, "Every rank its
+  /// own tables"). A sink that wants whole tensors (`whole_tensors`) and
+  /// views of the page cache (`load.map_above`, which come first) keep the
+  /// window path. 0: never. A rank's own choice: ranks may differ.
+  std::uint64_t pieces_above = std::uint64_t{64} << 20;
   /// S3 sources only: connections (pool size) of this rank's client. 0: the
   /// S3 config's `max_connections` counts for the node, and each of its
   /// `local_size` ranks gets max(1, max_connections / local_size): ranks on one
@@ -156,6 +172,10 @@ struct distributed_stats {
   /// Bytes of tensors it keeps that it handed out as views of the page
   /// cache, never copied (load_options::map_above; reads and takes alike).
   std::uint64_t mapped_bytes = 0;
+  /// Bytes of tensors it keeps that it read as the windows delivered them,
+  /// into the sink's destination or in pieces (distributed_options::pieces_above),
+  /// not into a window buffer. Counted in bytes_read or page_cache_bytes too.
+  std::uint64_t delivered_read_bytes = 0;
   /// Bytes of tensors it keeps that another rank of its node read into the
   /// node window and this rank copied from there (distributed_options::node_window).
   std::uint64_t node_copied_bytes = 0;
@@ -197,7 +217,7 @@ struct distributed_stats {
             {"offload", offload}, {"tensors", tensors}, {"accepted", accepted}, {"owned", owned}, {"bytes_kept", bytes_kept},
             {"placeholders", placeholders}, {"shared_views", shared_views}, {"bytes_read", bytes_read}, {"header_bytes_read", header_bytes_read},
             {"storage_bytes", storage_bytes}, {"requests", requests}, {"cache", {{"hit_bytes", cache_hit_bytes}, {"fetched_bytes", cache_fetched_bytes}, {"refetched_bytes", cache_refetched_bytes}}}, {"planned_read_bytes", planned_read_bytes}, {"kept_whole", kept_whole}, {"bytes_sent", bytes_sent},
-            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"resident_bytes", resident_bytes}, {"mapped_bytes", mapped_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"status_exchanges", status_exchanges}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
+            {"bytes_received", bytes_received}, {"page_cache_bytes", page_cache_bytes}, {"resident_bytes", resident_bytes}, {"mapped_bytes", mapped_bytes}, {"delivered_read_bytes", delivered_read_bytes}, {"node_copied_bytes", node_copied_bytes}, {"node_window_bytes", node_window_bytes}, {"messages", messages}, {"status_exchanges", status_exchanges}, {"bytes_uploaded", bytes_uploaded}, {"device_views", device_views}, {"shared_bytes", shared_bytes},
             {"shared_bytes_written", shared_bytes_written}, {"shared_bytes_released", shared_bytes_released}, {"windows", windows}, {"connections", connections},
             {"table_readers", table_readers}, {"table_connections", table_connections}, {"table_queue_depth", table_queue_depth}, {"table_writers", table_writers},
             {"overlapped", overlapped},

@@ -93,23 +93,44 @@ class read_window : public pipeable {
   /// `node_window`: under node_copy::window, the node window
   /// (schedule::node_window_bytes per parity), mapped by every local rank;
   /// `gate`: where windows overlap, the node window's parity_gate (window.hpp).
+  /// `delivery`: a tensor (part) of at least `delivery.above` bytes that
+  /// this rank keeps in host memory, and whose bytes all come to it through
+  /// its source as it lies in the file (below: whole), is not read into the
+  /// window but left to deliver_window, which reads it as it delivers it
+  /// (window_state::at_delivery; distributed_options::pieces_above; 0:
+  /// never). A view of the page cache (map_above) comes first.
   read_window(const checkpoint& ck, const policy::load_plan& plan, const policy::schedule& schedule, policy::rank_t me,
               any_device_lane* lane, window_buffers& buffers, slice_reader& reader, std::uint64_t map_above = 0,
-              const memory::node_window* node_window = nullptr, parity_gate* gate = nullptr)
+              const memory::node_window* node_window = nullptr, parity_gate* gate = nullptr, delivery_reads delivery = {})
       : ck_(&ck), plan_(&plan), schedule_(&schedule), me_(me), lane_(lane), buffers_(&buffers), reader_(&reader),
-        map_above_(map_above), node_window_(node_window), gate_(gate) {
+        map_above_(map_above), pieces_above_(delivery.above), node_window_(node_window), gate_(gate) {
     // Each lane's regions at the largest size they have in any window: every
     // window then fits every buffer, which the next window of its kind
     // takes again once free (memory/window_buffers.hpp); the host lane's
     // buffers of both parities (lane 0) stay in reserve between windows and
-    // loads (a device lane's are its own).
+    // loads (a device lane's are its own). The kept region's size leaves
+    // out the parts deliver_window reads (they lie last in it: the schedule
+    // puts parts without a message last, smallest first), so a window of
+    // one large tensor takes no buffer for it.
+    // The pieces deliver_window reads such parts in come from the same
+    // buffers, and stay in reserve too.
+    bool at_delivery = false;
     for (const auto& ws : schedule.windows)
       for (std::size_t k = 0; k < ws.lanes.size() && k < 2; ++k) {
         const auto& lay = ws.lanes[k].ranks.at(me);
-        largest_[k][0] = std::max(largest_[k][0], lay.kept_bytes);
+        std::uint64_t kept = 0;
+        for (const auto& part : lay.kept) {
+          const auto n = plan.kept_bytes(plan.entries[part.entry]);
+          if (read_at_delivery(part.entry, lay, k == 1))
+            at_delivery = true;
+          else
+            kept = std::max(kept, part.off + n);
+        }
+        largest_[k][0] = std::max(largest_[k][0], kept);
         largest_[k][1] = std::max(largest_[k][1], lay.scratch_bytes);
       }
-    buffers.reserve(2 * (buffers.capacity_for(largest_[0][0]) + buffers.capacity_for(largest_[0][1])));
+    const auto pieces = at_delivery ? delivery.depth * buffers.capacity_for(delivery.piece) : 0;
+    buffers.reserve(2 * (buffers.capacity_for(largest_[0][0]) + buffers.capacity_for(largest_[0][1])) + pieces);
   }
 
   [[nodiscard]] task<void> run(channel<input_type>& in, channel<output_type>& out) {
@@ -179,6 +200,7 @@ class read_window : public pipeable {
     ws.kept_at.resize(ws.end - ws.begin);
     ws.views.resize(ws.end - ws.begin);
     ws.lane_of.assign(ws.end - ws.begin, 0);
+    ws.at_delivery.resize(ws.end - ws.begin);
     if (lane_) {
       ws.lanes.resize(2);
       ws.lanes[0].which = window_lane::host;
@@ -198,7 +220,7 @@ class read_window : public pipeable {
       L.layout = &lay;
       if (node_window_) L.node = node_window_->parity(w);
       const unsigned slot = (w % 2) * 2;
-      const auto kept = lay.kept_bytes ? largest_[k][0] : 0, scratch = lay.scratch_bytes ? largest_[k][1] : 0;
+      const auto kept = lay.kept_bytes && largest_[k][0] ? largest_[k][0] : 0, scratch = lay.scratch_bytes ? largest_[k][1] : 0;
       L.kept = dev ? lane_->host_buffer(slot, kept) : buffers_->get(kept);
       L.scratch = dev ? lane_->host_buffer(slot + 1, scratch) : buffers_->get(scratch);
       if (dev) {
@@ -206,8 +228,9 @@ class read_window : public pipeable {
         L.dev_scratch = lane_->device_buffer(slot + 1, scratch);
       }
       for (const auto& part : lay.kept) {
-        ws.kept_at[part.entry - ws.begin] = L.data_at({true, part.off}, plan.kept_bytes(plan.entries[part.entry]));
         ws.lane_of[part.entry - ws.begin] = k;
+        if (read_at_delivery(part.entry, lay, dev)) continue;  // no room in the window: see below
+        ws.kept_at[part.entry - ws.begin] = L.data_at({true, part.off}, plan.kept_bytes(plan.entries[part.entry]));
       }
       // This rank's ends of the lane's messages, and of its relays' second steps.
       auto ends = [&L](const std::vector<policy::scheduled_message>& msgs, const std::vector<std::size_t>& sends,
@@ -245,7 +268,9 @@ class read_window : public pipeable {
           ws.node_copies.emplace_back(L.host_at(r.at, rd.size), there);
         } else {
           (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
-          if (!dev && maps(e, L, x)) {  // this rank's reads of e are contiguous in lay.reads: one view for all of them
+          // This rank's reads of e are contiguous in lay.reads: one choice for all of them, at the first.
+          if (x == 0 || lay.reads[x - 1].entry != r.entry) whole_ = dev ? whole::no : whole_part(e, lay, x);
+          if (whole_ == whole::mapped) {  // one view for all of them
             if (x == 0 || lay.reads[x - 1].entry != r.entry) {
               const auto& t = ck_->tensors()[e.index];
               reads.push_back({&t, plan.kept_begin(e, me), plan.kept_bytes(e), {}, true});
@@ -260,6 +285,15 @@ class read_window : public pipeable {
           // the bytes one rank alone reads may bypass it (O_DIRECT where not
           // cached).
           const bool shared = rd.exchanged && schedule_->node == policy::node_copy::page_cache;
+          if (whole_ == whole::at_delivery) {  // deliver_window reads it, in file order
+            auto& later = ws.at_delivery[r.entry - ws.begin];
+            later.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, {}, false, shared});
+            if (x + 1 == lay.reads.size() || lay.reads[x + 1].entry != r.entry) {
+              std::sort(later.begin(), later.end(), [](const byte_extent& a, const byte_extent& b) { return a.offset < b.offset; });
+              ws.stats.delivered_read += plan.kept_bytes(e);
+            }
+            continue;
+          }
           reads.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, L.host_at(r.at, rd.size), false, shared});
         }
         // What a device-lane rank read travels or stays as read, except the
@@ -271,26 +305,61 @@ class read_window : public pipeable {
     return reads;
   }
 
-  // Whether this rank's reads of e (lay.reads[x] among them) become one view
-  // of the page cache: see the constructor. Every byte it keeps of e then
-  // comes from its reads and takes, which land in kept as read.
-  bool maps(const policy::plan_entry& e, const lane_window& L, std::size_t x) const {
-    if (!map_above_ || !e.owners.contains(me_) || e.split == policy::tp_split::columns) return false;
-    if (schedule_->node == policy::node_copy::window) return false;  // its takes come from the node window
+  // How this rank gets its part of e, whose reads (and takes) in `lay`
+  // begin at lay.reads[x]: as a view of the page cache (map_above), read by
+  // deliver_window (pieces_above), or into the window (no).
+  enum class whole : std::uint8_t { no, mapped, at_delivery };
+  whole whole_part(const policy::plan_entry& e, const policy::rank_layout& lay, std::size_t x) const {
+    if (!comes_whole(e, lay, x)) return whole::no;
     const auto n = plan_->kept_bytes(e);
-    if (n < map_above_) return false;
-    const auto& lay = *L.layout;
-    for (std::size_t y = x; y-- > 0 && lay.reads[y].entry == lay.reads[x].entry;)
-      if (!lay.reads[y].at.kept) return false;
-    for (std::size_t y = x; y < lay.reads.size() && lay.reads[y].entry == lay.reads[x].entry; ++y)
-      if (!lay.reads[y].at.kept) return false;
+    const auto& t = ck_->tensors()[e.index];
+    if (map_above_ && n >= map_above_ && reader_->source().can_map(t.shard, t.offset + plan_->kept_begin(e, me_), n))
+      return whole::mapped;
+    return pieces_above_ && n >= pieces_above_ ? whole::at_delivery : whole::no;
+  }
+
+  // Whether deliver_window reads this rank's part of plan entry `i` (kept in
+  // `lay`, of the device lane or not): the same choice as whole_part's,
+  // without the page cache's say (a part it could map needs no room in the
+  // window either).
+  bool read_at_delivery(std::size_t i, const policy::rank_layout& lay, bool dev) const {
+    if (dev || !pieces_above_) return false;
+    const auto& e = plan_->entries[i];
+    if (plan_->kept_bytes(e) < pieces_above_) return false;
+    for (std::size_t x = 0; x < lay.reads.size(); ++x)
+      if (lay.reads[x].entry == i) return comes_whole(e, lay, x);
+    return false;
+  }
+
+  // Whether every byte this rank keeps of e comes to it through its source,
+  // as it lies in the file: its reads and takes of e (lay.reads[x] the
+  // first) all land in its kept part as read and together cover it, no
+  // message carries any of e's bytes to or from it (within a node, the
+  // page cache carries them; not the node window), and no column part is
+  // cut. Its part is then one range of the file, which it may map, or read
+  // when it delivers it.
+  bool comes_whole(const policy::plan_entry& e, const policy::rank_layout& lay, std::size_t x) const {
+    if (!e.owners.contains(me_) || e.split == policy::tp_split::columns) return false;
+    if (schedule_->node == policy::node_copy::window) return false;  // its takes come from the node window
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> covered;  // (offset, size) of its reads, as they lie
+    for (std::size_t y = x; y < lay.reads.size() && lay.reads[y].entry == lay.reads[x].entry; ++y) {
+      if (!lay.reads[y].at.kept || lay.reads[y].node != policy::rank_layout::read_at::none) return false;
+      const auto& rd = e.reads[lay.reads[y].read];
+      covered.emplace_back(rd.offset, rd.size);
+    }
+    std::sort(covered.begin(), covered.end());
+    auto at = plan_->kept_begin(e, me_);
+    for (const auto& [off, n] : covered) {
+      if (off != at) return false;
+      at += n;
+    }
+    if (at != plan_->kept_begin(e, me_) + plan_->kept_bytes(e)) return false;
     for (const auto& m : plan_->messages_of(e)) {
       const auto from = e.reads[m.read].reader;
       const bool travels = schedule_->node == policy::node_copy::none || plan_->node_of(from) != plan_->node_of(m.to);
       if (travels && (from == me_ || m.to == me_)) return false;
     }
-    const auto& t = ck_->tensors()[e.index];
-    return reader_->source().can_map(t.shard, t.offset + plan_->kept_begin(e, me_), n);
+    return true;
   }
 
   const checkpoint* ck_;
@@ -302,6 +371,8 @@ class read_window : public pipeable {
   std::uint64_t largest_[2][2] = {};  // by lane: the largest kept and scratch region of any window
   slice_reader* reader_;
   std::uint64_t map_above_;
+  std::uint64_t pieces_above_;
+  whole whole_ = whole::no;  // lay_out: the choice for the entry whose reads it is at
   const memory::node_window* node_window_;
   parity_gate* gate_;  // overlapped windows through the node window: null otherwise
   std::exception_ptr failure_;   // this rank's first failure (sticky)

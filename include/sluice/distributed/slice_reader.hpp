@@ -90,7 +90,9 @@ inline staging_options reader_staging(const load_options& opt, std::size_t slots
 /// are in flight (or load_options::queue_depth, if larger). A stop
 /// (`opt.stop`) ends a batch with cancelled_error and cancels the source's
 /// reads in flight. Its reads run on the executor of the coroutine that
-/// awaits read() (the one its source was opened on); one batch at a time.
+/// awaits read() (the one its source was opened on). Batches may overlap (a
+/// distributed load's window reads and its delivery's, deliver_window): each
+/// has its own reads in flight, and they share the source and the slots.
 class slice_reader {
  public:
   slice_reader(std::unique_ptr<any_source> src, const load_options& opt)

@@ -25,6 +25,7 @@
 #include <sluice/memory/window_buffers.hpp>
 #include <sluice/policy/plan.hpp>
 #include <sluice/policy/schedule.hpp>
+#include <sluice/stages/coalesce.hpp>
 
 namespace sluice::inline v0 {
 
@@ -64,6 +65,16 @@ struct lane_window {
   }
 };
 
+// The tensors a rank reads as it delivers them (distributed_options::
+// pieces_above): those of at least `above` bytes (0: none) that it gets
+// whole through its own source, in pieces of `piece` bytes, `depth` at a
+// time (window buffers, kept in reserve with the windows' own).
+struct delivery_reads {
+  std::uint64_t above = 0;
+  std::uint64_t piece = 0;
+  std::size_t depth = 1;
+};
+
 // What one window cost and carried, counted by the stage that did the work;
 // the driver adds them up into distributed_stats once the window is done.
 struct window_stats {
@@ -71,6 +82,7 @@ struct window_stats {
   std::uint64_t fetched = 0;  // tensor bytes this rank read for it
   std::uint64_t taken = 0;    // bytes it read from the node's page cache instead of receiving them (rank_layout::read_at::taken)
   std::uint64_t mapped = 0;   // bytes it keeps that it handed out as views of the page cache (read_window's map_above)
+  std::uint64_t delivered_read = 0;  // bytes it keeps that deliver_window read (window_state::at_delivery)
   std::uint64_t node = 0;     // bytes it copied from the node window instead of receiving them (node_copy::window)
   std::uint64_t sent = 0, received = 0, uploaded = 0, messages = 0;
   std::uint64_t status_exchanges = 0;  // 1 if the ranks exchanged their status for it (window_schedule::status)
@@ -79,7 +91,7 @@ struct window_stats {
 
   window_stats& operator+=(const window_stats& o) noexcept {
     read_seconds += o.read_seconds, exchange_seconds += o.exchange_seconds, deliver_seconds += o.deliver_seconds;
-    fetched += o.fetched, taken += o.taken, mapped += o.mapped, node += o.node, sent += o.sent, received += o.received, uploaded += o.uploaded, messages += o.messages;
+    fetched += o.fetched, taken += o.taken, mapped += o.mapped, delivered_read += o.delivered_read, node += o.node, sent += o.sent, received += o.received, uploaded += o.uploaded, messages += o.messages;
     status_exchanges += o.status_exchanges;
     tensors += o.tensors, accepted += o.accepted, owned += o.owned, placeholders += o.placeholders;
     shared_views += o.shared_views, device_views += o.device_views, kept += o.kept;
@@ -116,6 +128,11 @@ struct window_state {
   std::vector<std::span<std::byte>> kept_at;  // by entry (i - begin): this rank's part of the tensor
   std::vector<lease> views;                   // by entry: the page-cache view kept_at lies in, if mapped (else the lane's kept)
   std::vector<std::uint8_t> lane_of;          // by entry: its lane (index into lanes)
+  // By entry: this rank's reads of its part, in file order and covering it,
+  // which deliver_window makes as it delivers it (distributed_options::
+  // pieces_above: into the sink's destination, or in pieces); empty: its
+  // part lies in the window (kept_at).
+  std::vector<std::vector<byte_extent>> at_delivery;
   // node_copy::window: (where in this rank's memory, from the node window),
   // copied by exchange_window after the status exchange; then, `cut_later`,
   // it cuts column parts and lists uploads (read_window did not).
