@@ -26,8 +26,8 @@
 # pages mapped in by the load: --populate-views on), hot
 # (the sample in the page cache) and, with --cold, cold (caches dropped before each run: root).
 # --offload MODE: the ranks' and the one rank's --offload (default shared-cooperative); with
-# none every rank keeps its own copy of the tables (sluice-load's default), so each rank's
-# window buffers hold the largest table whole.
+# none every rank keeps its own copy of the tables (sluice-load's default), which each rank
+# reads as it delivers it (--pieces-above's default), in pieces.
 # --holes N: hot, every row starts from a page cache that lost N 2 MiB ranges of each shard
 # (posix_fadvise DONTNEED at offsets drawn with a fixed seed, the same for every row), as
 # reclaim leaves a file that was read a while ago.

@@ -212,6 +212,9 @@ class read_window : public pipeable {
     // become spans of this window's buffers (host memory for the reads; for
     // the device lane, also its memory).
     planned_reads reads;
+    constexpr auto none = ~std::size_t{0};
+    std::size_t choice_for = none;  // the entry `choice` is whole_part's answer for
+    whole choice = whole::no;
     for (std::uint8_t k = 0; k < ws.lanes.size(); ++k) {
       auto& L = ws.lanes[k];
       const bool dev = L.which == window_lane::device;
@@ -268,10 +271,11 @@ class read_window : public pipeable {
           ws.node_copies.emplace_back(L.host_at(r.at, rd.size), there);
         } else {
           (r.taken ? ws.stats.taken : ws.stats.fetched) += rd.size;
-          // This rank's reads of e are contiguous in lay.reads: one choice for all of them, at the first.
-          if (x == 0 || lay.reads[x - 1].entry != r.entry) whole_ = dev ? whole::no : whole_part(e, lay, x);
-          if (whole_ == whole::mapped) {  // one view for all of them
-            if (x == 0 || lay.reads[x - 1].entry != r.entry) {
+          // This rank's reads of e are contiguous in lay.reads: one choice for all of them.
+          const bool first = choice_for != r.entry;
+          if (first) choice = dev ? whole::no : whole_part(e, lay, x), choice_for = r.entry;
+          if (choice == whole::mapped) {  // one view for all of them
+            if (first) {
               const auto& t = ck_->tensors()[e.index];
               reads.push_back({&t, plan.kept_begin(e, me), plan.kept_bytes(e), {}, true});
               mapped.push_back(r.entry - ws.begin);
@@ -285,7 +289,7 @@ class read_window : public pipeable {
           // the bytes one rank alone reads may bypass it (O_DIRECT where not
           // cached).
           const bool shared = rd.exchanged && schedule_->node == policy::node_copy::page_cache;
-          if (whole_ == whole::at_delivery) {  // deliver_window reads it, in file order
+          if (choice == whole::at_delivery) {  // deliver_window reads it, in file order
             auto& later = ws.at_delivery[r.entry - ws.begin];
             later.push_back({&ck_->tensors()[e.index], rd.offset, rd.size, {}, false, shared});
             if (x + 1 == lay.reads.size() || lay.reads[x + 1].entry != r.entry) {
@@ -305,8 +309,8 @@ class read_window : public pipeable {
     return reads;
   }
 
-  // How this rank gets its part of e, whose reads (and takes) in `lay`
-  // begin at lay.reads[x]: as a view of the page cache (map_above), read by
+  // How this rank gets its part of e, one of whose reads (and takes) in
+  // `lay` is lay.reads[x]: as a view of the page cache (map_above), read by
   // deliver_window (pieces_above), or into the window (no).
   enum class whole : std::uint8_t { no, mapped, at_delivery };
   whole whole_part(const policy::plan_entry& e, const policy::rank_layout& lay, std::size_t x) const {
@@ -332,8 +336,8 @@ class read_window : public pipeable {
   }
 
   // Whether every byte this rank keeps of e comes to it through its source,
-  // as it lies in the file: its reads and takes of e (lay.reads[x] the
-  // first) all land in its kept part as read and together cover it, no
+  // as it lies in the file: its reads and takes of e (lay.reads[x] one of
+  // them) all land in its kept part as read and together cover it, no
   // message carries any of e's bytes to or from it (within a node, the
   // page cache carries them; not the node window), and no column part is
   // cut. Its part is then one range of the file, which it may map, or read
@@ -342,6 +346,7 @@ class read_window : public pipeable {
     if (!e.owners.contains(me_) || e.split == policy::tp_split::columns) return false;
     if (schedule_->node == policy::node_copy::window) return false;  // its takes come from the node window
     std::vector<std::pair<std::uint64_t, std::uint64_t>> covered;  // (offset, size) of its reads, as they lie
+    while (x > 0 && lay.reads[x - 1].entry == lay.reads[x].entry) --x;  // its reads of e are contiguous: from the first
     for (std::size_t y = x; y < lay.reads.size() && lay.reads[y].entry == lay.reads[x].entry; ++y) {
       if (!lay.reads[y].at.kept || lay.reads[y].node != policy::rank_layout::read_at::none) return false;
       const auto& rd = e.reads[lay.reads[y].read];
@@ -372,7 +377,6 @@ class read_window : public pipeable {
   slice_reader* reader_;
   std::uint64_t map_above_;
   std::uint64_t pieces_above_;
-  whole whole_ = whole::no;  // lay_out: the choice for the entry whose reads it is at
   const memory::node_window* node_window_;
   parity_gate* gate_;  // overlapped windows through the node window: null otherwise
   std::exception_ptr failure_;   // this rank's first failure (sticky)
