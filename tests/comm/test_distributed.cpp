@@ -865,7 +865,7 @@ struct pieces_seen {
     views[v.name()].push_back({v.offset, v.bytes.size(), v.hold ? v.hold.bytes().size() : 0, v.kind});
     auto& b = bytes[v.name()];
     b.resize(v.part_size());
-    std::memcpy(b.data() + v.offset, v.bytes.data(), v.bytes.size());
+    if (!v.bytes.empty()) std::memcpy(b.data() + v.offset, v.bytes.data(), v.bytes.size());
     return true;
   }
 };

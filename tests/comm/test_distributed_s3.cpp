@@ -282,6 +282,20 @@ TEST_CASE("4 ranks load from S3 with cooperative shared tables: exact tensors, e
   check_load(4, "tp1,dp4,ep4", "shared-cooperative", {}, node_connections / 4);
 }
 
+TEST_CASE("from S3, what a rank reads alone comes at delivery: exact tensors, each byte fetched once",
+          "[comm][distributed][s3][pieces]") {
+  REQUIRE_S3_SERVERS();
+  run_options ro;
+  ro.dopt.pieces_above = 1;           // every tensor a rank gets whole through its own reads
+  ro.dopt.load.max_read = 16u << 10;  // several pieces (range GETs) per tensor
+  // On one node the node window carries what a rank keeps and another read;
+  // the rest (its own experts, here) it reads at delivery.
+  const auto results = check_load(4, "tp1,dp4,ep4", "none", ro, node_connections / 4);
+  std::uint64_t delivered = 0;
+  for (const auto& j : results) delivered += j["stats"]["delivered_read_bytes"].get<std::uint64_t>();
+  CHECK(delivered > 0);
+}
+
 TEST_CASE("connections per rank can be set explicitly", "[comm][distributed][s3]") {
   REQUIRE_S3_SERVERS();
   run_options ro;

@@ -314,12 +314,14 @@ class read_window : public pipeable {
   // deliver_window (pieces_above), or into the window (no).
   enum class whole : std::uint8_t { no, mapped, at_delivery };
   whole whole_part(const policy::plan_entry& e, const policy::rank_layout& lay, std::size_t x) const {
-    if (!comes_whole(e, lay, x)) return whole::no;
     const auto n = plan_->kept_bytes(e);
+    // Not views through the node window's schedule (S3, O_DIRECT, page_cache off): no page cache carries its takes.
+    const bool may_map = map_above_ && n >= map_above_ && schedule_->node != policy::node_copy::window;
+    const bool may_deliver = pieces_above_ && n >= pieces_above_;
+    if ((!may_map && !may_deliver) || !comes_whole(e, lay, x)) return whole::no;
     const auto& t = ck_->tensors()[e.index];
-    if (map_above_ && n >= map_above_ && reader_->source().can_map(t.shard, t.offset + plan_->kept_begin(e, me_), n))
-      return whole::mapped;
-    return pieces_above_ && n >= pieces_above_ ? whole::at_delivery : whole::no;
+    if (may_map && reader_->source().can_map(t.shard, t.offset + plan_->kept_begin(e, me_), n)) return whole::mapped;
+    return may_deliver ? whole::at_delivery : whole::no;
   }
 
   // Whether deliver_window reads this rank's part of plan entry `i` (kept in
@@ -337,14 +339,13 @@ class read_window : public pipeable {
 
   // Whether every byte this rank keeps of e comes to it through its source,
   // as it lies in the file: its reads and takes of e (lay.reads[x] one of
-  // them) all land in its kept part as read and together cover it, no
-  // message carries any of e's bytes to or from it (within a node, the
-  // page cache carries them; not the node window), and no column part is
-  // cut. Its part is then one range of the file, which it may map, or read
-  // when it delivers it.
+  // them) all land in its kept part as read and together cover it, none
+  // goes through the node window, no message carries any of e's bytes to or
+  // from it (within a node, the page cache carries them), and no column
+  // part is cut. Its part is then one range of the file, which it may map,
+  // or read when it delivers it.
   bool comes_whole(const policy::plan_entry& e, const policy::rank_layout& lay, std::size_t x) const {
     if (!e.owners.contains(me_) || e.split == policy::tp_split::columns) return false;
-    if (schedule_->node == policy::node_copy::window) return false;  // its takes come from the node window
     std::vector<std::pair<std::uint64_t, std::uint64_t>> covered;  // (offset, size) of its reads, as they lie
     while (x > 0 && lay.reads[x - 1].entry == lay.reads[x].entry) --x;  // its reads of e are contiguous: from the first
     for (std::size_t y = x; y < lay.reads.size() && lay.reads[y].entry == lay.reads[x].entry; ++y) {
