@@ -175,10 +175,11 @@ memory::shared_host share_node_memory(comm::any_communicator& c, policy::rank_t 
 }
 
 // The largest piece a tensor read at delivery comes in (deliver_window):
-// buffers of small pieces, reused batch after batch, stay in the caches. 8 ranks of the 8 GiB sample, hot, each
-// keeping 3.1 GiB of tables it reads at delivery (2 cores, bench/README.md):
-// pieces of 32 MiB 5.4-6.6 s, of 8 MiB 3.9 s, of 2 MiB 3.6-3.9 s; 8 MiB keeps
-// requests large enough for a cold disk and S3's range GETs.
+// buffers of small pieces, reused batch after batch, stay in the caches. 8
+// ranks of the 8 GiB sample, hot, each keeping 3.1 GiB of tables it reads at
+// delivery (2 cores, bench/README.md), with --max-read setting the pieces
+// (and the windows' requests): 32 MiB 5.4-6.6 s, 8 MiB 3.9 s, 2 MiB 3.6-3.9 s.
+// 8 MiB keeps requests large enough for a cold disk and S3's range GETs.
 constexpr std::uint64_t delivery_piece = std::uint64_t{8} << 20;
 
 // Runs the window pipeline (window_ticket → window_ticket) over `windows`
