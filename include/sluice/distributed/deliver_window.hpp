@@ -92,7 +92,6 @@ class deliver_window : public pipeable {
     fault_point("delivery", me_);
     if (failed_) co_return;  // the load fails at the next status exchange: the sink is not called again
     const auto d0 = std::chrono::steady_clock::now();
-    std::exception_ptr failure;
     try {
       for (std::size_t i = ws.begin; i < ws.end; ++i) {
         const auto& e = plan.entries[i];
@@ -140,11 +139,8 @@ class deliver_window : public pipeable {
         st.accepted += sink_.accept(std::move(v)) ? 1 : 0;
       }
     } catch (...) {
-      failure = std::current_exception();
-    }
-    if (failure) {
       failed_ = true;
-      t.failure = failure;
+      t.failure = std::current_exception();
     }
     st.deliver_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
   }
@@ -166,7 +162,7 @@ class deliver_window : public pipeable {
       }
     }
     // Pieces of at most piece_ bytes, none across two of its reads (whose
-    // page-cache rules may differ), read queue_depth at a time.
+    // page-cache rules may differ), read depth_ at a time.
     std::vector<byte_extent> pieces;
     for (const auto& x : reads)
       for (std::uint64_t at = 0; at < x.size; at += piece_) {
@@ -174,11 +170,10 @@ class deliver_window : public pipeable {
         p.offset += at, p.size = std::min(piece_, x.size - at);
         pieces.push_back(p);
       }
-    const std::size_t depth = depth_;
     bool accepted = true;
     std::vector<lease> held;
-    for (std::size_t k = 0; k < pieces.size(); k += depth) {
-      const auto n = std::min(depth, pieces.size() - k);
+    for (std::size_t k = 0; k < pieces.size(); k += depth_) {
+      const auto n = std::min(depth_, pieces.size() - k);
       std::vector<byte_extent> batch(pieces.begin() + static_cast<std::ptrdiff_t>(k),
                                      pieces.begin() + static_cast<std::ptrdiff_t>(k + n));
       held.clear();

@@ -111,9 +111,8 @@ class read_window : public pipeable {
     // loads (a device lane's are its own). The kept region's size leaves
     // out the parts deliver_window reads (they lie last in it: the schedule
     // puts parts without a message last, smallest first), so a window of
-    // one large tensor takes no buffer for it.
-    // The pieces deliver_window reads such parts in come from the same
-    // buffers, and stay in reserve too.
+    // one large tensor takes no buffer for it; the pieces deliver_window
+    // reads such parts in come from the same buffers, and stay in reserve too.
     bool at_delivery = false;
     for (const auto& ws : schedule.windows)
       for (std::size_t k = 0; k < ws.lanes.size() && k < 2; ++k) {
